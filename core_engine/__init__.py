@@ -1,0 +1,1 @@
+"""RL Workbench inference engine, trainer and OpenAI-compatible server."""
