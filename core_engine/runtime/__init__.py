@@ -1,0 +1,1 @@
+"""Forward passes over the KV pool, sampling, and CUDA-graph decode."""

@@ -1,0 +1,73 @@
+"""Attention over the paged/contiguous KV pool, and the metadata it needs.
+
+This module is a leaf: the cache and the runtime import `AttentionMetadata` from here, the model
+never imports them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    """Where the new tokens' K/V go and which cached slots each sequence attends to.
+
+    `gather_index[i, :context_lens[i]]` lists the KV slots of sequence i's context (positions
+    0..context_len-1, the new tokens included); entries past the length are padding.
+    """
+
+    slot_mapping: torch.Tensor  # [num_new_tokens] int64
+    query_lens: list[int]
+    context_lens: list[int]
+    gather_index: torch.Tensor  # [num_seqs, max_context] int64
+    decode_mask: torch.Tensor | None = None  # [num_seqs, 1, 1, max_context] bool, decode only
+
+    @property
+    def is_decode(self) -> bool:
+        return self.decode_mask is not None
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Write the new K/V into the pool, then attend. q: [N, H, D]; k, v: [N, KVH, D]."""
+    k_cache.index_copy_(0, meta.slot_mapping, k)
+    v_cache.index_copy_(0, meta.slot_mapping, v)
+    if meta.is_decode:
+        keys = k_cache[meta.gather_index].transpose(1, 2)  # [B, KVH, L, D]
+        values = v_cache[meta.gather_index].transpose(1, 2)
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2), keys, values, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True
+        )
+        return out.squeeze(2)
+    outputs = []
+    start = 0
+    for i, (n, ctx) in enumerate(zip(meta.query_lens, meta.context_lens, strict=True)):
+        qi = q[start : start + n].transpose(0, 1).unsqueeze(0)
+        if ctx == n:  # nothing cached: attend to the fresh K/V directly
+            ki = k[start : start + n].transpose(0, 1).unsqueeze(0)
+            vi = v[start : start + n].transpose(0, 1).unsqueeze(0)
+            oi = F.scaled_dot_product_attention(
+                qi, ki, vi, is_causal=True, scale=scale, enable_gqa=True
+            )
+        else:
+            index = meta.gather_index[i, :ctx]
+            ki = k_cache[index].transpose(0, 1).unsqueeze(0)
+            vi = v_cache[index].transpose(0, 1).unsqueeze(0)
+            mask = torch.ones(n, ctx, dtype=torch.bool, device=q.device).tril(diagonal=ctx - n)
+            oi = F.scaled_dot_product_attention(
+                qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=True
+            )
+        outputs.append(oi.squeeze(0).transpose(0, 1))
+        start += n
+    return torch.cat(outputs, dim=0)

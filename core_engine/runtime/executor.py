@@ -1,0 +1,94 @@
+"""Prefill and decode forwards over the KV pool.
+
+Positions, slot mappings and context lengths are derived from each task's own state at every
+step (`num_computed_tokens`, `num_tokens`); nothing positional survives between steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from core_engine.cache import TaskCacheManager
+from core_engine.model import AttentionMetadata, CausalLM
+from core_engine.runtime.sample import SampleOutput, sample
+from core_engine.task import Task
+
+
+class Executor:
+    def __init__(self, model: CausalLM, cache: TaskCacheManager) -> None:
+        self.model = model
+        self.cache = cache
+        self.device = next(model.parameters()).device
+        self.table = cache.pool.req_pool.table
+
+    def prepare_prefill(self, tasks: Sequence[Task]):
+        """Pack every task's uncomputed tokens (no padding) and say where their K/V go."""
+        ids, positions, slots, query_lens, context_lens, rows = [], [], [], [], [], []
+        for task in tasks:
+            start, end = task.num_computed_tokens, task.num_tokens
+            row = self.cache.req_slot(task.task_id)
+            ids.extend(task.all_ids[start:end])
+            positions.append(torch.arange(start, end))
+            slots.append(self.table[row, start:end])
+            query_lens.append(end - start)
+            context_lens.append(end)
+            rows.append(row)
+        meta = AttentionMetadata(
+            slot_mapping=torch.cat(slots),
+            query_lens=query_lens,
+            context_lens=context_lens,
+            gather_index=self.table[rows, : max(context_lens)],
+        )
+        logits_indices = torch.tensor(query_lens, device=self.device).cumsum(0) - 1
+        return self._tensor(ids), torch.cat(positions).to(self.device), meta, logits_indices
+
+    def prepare_decode(self, tasks: Sequence[Task]):
+        """One new token per task at position `num_tokens - 1`."""
+        rows = torch.tensor([self.cache.req_slot(t.task_id) for t in tasks], device=self.device)
+        context_lens = [t.num_tokens for t in tasks]
+        lens = torch.tensor(context_lens, device=self.device)
+        positions = lens - 1
+        max_len = max(context_lens)
+        meta = AttentionMetadata(
+            slot_mapping=self.table[rows, positions],
+            query_lens=[1] * len(tasks),
+            context_lens=context_lens,
+            gather_index=self.table[rows, :max_len],
+            decode_mask=(torch.arange(max_len, device=self.device)[None, :] < lens[:, None])[
+                :, None, None, :
+            ],
+        )
+        ids = self._tensor([t.output_ids[-1] if t.output_ids else t.prompt_ids[-1] for t in tasks])
+        return ids, positions, meta, torch.arange(len(tasks), device=self.device)
+
+    @torch.inference_mode()
+    def forward_prefill(self, tasks: Sequence[Task]) -> torch.Tensor:
+        """Logits [len(tasks), vocab] at each task's last token."""
+        return self.model.forward_engine(*self._with_cache(self.prepare_prefill(tasks)))
+
+    @torch.inference_mode()
+    def forward_decode(self, tasks: Sequence[Task]) -> torch.Tensor:
+        return self.model.forward_engine(*self._with_cache(self.prepare_decode(tasks)))
+
+    def execute_prefill(self, tasks: Sequence[Task], return_logprobs: bool = True) -> SampleOutput:
+        return self.sample(tasks, self.forward_prefill(tasks), return_logprobs)
+
+    def execute_decode(self, tasks: Sequence[Task], return_logprobs: bool = True) -> SampleOutput:
+        return self.sample(tasks, self.forward_decode(tasks), return_logprobs)
+
+    @torch.inference_mode()
+    def sample(
+        self, tasks: Sequence[Task], logits: torch.Tensor, return_logprobs: bool
+    ) -> SampleOutput:
+        return sample(
+            logits, [t.params for t in tasks], [t.generator for t in tasks], return_logprobs
+        )
+
+    def _with_cache(self, prepared):
+        ids, positions, meta, logits_indices = prepared
+        return ids, positions, self.cache.pool.kv_cache, meta, logits_indices
+
+    def _tensor(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=self.device)
