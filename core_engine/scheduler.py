@@ -22,7 +22,7 @@ import torch
 
 from core_engine.cache import KVPool, TaskCacheManager
 from core_engine.metrics import EngineMetrics
-from core_engine.model import CausalLM
+from core_engine.model import CausalLM, checkpoint_eos_ids, load_model
 from core_engine.runtime.executor import Executor
 from core_engine.runtime.sample import SampleOutput
 from core_engine.serving import RequestHandle, ServingLoop
@@ -88,6 +88,27 @@ class InferenceScheduler:
         self._in_step: list[Task] = []
         self._group_ids = itertools.count()
         self._seeds = random.Random()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str,
+        config: EngineConfig | None = None,
+        device: str = "cpu",
+        dtype: torch.dtype | None = None,
+    ) -> InferenceScheduler:
+        """Load a local checkpoint directory with its tokenizer and EOS ids."""
+        from dataclasses import replace
+
+        from transformers import AutoTokenizer
+
+        config = config or EngineConfig()
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        eos = set(config.eos_token_ids) | set(checkpoint_eos_ids(path))
+        if tokenizer.eos_token_id is not None:
+            eos.add(tokenizer.eos_token_id)
+        config = replace(config, eos_token_ids=tuple(sorted(eos)))
+        return cls(load_model(path, dtype, device), config, tokenizer)
 
     # ----------------------------------------------------------------- synchronous API
     def run_batch(

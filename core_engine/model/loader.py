@@ -80,3 +80,15 @@ def _safetensors_files(path: Path) -> list[Path]:
             f"{path} has no *.safetensors weights (pickle checkpoints are refused)"
         )
     return files
+
+
+def checkpoint_eos_ids(path: str | Path) -> tuple[int, ...]:
+    """EOS ids from the checkpoint's generation_config.json, else config.json."""
+    path = Path(path)
+    for name in ("generation_config.json", "config.json"):
+        file = path / name
+        if file.is_file():
+            eos = json.loads(file.read_text()).get("eos_token_id")
+            if eos is not None:
+                return tuple(eos) if isinstance(eos, list) else (eos,)
+    return ()

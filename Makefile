@@ -1,0 +1,39 @@
+# Two commands do all the set-up on a fresh machine:
+#   make up    - install, then run the workbench on embedded defaults
+#   make test  - install, then run the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export OMP_NUM_THREADS ?= 1
+export GRADIO_ANALYTICS_ENABLED := False
+export HF_HUB_OFFLINE := 1
+export HF_HUB_DISABLE_TELEMETRY := 1
+
+.PHONY: install up demo test lint format bench
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+up: install
+	$(PY) -m core_engine.demo
+
+demo: up
+
+test: install lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: install
+	$(PY) benchmarks/bench_engine.py
