@@ -1,0 +1,69 @@
+"""RL Workbench storage: SQLAlchemy models, Alembic migrations and the repository API.
+
+from db import Repository, upgrade
+upgrade()                       # DATABASE_URL, else ./data/rlwb.db (RLWB_DATA_DIR)
+repo = Repository.from_url()
+"""
+
+from db.enums import BatchStatus, FinishReason, JobKind, JobStatus
+from db.errors import (
+    InvalidTransition,
+    InvalidValue,
+    JobNotFound,
+    NotFound,
+    SampleNotFound,
+    StorageError,
+    VersionConflict,
+    VersionNotFound,
+)
+from db.migrate import downgrade, upgrade
+from db.records import (
+    BatchInfo,
+    BatchRecord,
+    JobInfo,
+    PolicyMetrics,
+    PolicyVersionInfo,
+    PolicyVersionRecord,
+    PromptComparison,
+    SampleDetail,
+    SampleFilter,
+    SamplePage,
+    SampleRecord,
+    SampleSummary,
+    VersionMetrics,
+)
+from db.repository import Repository
+from db.session import make_engine, resolve_url
+
+__all__ = [
+    "BatchInfo",
+    "BatchRecord",
+    "BatchStatus",
+    "FinishReason",
+    "InvalidTransition",
+    "InvalidValue",
+    "JobInfo",
+    "JobKind",
+    "JobNotFound",
+    "JobStatus",
+    "NotFound",
+    "PolicyMetrics",
+    "PolicyVersionInfo",
+    "PolicyVersionRecord",
+    "PromptComparison",
+    "Repository",
+    "SampleDetail",
+    "SampleFilter",
+    "SampleNotFound",
+    "SamplePage",
+    "SampleRecord",
+    "SampleSummary",
+    "StorageError",
+    "VersionConflict",
+    "VersionMetrics",
+    "VersionNotFound",
+    "downgrade",
+    "make_engine",
+    "resolve_url",
+    "upgrade",
+]

@@ -1,0 +1,54 @@
+"""Enumerations stored in the database (as strings, checked by a CHECK constraint)."""
+
+from enum import StrEnum
+from typing import TypeVar
+
+from db.errors import InvalidValue
+
+
+class JobKind(StrEnum):
+    TRAIN = "train"
+    EVALUATE = "evaluate"
+    COMPARE = "compare"
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (JobStatus.CANCELLED, JobStatus.SUCCEEDED, JobStatus.FAILED)
+
+
+class BatchStatus(StrEnum):
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+    @property
+    def is_failure(self) -> bool:
+        """`abort` and `error` carry an error code and are never trained on."""
+        return self in (FinishReason.ABORT, FinishReason.ERROR)
+
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def coerce(enum: type[E], value: E | str, field: str) -> E:
+    """Convert a string to `enum`, raising `InvalidValue` that names the field."""
+    try:
+        return enum(value)
+    except ValueError:
+        allowed = ", ".join(member.value for member in enum)
+        raise InvalidValue(f"{field}: {value!r} is not one of {allowed}") from None

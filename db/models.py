@@ -1,0 +1,189 @@
+"""SQLAlchemy 2.0 typed models: jobs, policy versions, rollout batches and samples.
+
+Child rows are deleted with their job by ``ON DELETE CASCADE`` in the database.
+Every table uses AUTOINCREMENT on SQLite so that ids are never reused (a stale Celery task
+must never find a new job under an old id).
+"""
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    Enum,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from db.arrays import Float32Array, Int32Array
+from db.enums import BatchStatus, FinishReason, JobKind, JobStatus
+from db.timestamps import UTCDateTime, utcnow
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_N_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# 64-bit ids on PostgreSQL; SQLite needs INTEGER for a rowid (autoincrementing) key.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def _enum(enum: type[StrEnum], name: str) -> Enum:
+    """A portable enum column: VARCHAR plus a named CHECK constraint."""
+    return Enum(
+        enum,
+        name=name,
+        native_enum=False,
+        create_constraint=True,
+        values_callable=lambda members: [member.value for member in members],
+        validate_strings=True,
+    )
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        datetime: UTCDateTime(),
+        dict[str, Any]: JSON(),
+    }
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        CheckConstraint("step >= 0", name="step_non_negative"),
+        CheckConstraint("attempts >= 0", name="attempts_non_negative"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[JobKind] = mapped_column(_enum(JobKind, "job_kind"))
+    status: Mapped[JobStatus] = mapped_column(_enum(JobStatus, "job_status"), index=True)
+    config: Mapped[dict[str, Any]]
+    step: Mapped[int] = mapped_column(default=0)
+    total_steps: Mapped[int | None]
+    current_version: Mapped[int | None]
+    error: Mapped[str | None] = mapped_column(Text)
+    celery_task_id: Mapped[str | None] = mapped_column(String(255))
+    attempts: Mapped[int] = mapped_column(default=0)
+    cancel_requested: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+    versions: Mapped[list["PolicyVersion"]] = relationship(
+        back_populates="job", passive_deletes=True
+    )
+    batches: Mapped[list["RolloutBatch"]] = relationship(back_populates="job", passive_deletes=True)
+
+
+class PolicyVersion(Base):
+    """One version of a job's policy weights, with the metrics of the step that produced it."""
+
+    __tablename__ = "policy_versions"
+    __table_args__ = (
+        UniqueConstraint("job_id", "version"),
+        CheckConstraint("version >= 0", name="version_non_negative"),
+        CheckConstraint("parent_version < version", name="parent_before_version"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    version: Mapped[int]
+    parent_version: Mapped[int | None]
+    checkpoint_path: Mapped[str | None] = mapped_column(Text)
+    weights_checksum: Mapped[str | None] = mapped_column(String(128))
+    reward_mean: Mapped[float | None]
+    reward_std: Mapped[float | None]
+    loss: Mapped[float | None]
+    kl: Mapped[float | None]
+    train_infer_mismatch: Mapped[float | None]
+    num_accepted: Mapped[int | None]
+    num_rejected: Mapped[int | None]
+    tokens_per_second: Mapped[float | None]
+    extra_metrics: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    job: Mapped[Job] = relationship(back_populates="versions")
+
+
+class RolloutBatch(Base):
+    """A batch of rollouts, stored whole: accepted (trained on) or rejected with reasons."""
+
+    __tablename__ = "rollout_batches"
+    __table_args__ = (
+        Index("ix_rollout_batches_job_status", "job_id", "status"),
+        Index("ix_rollout_batches_job_version", "job_id", "policy_version"),
+        CheckConstraint("step >= 0", name="step_non_negative"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    policy_version: Mapped[int]
+    step: Mapped[int]
+    status: Mapped[BatchStatus] = mapped_column(_enum(BatchStatus, "batch_status"))
+    rejection_reasons: Mapped[list[str]] = mapped_column(JSON)
+    num_samples: Mapped[int]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    job: Mapped[Job] = relationship(back_populates="batches")
+    samples: Mapped[list["Sample"]] = relationship(back_populates="batch", passive_deletes=True)
+
+
+class Sample(Base):
+    """One generated response. The per-token arrays come last so that SQLite row scans that
+    only need the scalar columns stop before them."""
+
+    __tablename__ = "samples"
+    __table_args__ = (
+        Index("ix_samples_job_version", "job_id", "policy_version", "id"),
+        Index("ix_samples_job_finish_reason", "job_id", "finish_reason", "id"),
+        Index("ix_samples_job_error_code", "job_id", "error_code"),
+        Index("ix_samples_job_reward", "job_id", "reward"),
+        Index("ix_samples_batch_id", "batch_id"),
+        CheckConstraint(
+            "(finish_reason IN ('abort', 'error')) = (error_code IS NOT NULL)",
+            name="error_code_iff_failed",
+        ),
+        CheckConstraint("cached_prompt_tokens >= 0", name="cached_prompt_tokens_non_negative"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    batch_id: Mapped[int] = mapped_column(ForeignKey("rollout_batches.id", ondelete="CASCADE"))
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    policy_version: Mapped[int]
+    prompt_index: Mapped[int]
+    group_index: Mapped[int]
+    finish_reason: Mapped[FinishReason] = mapped_column(_enum(FinishReason, "finish_reason"))
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    reward: Mapped[float | None]
+    advantage: Mapped[float | None]
+    response_length: Mapped[int]
+    cached_prompt_tokens: Mapped[int]
+    seed: Mapped[int | None] = mapped_column(BigInteger)
+    prompt_text: Mapped[str] = mapped_column(Text)
+    response_text: Mapped[str] = mapped_column(Text)
+    error_message: Mapped[str | None] = mapped_column(Text)
+    reference_output: Mapped[str | None] = mapped_column(Text)
+    prompt_messages: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    response_token_ids: Mapped[list[int]] = mapped_column(Int32Array)
+    behaviour_logprobs: Mapped[list[float]] = mapped_column(Float32Array)
+    temperature_logprobs: Mapped[list[float] | None] = mapped_column(Float32Array)
+
+    batch: Mapped[RolloutBatch] = relationship(back_populates="samples")

@@ -1,0 +1,241 @@
+"""The plain, frozen data types of the repository API: inputs (``*Record``, `SampleFilter`)
+and results. No ORM object ever leaves `db`.
+
+Per-token arrays are plain Python lists: token ids are int32, log-probs float32.
+"""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from db.enums import BatchStatus, FinishReason, JobKind, JobStatus
+
+# --- inputs -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicyMetrics:
+    """Metrics of the optimizer step that produced a policy version (all optional).
+
+    ``num_accepted`` / ``num_rejected`` count the rollout batches (or groups) accepted and
+    rejected while producing the version; ``extra`` holds any further scalar metrics.
+    """
+
+    reward_mean: float | None = None
+    reward_std: float | None = None
+    loss: float | None = None
+    kl: float | None = None
+    train_infer_mismatch: float | None = None
+    num_accepted: int | None = None
+    num_rejected: int | None = None
+    tokens_per_second: float | None = None
+    extra: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PolicyVersionRecord:
+    """A new policy version of a job: greater than every version the job already has.
+
+    ``parent_version`` (the version it was trained from) must be a recorded version of the job.
+    """
+
+    job_id: int
+    version: int
+    parent_version: int | None = None
+    checkpoint_path: str | None = None
+    weights_checksum: str | None = None
+    metrics: PolicyMetrics = field(default_factory=PolicyMetrics)
+
+
+@dataclass(frozen=True)
+class SampleRecord:
+    """One generated response, stamped with the policy version that generated it.
+
+    ``error_code`` is required exactly when ``finish_reason`` is ``abort`` or ``error``.
+    ``behaviour_logprobs`` (and ``temperature_logprobs``, if given) have one entry per
+    response token. ``reward`` and ``advantage`` must be finite or None.
+    """
+
+    prompt_index: int
+    group_index: int
+    policy_version: int
+    prompt_text: str
+    response_text: str
+    response_token_ids: Sequence[int]
+    behaviour_logprobs: Sequence[float]
+    finish_reason: FinishReason | str
+    prompt_messages: list[dict[str, Any]] | None = None
+    reference_output: str | None = None
+    temperature_logprobs: Sequence[float] | None = None
+    reward: float | None = None
+    advantage: float | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+    cached_prompt_tokens: int = 0
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """A rollout batch with all its samples, written in one transaction.
+
+    ``policy_version`` is the trainer's version when the batch was assembled; no sample may
+    come from a later version. A ``rejected`` batch needs at least one reason. An
+    ``accepted`` batch (trained on) may not contain an ``abort``/``error`` sample, an empty
+    response or a missing reward.
+    """
+
+    job_id: int
+    policy_version: int
+    step: int
+    status: BatchStatus | str
+    samples: Sequence[SampleRecord]
+    rejection_reasons: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class SampleFilter:
+    """Filters of `Repository.list_samples`; None means "any". Ranges are inclusive.
+
+    ``text`` is a case-insensitive substring of the prompt or the response.
+    """
+
+    job_id: int
+    min_version: int | None = None
+    max_version: int | None = None
+    finish_reason: FinishReason | str | None = None
+    error_code: str | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+    batch_status: BatchStatus | str | None = None
+    text: str | None = None
+
+
+# --- results ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    id: int
+    kind: JobKind
+    status: JobStatus
+    config: dict[str, Any]
+    step: int
+    total_steps: int | None
+    current_version: int | None
+    error: str | None
+    celery_task_id: str | None
+    attempts: int
+    cancel_requested: bool
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class PolicyVersionInfo:
+    job_id: int
+    version: int
+    parent_version: int | None
+    checkpoint_path: str | None
+    weights_checksum: str | None
+    metrics: PolicyMetrics
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    id: int
+    job_id: int
+    policy_version: int
+    step: int
+    status: BatchStatus
+    rejection_reasons: list[str]
+    num_samples: int
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class SampleSummary:
+    """A sample without its per-token arrays, for lists."""
+
+    id: int
+    job_id: int
+    batch_id: int
+    batch_status: BatchStatus
+    policy_version: int
+    prompt_index: int
+    group_index: int
+    prompt_text: str
+    response_text: str
+    response_length: int
+    finish_reason: FinishReason
+    error_code: str | None
+    reward: float | None
+    advantage: float | None
+
+
+@dataclass(frozen=True)
+class SampleDetail:
+    """Everything stored about one sample."""
+
+    id: int
+    job_id: int
+    batch_id: int
+    batch_status: BatchStatus
+    policy_version: int
+    prompt_index: int
+    group_index: int
+    prompt_text: str
+    prompt_messages: list[dict[str, Any]] | None
+    reference_output: str | None
+    response_text: str
+    response_token_ids: list[int]
+    behaviour_logprobs: list[float]
+    temperature_logprobs: list[float] | None
+    finish_reason: FinishReason
+    error_code: str | None
+    error_message: str | None
+    reward: float | None
+    advantage: float | None
+    cached_prompt_tokens: int
+    seed: int | None
+
+
+@dataclass(frozen=True)
+class SamplePage:
+    """One page of samples; pass ``next_cursor`` back to get the next page (None: last page)."""
+
+    items: list[SampleSummary]
+    next_cursor: int | None
+
+
+@dataclass(frozen=True)
+class VersionMetrics:
+    """What is known about one policy version of a job.
+
+    ``recorded`` holds the trainer's metrics if the version was recorded in this job (an
+    evaluation job stores samples of versions trained elsewhere); the rest is aggregated
+    from the job's stored batches and samples of that version.
+    """
+
+    version: int
+    recorded: PolicyVersionInfo | None
+    num_samples: int
+    num_accepted_batches: int
+    num_rejected_batches: int
+    sample_reward_mean: float | None
+    mean_response_length: float | None
+    finish_reasons: dict[FinishReason, int]
+
+
+@dataclass(frozen=True)
+class PromptComparison:
+    """The samples two versions produced for the same prompt, each in group order."""
+
+    prompt_index: int
+    prompt_text: str
+    samples_a: list[SampleSummary]
+    samples_b: list[SampleSummary]

@@ -1,0 +1,70 @@
+"""What every part of the repository shares: sessions, job lookup and input checks."""
+
+import json
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
+
+from db.enums import JobStatus
+from db.errors import InvalidTransition, InvalidValue, JobNotFound
+from db.models import Job
+from db.session import session_factories
+
+ACTIVE_STATUSES = (JobStatus.RUNNING, JobStatus.CANCELLING)
+
+
+class RepositoryBase:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._reader, self._writer = session_factories(engine)
+
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        """A read-only session over one snapshot."""
+        with self._reader() as session:
+            yield session
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        """A session whose work commits together, or not at all if the block raises."""
+        with self._writer.begin() as session:
+            yield session
+
+
+def load_job(session: Session, job_id: int, *, for_update: bool = False) -> Job:
+    """The job row (locked until commit on PostgreSQL if ``for_update``), or `JobNotFound`."""
+    statement = select(Job).where(Job.id == job_id)
+    if for_update:
+        statement = statement.with_for_update()
+    job = session.scalars(statement).one_or_none()
+    if job is None:
+        raise JobNotFound(job_id)
+    return job
+
+
+def require_active(job: Job, action: str) -> None:
+    """Writes that belong to a running job are refused once it is queued or finished."""
+    if job.status not in ACTIVE_STATUSES:
+        raise InvalidTransition(job.id, job.status.value, action)
+
+
+def check_finite(value: float | None, field: str) -> None:
+    if value is not None and not math.isfinite(value):
+        raise InvalidValue(f"{field}: {value!r} is not finite (store None and say why instead)")
+
+
+def check_non_negative(value: int, field: str) -> None:
+    if value < 0:
+        raise InvalidValue(f"{field}: {value} is negative")
+
+
+def check_json(value: Any, field: str) -> None:
+    """JSON columns take plain JSON only (no NaN: PostgreSQL rejects it)."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidValue(f"{field}: not storable as JSON: {exc}") from None

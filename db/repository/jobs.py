@@ -1,0 +1,175 @@
+"""Jobs: creation, progress, status transitions, cancellation, deletion."""
+
+from typing import Any
+
+from sqlalchemy import select
+
+from db.enums import JobKind, JobStatus, coerce
+from db.errors import InvalidTransition, InvalidValue
+from db.models import Job
+from db.records import JobInfo
+from db.repository.base import RepositoryBase, check_json, load_job, require_active
+from db.timestamps import utcnow
+
+# The statuses each status may be entered from. RUNNING -> RUNNING is a redelivered task
+# (the worker died; Celery runs it again).
+_ENTERED_FROM: dict[JobStatus, tuple[JobStatus, ...]] = {
+    JobStatus.RUNNING: (JobStatus.QUEUED, JobStatus.RUNNING),
+    JobStatus.SUCCEEDED: (JobStatus.RUNNING, JobStatus.CANCELLING),
+    JobStatus.FAILED: (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING),
+    JobStatus.CANCELLED: (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING),
+}
+
+
+def job_info(job: Job) -> JobInfo:
+    return JobInfo(
+        id=job.id,
+        kind=job.kind,
+        status=job.status,
+        config=job.config,
+        step=job.step,
+        total_steps=job.total_steps,
+        current_version=job.current_version,
+        error=job.error,
+        celery_task_id=job.celery_task_id,
+        attempts=job.attempts,
+        cancel_requested=job.cancel_requested,
+        created_at=job.created_at,
+        updated_at=job.updated_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+    )
+
+
+def _enter(job: Job, status: JobStatus) -> None:
+    if job.status not in _ENTERED_FROM[status]:
+        raise InvalidTransition(job.id, job.status.value, f"become {status.value!r}")
+    job.status = status
+    if status is JobStatus.RUNNING and job.started_at is None:
+        job.started_at = utcnow()
+    if status.is_terminal:
+        job.finished_at = utcnow()
+
+
+class JobsMixin(RepositoryBase):
+    def create_job(
+        self, kind: JobKind | str, config: dict[str, Any], *, total_steps: int | None = None
+    ) -> JobInfo:
+        """A new ``queued`` job. ``config`` is any JSON object (the job's settings)."""
+        if not isinstance(config, dict):
+            raise InvalidValue(f"config: expected a JSON object, got {type(config).__name__}")
+        check_json(config, "config")
+        if total_steps is not None and total_steps < 0:
+            raise InvalidValue(f"total_steps: {total_steps} is negative")
+        job = Job(
+            kind=coerce(JobKind, kind, "kind"),
+            status=JobStatus.QUEUED,
+            config=config,
+            total_steps=total_steps,
+        )
+        with self._write() as session:
+            session.add(job)
+            session.flush()
+            return job_info(job)
+
+    def get_job(self, job_id: int) -> JobInfo:
+        with self._read() as session:
+            return job_info(load_job(session, job_id))
+
+    def list_jobs(
+        self,
+        *,
+        limit: int = 100,
+        status: JobStatus | str | None = None,
+        kind: JobKind | str | None = None,
+    ) -> list[JobInfo]:
+        """Jobs, newest first."""
+        statement = select(Job).order_by(Job.id.desc()).limit(limit)
+        if status is not None:
+            statement = statement.where(Job.status == coerce(JobStatus, status, "status"))
+        if kind is not None:
+            statement = statement.where(Job.kind == coerce(JobKind, kind, "kind"))
+        with self._read() as session:
+            return [job_info(job) for job in session.scalars(statement)]
+
+    def set_celery_task_id(self, job_id: int, celery_task_id: str) -> JobInfo:
+        """Remember the Celery task that runs the job (to revoke it while queued)."""
+        with self._write() as session:
+            job = load_job(session, job_id, for_update=True)
+            job.celery_task_id = celery_task_id
+            session.flush()
+            return job_info(job)
+
+    def update_progress(self, job_id: int, step: int, total_steps: int | None = None) -> JobInfo:
+        """Record the step a running job has reached. The result's ``cancel_requested``
+        tells the worker whether to stop."""
+        with self._write() as session:
+            job = load_job(session, job_id, for_update=True)
+            require_active(job, "update progress")
+            total = job.total_steps if total_steps is None else total_steps
+            if step < 0 or (total is not None and step > total):
+                raise InvalidValue(f"step: {step} is outside 0..{total}")
+            job.step = step
+            job.total_steps = total
+            session.flush()
+            return job_info(job)
+
+    def request_cancel(self, job_id: int) -> JobInfo:
+        """Ask for cancellation: a queued job is cancelled at once, a running job becomes
+        ``cancelling`` until its worker stops. Finished jobs are left as they are."""
+        with self._write() as session:
+            job = load_job(session, job_id, for_update=True)
+            if job.status is JobStatus.QUEUED:
+                _enter(job, JobStatus.CANCELLED)
+                job.cancel_requested = True
+            elif job.status is JobStatus.RUNNING:
+                job.status = JobStatus.CANCELLING
+                job.cancel_requested = True
+            session.flush()
+            return job_info(job)
+
+    def is_cancel_requested(self, job_id: int) -> bool:
+        with self._read() as session:
+            return load_job(session, job_id).cancel_requested
+
+    def increment_attempts(self, job_id: int) -> int:
+        """Count one more attempt at running the job; returns the new count."""
+        with self._write() as session:
+            job = load_job(session, job_id, for_update=True)
+            job.attempts += 1
+            return job.attempts
+
+    def mark_running(self, job_id: int, *, celery_task_id: str | None = None) -> JobInfo:
+        with self._write() as session:
+            job = load_job(session, job_id, for_update=True)
+            _enter(job, JobStatus.RUNNING)
+            if celery_task_id is not None:
+                job.celery_task_id = celery_task_id
+            session.flush()
+            return job_info(job)
+
+    def mark_succeeded(self, job_id: int) -> JobInfo:
+        return self._finish(job_id, JobStatus.SUCCEEDED, None)
+
+    def mark_failed(self, job_id: int, error: str) -> JobInfo:
+        return self._finish(job_id, JobStatus.FAILED, error)
+
+    def mark_cancelled(self, job_id: int, error: str | None = None) -> JobInfo:
+        return self._finish(job_id, JobStatus.CANCELLED, error)
+
+    def _finish(self, job_id: int, status: JobStatus, error: str | None) -> JobInfo:
+        with self._write() as session:
+            job = load_job(session, job_id, for_update=True)
+            _enter(job, status)
+            job.error = error
+            session.flush()
+            return job_info(job)
+
+    def delete_job(self, job_id: int) -> None:
+        """Delete a job with its versions, batches and samples. A running (or cancelling)
+        job is refused: cancel it, or mark it failed, first."""
+        with self._write() as session:
+            job = load_job(session, job_id, for_update=True)
+            if job.status in (JobStatus.RUNNING, JobStatus.CANCELLING):
+                raise InvalidTransition(job.id, job.status.value, "be deleted")
+            session.delete(job)

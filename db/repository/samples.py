@@ -1,0 +1,187 @@
+"""Reading samples: filtered keyset pages, one sample in full, two versions side by side."""
+
+from collections import defaultdict
+from typing import Any, Literal
+
+from sqlalchemy import Select, distinct, func, select
+from sqlalchemy.orm import Session
+
+from db.enums import BatchStatus, FinishReason, coerce
+from db.errors import InvalidValue, SampleNotFound
+from db.models import RolloutBatch, Sample
+from db.records import PromptComparison, SampleDetail, SampleFilter, SamplePage, SampleSummary
+from db.repository.base import RepositoryBase, load_job
+
+MAX_PAGE_SIZE = 1000
+
+_SUMMARY_COLUMNS = (
+    Sample.id,
+    Sample.job_id,
+    Sample.batch_id,
+    RolloutBatch.status.label("batch_status"),
+    Sample.policy_version,
+    Sample.prompt_index,
+    Sample.group_index,
+    Sample.prompt_text,
+    Sample.response_text,
+    Sample.response_length,
+    Sample.finish_reason,
+    Sample.error_code,
+    Sample.reward,
+    Sample.advantage,
+)
+
+
+def _summaries() -> Select[Any]:
+    return select(*_SUMMARY_COLUMNS).join(RolloutBatch, RolloutBatch.id == Sample.batch_id)
+
+
+def _summary(row: Any) -> SampleSummary:
+    return SampleSummary(**row._mapping)
+
+
+def _check_limit(limit: int) -> None:
+    if not 1 <= limit <= MAX_PAGE_SIZE:
+        raise InvalidValue(f"limit: {limit} is outside 1..{MAX_PAGE_SIZE}")
+
+
+def _apply_filter(statement: Select[Any], where: SampleFilter) -> Select[Any]:
+    conditions = [Sample.job_id == where.job_id]
+    if where.min_version is not None:
+        conditions.append(Sample.policy_version >= where.min_version)
+    if where.max_version is not None:
+        conditions.append(Sample.policy_version <= where.max_version)
+    if where.finish_reason is not None:
+        finish = coerce(FinishReason, where.finish_reason, "finish_reason")
+        conditions.append(Sample.finish_reason == finish)
+    if where.error_code is not None:
+        conditions.append(Sample.error_code == where.error_code)
+    if where.min_reward is not None:
+        conditions.append(Sample.reward >= where.min_reward)
+    if where.max_reward is not None:
+        conditions.append(Sample.reward <= where.max_reward)
+    if where.batch_status is not None:
+        status = coerce(BatchStatus, where.batch_status, "batch_status")
+        conditions.append(RolloutBatch.status == status)
+    if where.text:
+        conditions.append(
+            Sample.prompt_text.icontains(where.text, autoescape=True)
+            | Sample.response_text.icontains(where.text, autoescape=True)
+        )
+    return statement.where(*conditions)
+
+
+def _load_sample(session: Session, sample_id: int) -> Sample:
+    sample = session.get(Sample, sample_id)
+    if sample is None:
+        raise SampleNotFound(sample_id)
+    return sample
+
+
+class SamplesMixin(RepositoryBase):
+    def list_samples(
+        self,
+        where: SampleFilter,
+        *,
+        cursor: int | None = None,
+        limit: int = 50,
+        newest_first: bool = False,
+    ) -> SamplePage:
+        """One page of the job's samples matching ``where``, ordered by sample id (ascending,
+        or descending if ``newest_first``). Pages stay stable while new samples arrive."""
+        _check_limit(limit)
+        statement = _apply_filter(_summaries(), where)
+        if newest_first:
+            if cursor is not None:
+                statement = statement.where(Sample.id < cursor)
+            statement = statement.order_by(Sample.id.desc())
+        else:
+            if cursor is not None:
+                statement = statement.where(Sample.id > cursor)
+            statement = statement.order_by(Sample.id)
+        with self._read() as session:
+            load_job(session, where.job_id)
+            rows = session.execute(statement.limit(limit + 1)).all()
+        items = [_summary(row) for row in rows[:limit]]
+        return SamplePage(items=items, next_cursor=items[-1].id if len(rows) > limit else None)
+
+    def get_sample(self, sample_id: int) -> SampleDetail:
+        """Everything stored about one sample, per-token arrays included."""
+        with self._read() as session:
+            sample = _load_sample(session, sample_id)
+            return SampleDetail(
+                id=sample.id,
+                job_id=sample.job_id,
+                batch_id=sample.batch_id,
+                batch_status=sample.batch.status,
+                policy_version=sample.policy_version,
+                prompt_index=sample.prompt_index,
+                group_index=sample.group_index,
+                prompt_text=sample.prompt_text,
+                prompt_messages=sample.prompt_messages,
+                reference_output=sample.reference_output,
+                response_text=sample.response_text,
+                response_token_ids=sample.response_token_ids,
+                behaviour_logprobs=sample.behaviour_logprobs,
+                temperature_logprobs=sample.temperature_logprobs,
+                finish_reason=sample.finish_reason,
+                error_code=sample.error_code,
+                error_message=sample.error_message,
+                reward=sample.reward,
+                advantage=sample.advantage,
+                cached_prompt_tokens=sample.cached_prompt_tokens,
+                seed=sample.seed,
+            )
+
+    def compare_versions(
+        self,
+        job_id: int,
+        version_a: int,
+        version_b: int,
+        *,
+        match_on: Literal["prompt_text", "prompt_index"] = "prompt_text",
+        limit: int = 20,
+        offset: int = 0,
+    ) -> list[PromptComparison]:
+        """The prompts that both versions of the job answered, with each version's samples,
+        ordered by prompt index; page through them with ``limit`` and ``offset``."""
+        if match_on not in ("prompt_text", "prompt_index"):
+            raise InvalidValue(f"match_on: {match_on!r} is not prompt_text or prompt_index")
+        if version_a == version_b:
+            raise InvalidValue("compare_versions needs two different versions")
+        _check_limit(limit)
+        key = getattr(Sample, match_on)
+        in_both = (
+            select(key.label("key"), func.min(Sample.prompt_index).label("first_index"))
+            .where(Sample.job_id == job_id, Sample.policy_version.in_((version_a, version_b)))
+            .group_by(key)
+            .having(func.count(distinct(Sample.policy_version)) == 2)
+            .order_by("first_index", "key")
+            .limit(limit)
+            .offset(offset)
+            .subquery()
+        )
+        statement = (
+            _summaries()
+            .join(in_both, in_both.c.key == key)
+            .where(Sample.job_id == job_id, Sample.policy_version.in_((version_a, version_b)))
+            .order_by(in_both.c.first_index, in_both.c.key, Sample.group_index, Sample.id)
+        )
+        with self._read() as session:
+            load_job(session, job_id)
+            rows = session.execute(statement).all()
+        grouped: dict[Any, dict[int, list[SampleSummary]]] = defaultdict(
+            lambda: {version_a: [], version_b: []}
+        )
+        for row in rows:
+            sample = _summary(row)
+            grouped[getattr(sample, match_on)][sample.policy_version].append(sample)
+        return [
+            PromptComparison(
+                prompt_index=by_version[version_a][0].prompt_index,
+                prompt_text=by_version[version_a][0].prompt_text,
+                samples_a=by_version[version_a],
+                samples_b=by_version[version_b],
+            )
+            for by_version in grouped.values()
+        ]
