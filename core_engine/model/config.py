@@ -33,7 +33,8 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     rope_scaling: dict[str, Any] = field(default_factory=dict)
-    attention_bias: bool = False
+    attention_bias: bool = False  # q/k/v projections
+    o_proj_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False
     tie_word_embeddings: bool = False
@@ -74,6 +75,7 @@ class ModelConfig:
             if rope_type != "default"
             else {},
             attention_bias=kind == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
+            o_proj_bias=kind != "qwen2" and bool(getattr(hf_config, "attention_bias", False)),
             mlp_bias=bool(getattr(hf_config, "mlp_bias", False)),
             qk_norm=kind == "qwen3",
             tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
