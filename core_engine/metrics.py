@@ -20,6 +20,7 @@ class EngineMetrics:
         self._errors: Counter[str] = Counter()
         self._preemptions = 0
         self._tokens_generated = 0
+        self._prefill_tokens = 0
         self._running = 0
         self._waiting = 0
 
@@ -40,6 +41,11 @@ class EngineMetrics:
         with self._lock:
             self._preemptions += 1
 
+    def on_prefill(self, num_tokens: int) -> None:
+        """Prompt tokens actually computed (prefix hits and group forks are not)."""
+        with self._lock:
+            self._prefill_tokens += num_tokens
+
     def set_queues(self, running: int, waiting: int) -> None:
         with self._lock:
             self._running, self._waiting = running, waiting
@@ -59,6 +65,7 @@ class EngineMetrics:
                 "in_flight": len(self._in_flight),
                 "preemptions": self._preemptions,
                 "tokens_generated": self._tokens_generated,
+                "prefill_tokens": self._prefill_tokens,
                 "finished": dict(self._finished),
                 "errors": dict(self._errors),
             }

@@ -9,12 +9,13 @@ alone ends with `error/kv_exhausted`.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ import torch
 from core_engine.cache import KVPool, TaskCacheManager
 from core_engine.metrics import EngineMetrics
 from core_engine.model import CausalLM, checkpoint_eos_ids, load_model
+from core_engine.outcomes import admission_error, stop_reason
 from core_engine.runtime.executor import Executor
 from core_engine.runtime.sample import SampleOutput
 from core_engine.serving import RequestHandle, ServingLoop
@@ -35,6 +37,23 @@ from core_engine.task import (
     TaskError,
     TaskStatus,
 )
+from core_engine.weights import (
+    WeightUpdateError,
+    canonical_weights,
+    validate_update,
+    weights_checksum,
+)
+
+
+@dataclass(frozen=True)
+class WeightUpdateAck:
+    """What the engine serves after an update: the trainer checks version and checksum."""
+
+    version: int
+    prefix_entries_invalidated: int
+    requests_aborted: int
+    checksum: str
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -82,6 +101,11 @@ class InferenceScheduler:
         self.metrics = EngineMetrics()
         self.eos_token_ids = frozenset(config.eos_token_ids)
         self.lock = threading.RLock()
+        # Weight updates get priority over the next batch or loop step: the lock is not fair.
+        self.no_update_pending = threading.Event()
+        self.no_update_pending.set()
+        self._updates_pending = 0
+        self._updates_guard = threading.Lock()
         self.waiting: deque[Task] = deque()
         self.running: list[Task] = []
         self.loop = ServingLoop(self)
@@ -120,6 +144,7 @@ class InferenceScheduler:
     ) -> list[GenerationResult]:
         """Generate for every prompt on the caller's thread; one result per request, in order
         (prompt-major: the `samples_per_prompt` samples of prompt 0 first)."""
+        self.no_update_pending.wait()
         with self.lock:
             tasks = self.make_tasks(prompts, params, samples_per_prompt)
             self.enqueue(tasks)
@@ -148,7 +173,13 @@ class InferenceScheduler:
             for k in range(samples_per_prompt):
                 task = Task(prompt_ids=list(prompt), params=p, group_id=group)
                 task.arrival_time = time.perf_counter()
-                task.error = self._admission_error(task)
+                task.error = admission_error(
+                    task,
+                    self.model.config.vocab_size,
+                    self.max_seq_len,
+                    self.pool.strategy.can_ever_fit,
+                    self.tokenizer is not None,
+                )
                 if task.error is None:
                     task.generator = torch.Generator(device=self.executor.device)
                     task.generator.manual_seed(base_seed + k)
@@ -194,14 +225,71 @@ class InferenceScheduler:
             if not task.finished:
                 self._finish(task, FinishReason.ABORT, TaskError(code, message))
 
+    # ----------------------------------------------------------------- policy versions
+    def update_weights(
+        self, weights: Mapping[str, torch.Tensor], version: int, mode: str = "drain"
+    ) -> WeightUpdateAck:
+        """Serve `weights` as policy `version`, at a step boundary, and acknowledge it.
+
+        Refuses (nothing changed) a version not above the current one or a weight set that
+        does not fit. Requests that already have tokens are drained under the old weights
+        (`mode="drain"`) or ended `abort/policy_updated` (`mode="abort"`); queued requests
+        that have not started run later under the new version. Every prefix-cache entry is
+        invalidated, and weights are copied in place (captured graphs stay valid).
+        """
+        start = time.perf_counter()
+        if mode not in ("drain", "abort"):
+            raise WeightUpdateError(f"mode must be 'drain' or 'abort', got {mode!r}")
+        with self._update_priority(), self.lock:
+            if not isinstance(version, int) or version <= self.version:
+                raise WeightUpdateError(
+                    f"policy version {version!r} is not greater than the served {self.version}"
+                )
+            served = canonical_weights(self.model)
+            validate_update(served, weights)
+            aborted = self._barrier(mode)
+            with torch.no_grad():
+                for name, tensor in served.items():
+                    tensor.copy_(weights[name])
+            invalidated = self.pool.strategy.invalidate()
+            self.version = version
+            checksum = weights_checksum(served)
+        return WeightUpdateAck(version, invalidated, aborted, checksum, time.perf_counter() - start)
+
+    @contextlib.contextmanager
+    def _update_priority(self):
+        """Hold back new batches and loop steps until this update has the lock and is done."""
+        with self._updates_guard:
+            self._updates_pending += 1
+            self.no_update_pending.clear()
+        try:
+            yield
+        finally:
+            with self._updates_guard:
+                self._updates_pending -= 1
+                if self._updates_pending == 0:
+                    self.no_update_pending.set()
+
+    def _barrier(self, mode: str) -> int:
+        """Leave no started request behind; returns how many were aborted."""
+        started = [*self.running, *(t for t in self.waiting if t.output_ids)]
+        if mode == "abort":
+            for task in started:
+                self.abort(task, ErrorCode.POLICY_UPDATED, "the policy was updated mid-request")
+            return len(started)
+        while self.running or any(t.output_ids for t in self.waiting):
+            self.step(admit_fresh=False)
+        return 0
+
     # ----------------------------------------------------------------- the step
-    def step(self, return_logprobs: bool = True) -> None:
+    def step(self, return_logprobs: bool = True, admit_fresh: bool = True) -> None:
         """Run one prefill or decode step over the queues. Exceptions inside fail that step's
-        tasks with `error/internal`; the scheduler stays usable."""
+        tasks with `error/internal`; the scheduler stays usable. With `admit_fresh=False`
+        only preempted requests are (re)admitted: the weight-update drain."""
         with self.lock:
             self._in_step = []
             try:
-                self._step(return_logprobs)
+                self._step(return_logprobs, admit_fresh)
             except Exception as exc:  # any fault in a step fails only its tasks
                 error = TaskError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
                 for task in self._in_step:
@@ -211,8 +299,8 @@ class InferenceScheduler:
                 self._in_step = []
                 self._update_gauges()
 
-    def _step(self, return_logprobs: bool) -> None:
-        prefill, forks = self._schedule_prefill()
+    def _step(self, return_logprobs: bool, admit_fresh: bool) -> None:
+        prefill, forks = self._schedule_prefill(admit_fresh)
         if prefill:
             logits = self.executor.forward_prefill(prefill)
             for task in prefill:
@@ -236,7 +324,7 @@ class InferenceScheduler:
                 task.num_computed_tokens = task.num_tokens
         self._postprocess(tasks, out)
 
-    def _schedule_prefill(self) -> tuple[list[Task], list[tuple[Task, Task]]]:
+    def _schedule_prefill(self, admit_fresh: bool) -> tuple[list[Task], list[tuple[Task, Task]]]:
         """Admit waiting tasks (FIFO) while request slots, pages and the token budget allow.
         Untouched samples of the same group right behind an admitted task become its forks."""
         batch: list[Task] = []
@@ -245,7 +333,7 @@ class InferenceScheduler:
         free_slots = self.config.max_batch_size - len(self.running)
         while self.waiting and free_slots > 0:
             task = self.waiting[0]
-            if batch and task.num_tokens > budget:
+            if (batch and task.num_tokens > budget) or not (admit_fresh or task.output_ids):
                 break
             cached = self.cache.allocate(task.task_id, task.all_ids, self.version)
             if cached is None:
@@ -253,6 +341,7 @@ class InferenceScheduler:
             self.waiting.popleft()
             free_slots -= 1
             budget -= task.num_tokens - cached
+            self.metrics.on_prefill(task.num_tokens - cached)
             task.num_computed_tokens = cached
             if task.num_preemptions == 0:
                 task.num_cached_prompt_tokens = cached
@@ -337,6 +426,7 @@ class InferenceScheduler:
                     TaskError(ErrorCode.NON_FINITE_LOGITS, "the model produced NaN/inf logits"),
                 )
                 continue
+            assert task.policy_version == self.version, "a request would mix policy versions"
             task.output_ids.append(out.token_ids[i])
             if out.logprobs:
                 task.output_logprobs.append(out.logprobs[i])
@@ -344,25 +434,9 @@ class InferenceScheduler:
             if task.first_token_time is None:
                 task.first_token_time = now
             self.loop.on_token(task)
-            reason = self._stop_reason(task)
+            reason = stop_reason(task, self.eos_token_ids, self.max_seq_len, self.tokenizer)
             if reason is not None:
                 self._finish(task, reason)
-
-    def _stop_reason(self, task: Task) -> FinishReason | None:
-        token, p = task.output_ids[-1], task.params
-        if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
-            task.stop_reason = token
-            return FinishReason.STOP
-        if p.stop:
-            text = self.tokenizer.decode(task.output_ids, skip_special_tokens=True)
-            hits = [(text.find(s), s) for s in p.stop if s in text]
-            if hits:
-                index, task.stop_reason = min(hits)
-                task.text = text[:index]
-                return FinishReason.STOP
-        if len(task.output_ids) >= p.max_tokens or task.num_tokens >= self.max_seq_len:
-            return FinishReason.LENGTH
-        return None
 
     def _finish(self, task: Task, reason: FinishReason, error: TaskError | None = None) -> None:
         """The single exit: release cache and slot, record metrics, notify listeners."""
@@ -382,34 +456,6 @@ class InferenceScheduler:
         result = GenerationResult.from_task(task)
         self.metrics.on_finish(result)
         self.loop.on_finish(task, result)
-
-    def _admission_error(self, task: Task) -> TaskError | None:
-        prompt, p = task.prompt_ids, task.params
-        if not prompt:
-            return TaskError(ErrorCode.EMPTY_PROMPT, "the prompt has no tokens")
-        vocab = self.model.config.vocab_size
-        bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            return TaskError(
-                ErrorCode.INVALID_TOKEN_ID,
-                f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})",
-            )
-        problem = p.validation_error()
-        if problem is None and p.stop and self.tokenizer is None:
-            problem = "stop strings need a tokenizer; this engine has none"
-        if problem is not None:
-            return TaskError(ErrorCode.INVALID_SAMPLING_PARAMS, problem)
-        if len(prompt) >= self.max_seq_len:
-            return TaskError(
-                ErrorCode.PROMPT_TOO_LONG,
-                f"prompt of {len(prompt)} tokens leaves no room in the "
-                f"{self.max_seq_len}-token context",
-            )
-        if not self.pool.strategy.can_ever_fit(len(prompt) + 1):
-            return TaskError(
-                ErrorCode.KV_EXHAUSTED, f"a {len(prompt)}-token prompt can never fit the KV pool"
-            )
-        return None
 
     # ----------------------------------------------------------------- introspection
     def is_idle(self) -> bool:

@@ -130,6 +130,7 @@ class ServingLoop:
                 inbox, self._inbox = list(self._inbox), deque()
                 cancels, self._cancels = self._cancels, set()
             try:
+                engine.no_update_pending.wait()
                 with engine.lock:
                     engine.enqueue(inbox)
                     self._apply_cancels(cancels)
