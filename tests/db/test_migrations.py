@@ -1,0 +1,63 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import URL
+
+from db import downgrade, make_engine, upgrade
+from db.__main__ import main
+from db.migrate import heads
+from db.models import Base
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TABLES = {"jobs", "policy_versions", "rollout_batches", "samples"}
+
+
+def _differences(url: URL) -> list:
+    engine = make_engine(url)
+    with engine.connect() as connection:
+        differences = compare_metadata(MigrationContext.configure(connection), Base.metadata)
+    engine.dispose()
+    return differences
+
+
+def _tables(url: URL) -> set[str]:
+    engine = make_engine(url)
+    names = set(sa.inspect(engine).get_table_names())
+    engine.dispose()
+    return names
+
+
+def test_single_head() -> None:
+    assert len(heads()) == 1
+
+
+def test_upgrade_matches_the_models(empty_database_url: URL) -> None:
+    upgrade(empty_database_url)
+    assert _differences(empty_database_url) == []
+
+
+def test_downgrade_to_base_and_upgrade_again(empty_database_url: URL) -> None:
+    upgrade(empty_database_url)
+    downgrade(empty_database_url, "base")
+    assert _tables(empty_database_url) == {"alembic_version"}
+    upgrade(empty_database_url)
+    assert _tables(empty_database_url) == TABLES | {"alembic_version"}
+    assert _differences(empty_database_url) == []
+
+
+def test_command_line_upgrades_the_database_url(empty_database_url: URL, monkeypatch) -> None:
+    monkeypatch.setenv("DATABASE_URL", empty_database_url.render_as_string(hide_password=False))
+    main(["upgrade"])
+    assert _tables(empty_database_url) >= TABLES
+    main(["downgrade", "base"])
+    assert TABLES.isdisjoint(_tables(empty_database_url))
+
+
+def test_python_dash_m_db_upgrade(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    subprocess.run([sys.executable, "-m", "db", "--url", url, "upgrade"], cwd=REPO_ROOT, check=True)
+    assert _tables(sa.make_url(url)) >= TABLES
