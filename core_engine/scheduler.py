@@ -65,6 +65,7 @@ class EngineConfig:
     num_pages: int | None = None  # default: enough for max_batch_size full contexts
     max_prefill_tokens: int = 8192
     eos_token_ids: tuple[int, ...] = ()
+    cuda_graph: bool = True  # capture decode graphs when serving on CUDA
 
 
 class InferenceScheduler:
@@ -97,7 +98,7 @@ class InferenceScheduler:
             device=param.device,
         )
         self.cache = TaskCacheManager(self.pool)
-        self.executor = Executor(model, self.cache)
+        self.executor = Executor(model, self.cache, config.cuda_graph)
         self.metrics = EngineMetrics()
         self.eos_token_ids = frozenset(config.eos_token_ids)
         self.lock = threading.RLock()

@@ -42,8 +42,11 @@ class KVPool:
             self._strategy = ContiguousStrategy(self._req_pool)
         else:
             raise ValueError(f"unknown KV strategy {strategy!r}; choose one of {KV_STRATEGIES}")
+        # One slot past the strategy's: a scratch slot that absorbs the K/V writes of padded
+        # rows (CUDA-graph batches); no table ever points a real token at it.
+        self.scratch_slot = self._strategy.num_slots
         self.buffer = KVBuffer(
-            num_layers, self._strategy.num_slots, num_kv_heads, head_dim, dtype, device
+            num_layers, self._strategy.num_slots + 1, num_kv_heads, head_dim, dtype, device
         )
 
     @property

@@ -12,16 +12,27 @@ import torch
 
 from core_engine.cache import TaskCacheManager
 from core_engine.model import AttentionMetadata, CausalLM
+from core_engine.runtime.graph import GraphDecodeRunner, graphs_supported
 from core_engine.runtime.sample import SampleOutput, sample
 from core_engine.task import Task
 
 
 class Executor:
-    def __init__(self, model: CausalLM, cache: TaskCacheManager) -> None:
+    def __init__(self, model: CausalLM, cache: TaskCacheManager, cuda_graph: bool = True) -> None:
         self.model = model
         self.cache = cache
         self.device = next(model.parameters()).device
         self.table = cache.pool.req_pool.table
+        self.graph: GraphDecodeRunner | None = None
+        if cuda_graph and graphs_supported(self.device):
+            req_pool = cache.pool.req_pool
+            self.graph = GraphDecodeRunner(
+                model,
+                cache.pool.kv_cache,
+                req_pool.max_requests,
+                req_pool.max_seq_len,
+                cache.pool.scratch_slot,
+            ).capture()
 
     def prepare_prefill(self, tasks: Sequence[Task]):
         """Pack every task's uncomputed tokens (no padding) and say where their K/V go."""
@@ -70,6 +81,9 @@ class Executor:
 
     @torch.inference_mode()
     def forward_decode(self, tasks: Sequence[Task]) -> torch.Tensor:
+        if self.graph is not None and self.graph.can_run(len(tasks)):
+            ids, positions, meta, _ = self.prepare_decode(tasks)
+            return self.graph.run(ids, positions, meta)
         return self.model.forward_engine(*self._with_cache(self.prepare_decode(tasks)))
 
     def execute_prefill(self, tasks: Sequence[Task], return_logprobs: bool = True) -> SampleOutput:

@@ -26,7 +26,8 @@ def test_pool_exposes_strategy_and_request_pool():
     manager = make_manager()
     assert manager.pool.strategy.num_slots == 32
     assert manager.pool.req_pool.max_requests == 4
-    assert manager.pool.buffer.k.shape == (2, 32, 2, 4)
+    assert manager.pool.buffer.k.shape == (2, 33, 2, 4)  # + the scratch slot
+    assert manager.pool.scratch_slot == 32
     with pytest.raises(ValueError, match="unknown KV strategy"):
         make_manager(strategy="radix")
 
