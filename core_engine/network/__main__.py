@@ -1,0 +1,54 @@
+"""Serve a local checkpoint over the OpenAI API.
+
+python -m core_engine.network --model PATH [--host 127.0.0.1] [--port 8000]
+    [--kv-strategy paged|contiguous] [--max-batch-size N] [--max-seq-len N]
+    [--served-model-name NAME] [--device cpu|cuda] [--dtype float32|bfloat16|float16]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+import torch
+import uvicorn
+
+from core_engine.network.app import create_app
+from core_engine.scheduler import EngineConfig, InferenceScheduler
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m core_engine.network", description=__doc__.partition("\n")[0]
+    )
+    parser.add_argument("--model", required=True, help="local Hugging Face checkpoint directory")
+    parser.add_argument("--served-model-name", help="the API's model id (default: --model)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--kv-strategy", choices=("paged", "contiguous"), default="paged")
+    parser.add_argument("--max-batch-size", type=int, default=EngineConfig.max_batch_size)
+    parser.add_argument("--max-seq-len", type=int, help="default: the model's context")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), help="default: the checkpoint's")
+    parser.add_argument("--log-level", default="info")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Load the checkpoint and serve it until interrupted."""
+    args = parse_args(argv)
+    config = EngineConfig(
+        max_batch_size=args.max_batch_size,
+        max_seq_len=args.max_seq_len,
+        kv_strategy=args.kv_strategy,
+    )
+    dtype = DTYPES[args.dtype] if args.dtype else None
+    engine = InferenceScheduler.from_pretrained(args.model, config, args.device, dtype)
+    app = create_app(engine, args.served_model_name or args.model)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""OpenAI-compatible HTTP server over the scheduler's serving loop.
+
+Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (JSON or SSE with
+`stream: true`), `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text).
+The app starts the engine's serving loop on startup and stops it on shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from core_engine.network import prometheus
+from core_engine.network.bridge import HandleEvents
+from core_engine.network.errors import APIError, engine_error, install_error_handlers
+from core_engine.network.formats import ChatFormat, CompletionFormat, OutputFormat
+from core_engine.network.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerationRequest,
+)
+from core_engine.network.stream import EventStreamResponse, StreamContext, sse_stream
+from core_engine.scheduler import InferenceScheduler
+from core_engine.task import GenerationResult, SamplingParams
+
+DISCONNECT_POLL_S = 0.05
+T = TypeVar("T")
+
+
+def create_app(engine: InferenceScheduler, model_name: str = "rl-workbench") -> FastAPI:
+    """The FastAPI app serving `engine` under the model name `model_name`."""
+    if engine.tokenizer is None:
+        raise ValueError("the HTTP server needs an engine with a tokenizer")
+    tokenizer = engine.tokenizer
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        try:
+            yield
+        finally:
+            await anyio.to_thread.run_sync(engine.stop)
+
+    app = FastAPI(title="RL Workbench engine", lifespan=lifespan)
+    install_error_handlers(app)
+
+    def check_model(body: GenerationRequest) -> None:
+        if body.model != model_name:
+            raise APIError(
+                404,
+                f"the model {body.model!r} does not exist; this server serves {model_name!r}",
+                "model_not_found",
+                "model",
+            )
+
+    async def generate(
+        request: Request,
+        body: GenerationRequest,
+        prompts: Sequence[list[int]],
+        params: SamplingParams,
+        fmt: OutputFormat,
+    ) -> Response:
+        submitted_version = engine.version  # read before submitting: see sse_stream
+        handles = [h for ids in prompts for h in engine.submit(ids, params, body.n)]
+        prompt_tokens = sum(len(ids) for ids in prompts)
+        events = HandleEvents(handles)
+        if not body.stream:
+            results = await _cancel_on_failure(events, _results_or_cancel(request, events))
+            failed = next((r for r in results if not r.ok), None)
+            if failed is not None:
+                raise engine_error(failed, fmt.prompt_param)
+            return JSONResponse(fmt.response(results, prompt_tokens))
+        leaders = range(0, len(handles), body.n)
+        await _cancel_on_failure(events, _raise_admission_error(events, leaders, fmt))
+        ctx = StreamContext(
+            fmt=fmt,
+            stop=params.stop,
+            submitted_version=submitted_version,
+            current_version=lambda: engine.version,
+            prompt_tokens=prompt_tokens,
+            include_usage=body.include_usage,
+        )
+        return EventStreamResponse(sse_stream(events, ctx), events)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request, body: CompletionRequest) -> Response:
+        check_model(body)
+        prompts = [p if isinstance(p, list) else tokenizer.encode(p) for p in body.prompts()]
+        fmt = CompletionFormat(tokenizer, model_name, body.n, body.logprobs is not None)
+        params = body.sampling_params(body.max_tokens or 16)
+        return await generate(request, body, prompts, params, fmt)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
+        check_model(body)
+        messages = [m.for_template() for m in body.messages]
+        try:
+            text = tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+        except Exception as exc:  # no template, or the template rejects these messages
+            raise APIError(
+                400, f"cannot apply the chat template: {exc}", "invalid_messages", "messages"
+            ) from exc
+        prompt = tokenizer.encode(text, add_special_tokens=False)
+        max_tokens = body.token_limit or max(1, engine.max_seq_len - len(prompt))
+        fmt = ChatFormat(
+            tokenizer, model_name, body.n, bool(body.logprobs), bool(body.top_logprobs)
+        )
+        params = body.sampling_params(max_tokens)
+        return await generate(request, body, [prompt], params, fmt)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {
+            "id": model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "rl-workbench",
+            "max_model_len": engine.max_seq_len,
+            "policy_version": engine.version,
+        }
+        return {"object": "list", "data": [card], "policy_version": engine.version}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        serving = engine.loop.running
+        body = {"status": "ok" if serving else "stopped", "policy_version": engine.version}
+        return JSONResponse(body, status_code=200 if serving else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        stats = await anyio.to_thread.run_sync(engine.stats)  # waits for the engine lock
+        return PlainTextResponse(prometheus.render(stats), media_type=prometheus.CONTENT_TYPE)
+
+    return app
+
+
+async def _cancel_on_failure(events: HandleEvents, wait: Awaitable[T]) -> T:
+    """Await `wait`; if it raises (or is cancelled), cancel the request's engine tasks."""
+    try:
+        return await wait
+    except BaseException:
+        events.cancel()
+        raise
+
+
+async def _raise_admission_error(
+    events: HandleEvents, leaders: Sequence[int], fmt: OutputFormat
+) -> None:
+    """Before a stream starts: a request the engine refuses at admission is an HTTP error.
+    Samples of one prompt share its admission outcome, so each prompt's first sample decides."""
+    for event in (await events.first_events(leaders)).values():
+        if isinstance(event, GenerationResult) and not event.ok and not event.output_ids:
+            raise engine_error(event, fmt.prompt_param)
+
+
+async def _results_or_cancel(request: Request, events: HandleEvents) -> list[GenerationResult]:
+    """Every result, or a cancellation of the engine tasks if the client goes away first."""
+
+    async def watch() -> None:
+        while not await request.is_disconnected():
+            await asyncio.sleep(DISCONNECT_POLL_S)
+        events.cancel()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        return await events.results()
+    finally:
+        watcher.cancel()

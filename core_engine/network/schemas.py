@@ -1,0 +1,202 @@
+"""Request bodies of the OpenAI endpoints, validated strictly.
+
+Unknown parameters are rejected (`unsupported_parameter`); a few well-known OpenAI parameters
+the engine cannot honour are accepted only at their no-op value (e.g. `presence_penalty: 0`).
+Extensions (as in vLLM): `top_k` and `ignore_eos`. Log-probs are the sampled token's only:
+completions accept `logprobs` 0 or 1, chat accepts `top_logprobs` 0 or 1, and in both cases
+the single "top" entry is the sampled token (the engine computes no alternatives).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
+
+from core_engine.task import SamplingParams
+
+Prompt = str | list[int]
+StopString = Annotated[str, Field(min_length=1)]
+
+# Parameter -> the values that make it a no-op.
+_NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "logit_bias": (None, {}),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "response_format": (None, {"type": "text"}),
+}
+
+_LOGPROBS_HELP = "only the sampled token's log-prob is available, so it must be 0 or 1"
+
+
+def _unsupported(value: Any, info: ValidationInfo) -> Any:
+    allowed = _NO_OP_VALUES[info.field_name]
+    if value is not None and value not in allowed:
+        raise PydanticCustomError(
+            "unsupported_parameter",
+            "{param} is not supported by this server (accepted only as {allowed})",
+            {"param": info.field_name, "allowed": " or ".join(repr(a) for a in allowed[1:])},
+        )
+    return value
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    include_usage: bool = False
+
+
+class GenerationRequest(BaseModel):
+    """Parameters shared by completions and chat completions."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str
+    n: int = Field(1, ge=1, le=128)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    seed: int | None = Field(None, ge=0, lt=2**62)
+    stop: StopString | list[StopString] | None = None
+    ignore_eos: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None  # client metadata; does not affect generation
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    logit_bias: Any = None
+
+    _no_ops = field_validator("presence_penalty", "frequency_penalty", "logit_bias")(_unsupported)
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_when_streaming(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and not info.data.get("stream"):
+            raise PydanticCustomError("invalid_value", "stream_options needs stream: true")
+        return value
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        """Engine sampling parameters (OpenAI defaults where the request leaves one unset)."""
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0,
+            seed=self.seed,
+            stop=stop,
+            ignore_eos=self.ignore_eos,
+        )
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: Any
+    logprobs: int | None = None
+    best_of: Any = None
+    echo: Any = None
+    suffix: Any = None
+
+    _completion_no_ops = field_validator("best_of", "echo", "suffix")(_unsupported)
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_shape(cls, value: Any) -> Any:
+        if _is_prompt(value) or (
+            isinstance(value, list) and value and all(_is_prompt(p) for p in value)
+        ):
+            return value
+        raise PydanticCustomError(
+            "invalid_value",
+            "prompt must be a string, a list of token ids, or a non-empty list of either",
+        )
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs_range(cls, value: int | None) -> int | None:
+        if value is not None and not 0 <= value <= 1:
+            raise PydanticCustomError("invalid_value", f"logprobs={value}: {_LOGPROBS_HELP}")
+        return value
+
+    def prompts(self) -> list[Prompt]:
+        """The prompt as a batch: one entry per string or token-id list."""
+        if _is_prompt(self.prompt):
+            return [self.prompt]
+        return list(self.prompt)
+
+
+def _is_prompt(value: Any) -> bool:
+    return isinstance(value, str) or (
+        isinstance(value, list) and all(type(t) is int for t in value)
+    )
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def for_template(self) -> dict[str, str]:
+        """The message as the chat template sees it (`developer` is the system role)."""
+        text = self.content
+        if not isinstance(text, str):
+            text = "".join(part.text for part in text)
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+
+class ChatCompletionRequest(GenerationRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    response_format: Any = None
+
+    _chat_no_ops = field_validator(
+        "tools", "tool_choice", "functions", "function_call", "response_format"
+    )(_unsupported)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_range(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and not 0 <= value <= 1:
+            raise PydanticCustomError("invalid_value", f"top_logprobs={value}: {_LOGPROBS_HELP}")
+        if value and not info.data.get("logprobs"):
+            raise PydanticCustomError("invalid_value", "top_logprobs needs logprobs: true")
+        return value
+
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _one_token_limit(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("max_tokens") is not None:
+            raise PydanticCustomError(
+                "invalid_value", "give max_tokens or max_completion_tokens, not both"
+            )
+        return value
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens

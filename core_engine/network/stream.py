@@ -1,0 +1,115 @@
+"""Server-sent events for a streamed request, and the response that cancels on close."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from core_engine.network.bridge import HandleEvents
+from core_engine.network.detok import IncrementalText
+from core_engine.network.errors import engine_error
+from core_engine.network.formats import OutputFormat
+from core_engine.serving import TokenEvent
+from core_engine.task import GenerationResult
+
+
+def sse(payload: dict[str, Any] | str) -> str:
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+@dataclass
+class _Choice:
+    text: IncrementalText
+    version: int | None = None  # known once it is certain which version produced the tokens
+    pending: list[TokenEvent] = field(default_factory=list)
+    opened: bool = False
+    offset: int = 0  # characters of token text streamed so far (completions' text_offset)
+
+
+@dataclass
+class StreamContext:
+    """What a stream needs beyond the events: formatting and the version at submission."""
+
+    fmt: OutputFormat
+    stop: Sequence[str]
+    submitted_version: int
+    current_version: Callable[[], int]  # the engine's policy version now
+    prompt_tokens: int
+    include_usage: bool
+
+
+async def sse_stream(events: HandleEvents, ctx: StreamContext) -> AsyncIterator[str]:
+    """Chunks of every choice as tokens arrive, a final chunk per choice, then `[DONE]`.
+
+    Token events carry no version, so a choice's chunks are released once its version is
+    certain: the engine still serves the version it had at submission (then no update can
+    have intervened), or the choice's result has arrived. An engine error ends the stream with
+    an error event and cancels the other choices.
+    """
+    fmt = ctx.fmt
+    choices: dict[int, _Choice] = {}
+    results: dict[int, GenerationResult] = {}
+    async for index, event in events:
+        choice = choices.setdefault(index, _Choice(IncrementalText(fmt.tokenizer, ctx.stop)))
+        if isinstance(event, TokenEvent):
+            choice.pending.append(event)
+            if choice.version is None and ctx.current_version() == ctx.submitted_version:
+                choice.version = ctx.submitted_version
+        elif not event.ok:
+            events.cancel()
+            yield sse(engine_error(event, fmt.prompt_param).body())
+            yield sse("[DONE]")
+            return
+        else:
+            choice.version = event.policy_version
+            results[index] = event
+        if choice.version is not None:
+            for chunk in _flush(fmt, index, choice, event):
+                yield sse(fmt.chunk(chunk, choice.version))
+    if ctx.include_usage:
+        yield sse(fmt.usage_chunk([results[i] for i in sorted(results)], ctx.prompt_tokens))
+    yield sse("[DONE]")
+
+
+def _flush(
+    fmt: OutputFormat, index: int, choice: _Choice, event: TokenEvent | GenerationResult
+) -> list[dict[str, Any]]:
+    """Chunk choices for the pending tokens of one choice (and its end, on a result)."""
+    chunks = []
+    if not choice.opened:
+        choice.opened = True
+        opening = fmt.role_delta(index)
+        if opening is not None:
+            chunks.append(opening)
+    for token in choice.pending:
+        text = choice.text.push(token.token_id)
+        logprobs = [(token.token_id, token.logprob)] if fmt.logprobs else []
+        if text or logprobs:
+            chunks.append(fmt.delta(index, text, logprobs, choice.offset))
+            choice.offset += sum(len(fmt.token_text(t)) for t, _ in logprobs)
+    choice.pending.clear()
+    if isinstance(event, GenerationResult):
+        chunks.append(fmt.final_delta(index, choice.text.finish(event.text or ""), event))
+    return chunks
+
+
+class EventStreamResponse(StreamingResponse):
+    """An SSE response that cancels the request's unfinished engine tasks when it ends,
+    however it ends: completed, client disconnected, or server shutting down."""
+
+    def __init__(self, content: AsyncIterator[str], events: HandleEvents) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self.headers["Cache-Control"] = "no-cache"
+        self._events = events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._events.cancel()
