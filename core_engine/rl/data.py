@@ -1,0 +1,113 @@
+"""Prompt records: loading, mapping to chat messages, and the collate contract.
+
+A record is `{"instruction", "input", "output"}` (input and output optional) or
+`{"messages": [...]}`. For generation only the system/user part is used: `output` is the
+reference answer handed to the reward and shown in the UI, never part of the prompt.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+Batch = dict[str, list[str]]
+
+
+class DataError(ValueError):
+    """Records that cannot be used, with the place they came from."""
+
+
+def instruction_to_messages(instruction: str, input: str = "", output: str = "") -> list[dict]:
+    """instruction -> system, input -> user, output -> assistant (empty fields are left out)."""
+    messages = []
+    if instruction:
+        messages.append({"role": "system", "content": instruction})
+    if input:
+        messages.append({"role": "user", "content": input})
+    if output:
+        messages.append({"role": "assistant", "content": output})
+    return messages
+
+
+def prompt_messages(messages: Sequence[Mapping[str, str]]) -> list[dict]:
+    """The generation prompt: the conversation up to (not including) the last assistant turn."""
+    cut = len(messages)
+    while cut and messages[cut - 1]["role"] == "assistant":
+        cut -= 1
+    return [dict(m) for m in messages[:cut]]
+
+
+def reference_answer(messages: Sequence[Mapping[str, str]]) -> str:
+    """The trailing assistant turn(s) of a conversation: what the reward compares with."""
+    tail = []
+    for m in reversed(messages):
+        if m["role"] != "assistant":
+            break
+        tail.append(m["content"])
+    return "".join(reversed(tail))
+
+
+def normalize_record(record: Mapping[str, Any], where: str = "record") -> dict[str, str]:
+    """A record as the three collate fields `instruction`, `input`, `output` (strings)."""
+    if not isinstance(record, Mapping):
+        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if "messages" in record:
+        messages = record["messages"]
+        if not isinstance(messages, list) or not all(
+            isinstance(m, Mapping) and {"role", "content"} <= set(m) for m in messages
+        ):
+            raise DataError(f"{where}: 'messages' must be a list of {{role, content}} objects")
+        system = "".join(m["content"] for m in messages if m["role"] == "system")
+        user = "".join(m["content"] for m in prompt_messages(messages) if m["role"] == "user")
+        return {"instruction": system, "input": user, "output": reference_answer(messages)}
+    if "instruction" not in record:
+        raise DataError(
+            f"{where}: needs 'instruction' (with optional 'input'/'output') or 'messages'"
+        )
+    fields = {k: record.get(k, "") for k in ("instruction", "input", "output")}
+    for key, value in fields.items():
+        if not isinstance(value, str):
+            raise DataError(f"{where}: '{key}' must be a string, got {type(value).__name__}")
+    if not fields["instruction"] and not fields["input"]:
+        raise DataError(f"{where}: the prompt is empty (no instruction and no input)")
+    return fields
+
+
+def load_jsonl(path: str | Path) -> list[dict[str, str]]:
+    """Records of a JSONL file; malformed lines are reported with their line number."""
+    records, problems = [], []
+    with open(path, encoding="utf-8") as file:
+        for number, line in enumerate(file, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(normalize_record(json.loads(line), f"{path}:{number}"))
+            except json.JSONDecodeError as exc:
+                problems.append(f"{path}:{number}: not valid JSON ({exc.msg})")
+            except DataError as exc:
+                problems.append(str(exc))
+    if problems:
+        raise DataError("malformed records:\n" + "\n".join(problems[:20]))
+    if not records:
+        raise DataError(f"{path}: no usable record")
+    return records
+
+
+def collate(records: Iterable[Mapping[str, str]]) -> Batch:
+    """Records -> a dict of parallel lists of strings (the batch contract)."""
+    batch: Batch = {"instruction": [], "input": [], "output": []}
+    for record in records:
+        for key in batch:
+            batch[key].append(record.get(key, ""))
+    return batch
+
+
+def batch_rows(batch: Mapping[str, Sequence[str]]) -> list[dict[str, str]]:
+    """The rows of a collated batch; lists of unequal length are an error naming them."""
+    lengths = {key: len(values) for key, values in batch.items()}
+    if len(set(lengths.values())) > 1:
+        raise DataError(f"batch fields have unequal lengths: {lengths}")
+    keys = list(batch)
+    return [dict(zip(keys, values, strict=True)) for values in zip(*batch.values(), strict=True)]

@@ -1,0 +1,35 @@
+"""Score a policy (the engine's current weights) on a set of records with a reward."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from core_engine.rl.data import collate
+from core_engine.rl.rewards import RewardFn, score
+from core_engine.rl.rollout import RawRollout, RolloutGenerator
+from core_engine.scheduler import InferenceScheduler
+from core_engine.task import SamplingParams
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    policy_version: int
+    mean_reward: float
+    rewards: list[float]
+    rollout: RawRollout
+
+
+def evaluate(
+    engine: InferenceScheduler,
+    records: Sequence[dict[str, str]],
+    reward_fn: RewardFn,
+    params: SamplingParams | None = None,
+    seed: int = 0,
+) -> EvalResult:
+    """Greedy (by default) generation on every record, scored by `reward_fn`."""
+    params = params or SamplingParams(temperature=0, max_tokens=32)
+    raw = RolloutGenerator(engine, params, group_size=1).generate(collate(records), seed)
+    rewards = score(reward_fn, raw.completions, raw.references, raw.prompts)
+    mean = sum(rewards) / len(rewards) if rewards else 0.0
+    return EvalResult(raw.policy_version, mean, rewards, raw)

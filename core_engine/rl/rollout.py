@@ -1,0 +1,167 @@
+"""Rollouts from our engine: prompts -> groups of samples stamped with one policy version."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from core_engine.rl.data import batch_rows, instruction_to_messages
+from core_engine.rl.rewards import RewardError, RewardFn, score
+from core_engine.scheduler import InferenceScheduler
+from core_engine.task import SamplingParams, TaskError
+
+
+class StaleRolloutError(RuntimeError):
+    """A rollout's policy version is outside the allowed lag (or from the future)."""
+
+
+@dataclass(frozen=True)
+class RawRollout:
+    """B prompts x G samples, sample-major within each group (sample i is in group i // G)."""
+
+    prompts: list[str]  # rendered prompt text, one per prompt
+    messages: list[list[dict]]  # the prompt conversation, one per prompt
+    references: list[str]  # reward-side reference answers, one per prompt
+    prompt_ids: list[list[int]]  # one per prompt
+    response_ids: list[list[int]]  # one per sample
+    completions: list[str]
+    behaviour_logprobs: list[list[float]]  # the sampled distribution (after top-k/top-p)
+    temp_logprobs: list[list[float]]  # log-softmax(logits / T), what the trainer matches
+    finish_reasons: list[str]
+    errors: list[TaskError | None]
+    cached_prompt_tokens: list[int]
+    seeds: list[int]
+    policy_version: int
+    group_size: int
+    temperature: float
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.response_ids)
+
+    def group_of(self, sample: int) -> int:
+        return sample // self.group_size
+
+
+@dataclass(frozen=True)
+class RolloutResult(RawRollout):
+    rewards: list[float] = field(default_factory=list)
+
+
+class RolloutGenerator:
+    """Renders prompts with the chat template and delegates all generation to `run_batch`."""
+
+    def __init__(
+        self,
+        engine: InferenceScheduler,
+        params: SamplingParams,
+        group_size: int,
+        tokenizer: Any = None,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer or engine.tokenizer
+        self.params = params
+        self.group_size = group_size
+
+    @staticmethod
+    def _instruction_to_messages(instruction: str, input: str = "", output: str = "") -> list[dict]:
+        return instruction_to_messages(instruction, input, output)
+
+    def _prepare_prompts(
+        self, batch: Mapping[str, Sequence[str]]
+    ) -> list[tuple[list[dict], str, str]]:
+        """(prompt messages, rendered prompt, reference) per row; `output` stays reward-side."""
+        prepared = []
+        for row in batch_rows(batch):
+            messages = self._instruction_to_messages(
+                row.get("instruction", ""), row.get("input", "")
+            )
+            text = self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+            prepared.append((messages, text, row.get("output", "")))
+        return prepared
+
+    def generate(self, batch: Mapping[str, Sequence[str]], seed: int) -> RawRollout:
+        prepared = self._prepare_prompts(batch)
+        prompt_ids = [
+            self.tokenizer(text, add_special_tokens=False)["input_ids"] for _, text, _ in prepared
+        ]
+        g = self.group_size
+        params = [replace(self.params, seed=seed + i * g) for i in range(len(prepared))]
+        results = self.engine.run_batch(prompt_ids, params, samples_per_prompt=g)
+        versions = {r.policy_version for r in results}
+        assert len(versions) == 1, f"one batch spans policy versions {versions}"
+        return RawRollout(
+            prompts=[text for _, text, _ in prepared],
+            messages=[messages for messages, _, _ in prepared],
+            references=[reference for _, _, reference in prepared],
+            prompt_ids=prompt_ids,
+            response_ids=[r.output_ids for r in results],
+            completions=[
+                self.tokenizer.decode(r.output_ids, skip_special_tokens=True) for r in results
+            ],
+            behaviour_logprobs=[r.output_logprobs for r in results],
+            temp_logprobs=[r.output_temp_logprobs for r in results],
+            finish_reasons=[r.finish_reason.value for r in results],
+            errors=[r.error for r in results],
+            cached_prompt_tokens=[r.num_cached_prompt_tokens for r in results],
+            seeds=[seed + i for i in range(len(results))],
+            policy_version=versions.pop(),
+            group_size=g,
+            temperature=self.params.temperature,
+        )
+
+
+def check_policy_lag(rollout_version: int, trainer_version: int, max_policy_lag: int) -> None:
+    lag = trainer_version - rollout_version
+    if lag < 0:
+        raise StaleRolloutError(
+            f"rollout from future version {rollout_version} (trainer is at {trainer_version})"
+        )
+    if lag > max_policy_lag:
+        raise StaleRolloutError(
+            f"rollout of version {rollout_version} is {lag} versions old "
+            f"(max_policy_lag={max_policy_lag})"
+        )
+
+
+class RolloutRunner:
+    """`runner(batch) -> (result, is_fresh)`: reuses the last rollout of the same batch while it
+    is within `max_policy_lag` of the trainer's version, else generates a fresh one."""
+
+    def __init__(
+        self,
+        generator: RolloutGenerator,
+        reward_fn: RewardFn,
+        trainer_version: Callable[[], int],
+        max_policy_lag: int = 0,
+    ) -> None:
+        self.generator = generator
+        self.reward_fn = reward_fn
+        self.trainer_version = trainer_version
+        self.max_policy_lag = max_policy_lag
+        self._last: tuple[tuple, RolloutResult] | None = None
+
+    def __call__(
+        self, batch: Mapping[str, Sequence[str]], seed: int = 0
+    ) -> tuple[RolloutResult, bool]:
+        key = tuple((k, tuple(v)) for k, v in sorted(batch.items()))
+        version = self.trainer_version()
+        if self._last is not None and self._last[0] == key:
+            cached = self._last[1]
+            if 0 <= version - cached.policy_version <= self.max_policy_lag:
+                return cached, False
+        raw = self.generator.generate(batch, seed)
+        check_policy_lag(raw.policy_version, version, self.max_policy_lag)
+        refs = [raw.references[raw.group_of(i)] for i in range(raw.num_samples)]
+        prompts = [raw.prompts[raw.group_of(i)] for i in range(raw.num_samples)]
+        try:
+            rewards = score(self.reward_fn, raw.completions, refs, prompts)
+        except RewardError as exc:
+            exc.rollout = raw
+            raise
+        result = RolloutResult(**vars(raw), rewards=rewards)
+        self._last = (key, result)
+        return result, True

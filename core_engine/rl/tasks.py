@@ -1,0 +1,58 @@
+"""Built-in verifiable tasks: seeded record generators with a matching reward."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BuiltinTask:
+    name: str
+    description: str
+    reward: str  # a reward spec for `resolve_reward`
+    make_records: Callable[[int, int], list[dict[str, str]]]  # (count, seed) -> records
+
+
+def addition_records(count: int, seed: int, digits: int = 3) -> list[dict[str, str]]:
+    rng = random.Random(seed)
+    top = 10**digits
+    records = []
+    for _ in range(count):
+        a, b = rng.randrange(top), rng.randrange(top)
+        records.append({"instruction": "", "input": f"{a}+{b}=", "output": str(a + b)})
+    return records
+
+
+def always_seven_records(count: int, seed: int) -> list[dict[str, str]]:
+    rng = random.Random(seed)
+    return [
+        {"instruction": "", "input": f"{rng.randrange(100)}?", "output": "7"} for _ in range(count)
+    ]
+
+
+BUILTIN_TASKS = {
+    task.name: task
+    for task in (
+        BuiltinTask(
+            "addition", "3-digit addition, answer the sum", "exact_match", addition_records
+        ),
+        BuiltinTask("always7", "answer 7 to anything (a toy)", "exact_match", always_seven_records),
+    )
+}
+
+
+def training_records(task: str | None, data: str | None, count: int = 2000, seed: int = 0):
+    """Records of a built-in task (seeded) or of a JSONL file."""
+    from core_engine.rl.data import load_jsonl
+
+    if data is not None:
+        return load_jsonl(data)
+    if task not in BUILTIN_TASKS:
+        raise ValueError(f"unknown task {task!r}; built-in tasks: {sorted(BUILTIN_TASKS)}")
+    return BUILTIN_TASKS[task].make_records(count, seed)
+
+
+def default_reward(task: str | None) -> str:
+    return BUILTIN_TASKS[task].reward if task in BUILTIN_TASKS else "exact_match"
