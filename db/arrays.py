@@ -2,7 +2,8 @@
 
 Token ids are stored as int32 and log-probs as float32 (4 bytes per token each), which
 round-trips float32 values exactly; a Python float that is not a float32 value is rounded
-to the nearest float32.
+to the nearest float32 (beyond float32's range: to infinity). Any sequence of numbers is
+accepted (a list, a tuple, a NumPy array); values come back as a list.
 """
 
 import sys

@@ -151,9 +151,11 @@ class Sample(Base):
 
     __tablename__ = "samples"
     __table_args__ = (
+        # Lists are ordered by (policy_version, id); each equality filter has an index that
+        # ends in that order, so a page is read in order and stops after ``limit`` rows.
         Index("ix_samples_job_version", "job_id", "policy_version", "id"),
-        Index("ix_samples_job_finish_reason", "job_id", "finish_reason", "id"),
-        Index("ix_samples_job_error_code", "job_id", "error_code"),
+        Index("ix_samples_job_finish_reason", "job_id", "finish_reason", "policy_version", "id"),
+        Index("ix_samples_job_error_code", "job_id", "error_code", "policy_version", "id"),
         Index("ix_samples_job_reward", "job_id", "reward"),
         Index("ix_samples_batch_id", "batch_id"),
         CheckConstraint(
@@ -187,3 +189,21 @@ class Sample(Base):
     temperature_logprobs: Mapped[list[float] | None] = mapped_column(Float32Array)
 
     batch: Mapped[RolloutBatch] = relationship(back_populates="samples")
+
+
+class VersionSampleStats(Base):
+    """Running totals of a job's samples per (policy version, finish reason), kept by the
+    repository in the transaction that stores the samples, so that per-version metrics do
+    not scan the samples."""
+
+    __tablename__ = "version_sample_stats"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    policy_version: Mapped[int] = mapped_column(primary_key=True)
+    finish_reason: Mapped[FinishReason] = mapped_column(
+        _enum(FinishReason, "finish_reason"), primary_key=True
+    )
+    samples: Mapped[int]
+    rewarded: Mapped[int]
+    reward_sum: Mapped[float]
+    response_tokens: Mapped[int] = mapped_column(BigInteger)

@@ -206,10 +206,11 @@ class SampleDetail:
 
 @dataclass(frozen=True)
 class SamplePage:
-    """One page of samples; pass ``next_cursor`` back to get the next page (None: last page)."""
+    """One page of samples; pass ``next_cursor`` back to get the next page (None: last page).
+    The cursor is an opaque string."""
 
     items: list[SampleSummary]
-    next_cursor: int | None
+    next_cursor: str | None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from db.repository.base import (
     load_job,
     require_active,
 )
+from db.repository.stats import add_samples
 
 
 def batch_info(row: RolloutBatch) -> BatchInfo:
@@ -88,11 +89,9 @@ def _sample_row(sample: SampleRecord, batch: BatchRecord, where: str) -> dict[st
         "error_message": sample.error_message,
         "reference_output": sample.reference_output,
         "prompt_messages": sample.prompt_messages,
-        "response_token_ids": list(sample.response_token_ids),
-        "behaviour_logprobs": list(sample.behaviour_logprobs),
-        "temperature_logprobs": (
-            None if sample.temperature_logprobs is None else list(sample.temperature_logprobs)
-        ),
+        "response_token_ids": sample.response_token_ids,
+        "behaviour_logprobs": sample.behaviour_logprobs,
+        "temperature_logprobs": sample.temperature_logprobs,
     }
 
 
@@ -148,6 +147,7 @@ class BatchesMixin(RepositoryBase):
             for sample_row in rows:
                 sample_row["batch_id"] = row.id
             session.execute(insert(Sample), rows)
+            add_samples(session, job.id, rows)
             return batch_info(row)
 
     def list_batches(

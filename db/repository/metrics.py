@@ -1,32 +1,14 @@
-"""Per-version metrics of a job: the trainer's recorded metrics plus sample aggregates."""
+"""Per-version metrics of a job: the trainer's recorded metrics plus sample totals."""
 
 from collections import defaultdict
-from dataclasses import dataclass, field
 
 from sqlalchemy import func, select
 
-from db.enums import BatchStatus, FinishReason
-from db.models import PolicyVersion, RolloutBatch, Sample
-from db.records import VersionMetrics
+from db.enums import BatchStatus
+from db.models import PolicyVersion, RolloutBatch, VersionSampleStats
+from db.records import PolicyVersionInfo, VersionMetrics
 from db.repository.base import RepositoryBase, load_job
 from db.repository.versions import version_info
-
-
-@dataclass
-class _SampleTotals:
-    samples: int = 0
-    reward_sum: float = 0.0
-    rewards: int = 0
-    response_tokens: int = 0
-    finish_reasons: dict[FinishReason, int] = field(default_factory=dict)
-
-    @property
-    def reward_mean(self) -> float | None:
-        return self.reward_sum / self.rewards if self.rewards else None
-
-    @property
-    def mean_response_length(self) -> float | None:
-        return self.response_tokens / self.samples if self.samples else None
 
 
 class MetricsMixin(RepositoryBase):
@@ -41,45 +23,42 @@ class MetricsMixin(RepositoryBase):
                     select(PolicyVersion).where(PolicyVersion.job_id == job_id)
                 )
             }
-            sample_rows = session.execute(
-                select(
-                    Sample.policy_version,
-                    Sample.finish_reason,
-                    func.count(),
-                    func.sum(Sample.reward),
-                    func.count(Sample.reward),
-                    func.sum(Sample.response_length),
-                )
-                .where(Sample.job_id == job_id)
-                .group_by(Sample.policy_version, Sample.finish_reason)
-            ).all()
+            stats: dict[int, list[VersionSampleStats]] = defaultdict(list)
+            for row in session.scalars(
+                select(VersionSampleStats).where(VersionSampleStats.job_id == job_id)
+            ):
+                stats[row.policy_version].append(row)
             batch_rows = session.execute(
                 select(RolloutBatch.policy_version, RolloutBatch.status, func.count())
                 .where(RolloutBatch.job_id == job_id)
                 .group_by(RolloutBatch.policy_version, RolloutBatch.status)
             ).all()
-
         batches: dict[int, dict[BatchStatus, int]] = defaultdict(dict)
         for version, status, count in batch_rows:
             batches[version][status] = count
-        totals: dict[int, _SampleTotals] = defaultdict(_SampleTotals)
-        for version, finish, count, reward_sum, reward_count, length_sum in sample_rows:
-            total = totals[version]
-            total.samples += count
-            total.reward_sum += reward_sum or 0.0
-            total.rewards += reward_count
-            total.response_tokens += length_sum
-            total.finish_reasons[finish] = count
         return [
-            VersionMetrics(
-                version=version,
-                recorded=recorded.get(version),
-                num_samples=totals[version].samples,
-                num_accepted_batches=batches[version].get(BatchStatus.ACCEPTED, 0),
-                num_rejected_batches=batches[version].get(BatchStatus.REJECTED, 0),
-                sample_reward_mean=totals[version].reward_mean,
-                mean_response_length=totals[version].mean_response_length,
-                finish_reasons=totals[version].finish_reasons,
-            )
-            for version in sorted(recorded.keys() | totals.keys() | batches.keys())
+            _metrics(version, recorded.get(version), stats[version], batches[version])
+            for version in sorted(recorded.keys() | stats.keys() | batches.keys())
         ]
+
+
+def _metrics(
+    version: int,
+    recorded: PolicyVersionInfo | None,
+    stats: list[VersionSampleStats],
+    batches: dict[BatchStatus, int],
+) -> VersionMetrics:
+    samples = sum(row.samples for row in stats)
+    rewarded = sum(row.rewarded for row in stats)
+    return VersionMetrics(
+        version=version,
+        recorded=recorded,
+        num_samples=samples,
+        num_accepted_batches=batches.get(BatchStatus.ACCEPTED, 0),
+        num_rejected_batches=batches.get(BatchStatus.REJECTED, 0),
+        sample_reward_mean=sum(row.reward_sum for row in stats) / rewarded if rewarded else None,
+        mean_response_length=(
+            sum(row.response_tokens for row in stats) / samples if samples else None
+        ),
+        finish_reasons={row.finish_reason: row.samples for row in stats},
+    )

@@ -3,7 +3,7 @@
 from collections import defaultdict
 from typing import Any, Literal
 
-from sqlalchemy import Select, distinct, func, select
+from sqlalchemy import ColumnElement, Select, distinct, func, literal, select, tuple_
 from sqlalchemy.orm import Session
 
 from db.enums import BatchStatus, FinishReason, coerce
@@ -13,6 +13,7 @@ from db.records import PromptComparison, SampleDetail, SampleFilter, SamplePage,
 from db.repository.base import RepositoryBase, load_job
 
 MAX_PAGE_SIZE = 1000
+RARE_MATCHES = 5000
 
 _SUMMARY_COLUMNS = (
     Sample.id,
@@ -45,7 +46,9 @@ def _check_limit(limit: int) -> None:
         raise InvalidValue(f"limit: {limit} is outside 1..{MAX_PAGE_SIZE}")
 
 
-def _apply_filter(statement: Select[Any], where: SampleFilter) -> Select[Any]:
+def _apply_filter(
+    statement: Select[Any], where: SampleFilter, reward: ColumnElement[float] = Sample.reward
+) -> Select[Any]:
     conditions = [Sample.job_id == where.job_id]
     if where.min_version is not None:
         conditions.append(Sample.policy_version >= where.min_version)
@@ -57,9 +60,9 @@ def _apply_filter(statement: Select[Any], where: SampleFilter) -> Select[Any]:
     if where.error_code is not None:
         conditions.append(Sample.error_code == where.error_code)
     if where.min_reward is not None:
-        conditions.append(Sample.reward >= where.min_reward)
+        conditions.append(reward >= where.min_reward)
     if where.max_reward is not None:
-        conditions.append(Sample.reward <= where.max_reward)
+        conditions.append(reward <= where.max_reward)
     if where.batch_status is not None:
         status = coerce(BatchStatus, where.batch_status, "batch_status")
         conditions.append(RolloutBatch.status == status)
@@ -69,6 +72,47 @@ def _apply_filter(statement: Select[Any], where: SampleFilter) -> Select[Any]:
             | Sample.response_text.icontains(where.text, autoescape=True)
         )
     return statement.where(*conditions)
+
+
+def _reward_is_rare(session: Session, where: SampleFilter) -> bool:
+    """Whether fewer than `RARE_MATCHES` of the job's samples are in the reward range
+    (counted on the reward index, so it reads at most that many index entries).
+
+    Planners without histograms (SQLite) take any range as selective and would read a dense
+    range through the reward index, then sort it; a dense range is better served by reading
+    in page order and skipping the misses, a rare one by the reward index. This bounded probe
+    decides.
+    """
+    reward_only = SampleFilter(
+        where.job_id, min_reward=where.min_reward, max_reward=where.max_reward
+    )
+    probe = _apply_filter(select(Sample.id), reward_only).limit(RARE_MATCHES)
+    matches = select(func.count()).select_from(probe.subquery())
+    return session.scalar(matches) < RARE_MATCHES
+
+
+def page_statement(
+    where: SampleFilter, cursor: str | None, newest_first: bool, *, reward_index: bool = True
+) -> Select[Any]:
+    """The summaries matching ``where`` after ``cursor``, in page order (without a limit).
+    Without ``reward_index`` the reward filter cannot use an index (see `_reward_is_rare`)."""
+    key = tuple_(Sample.policy_version, Sample.id)
+    reward = Sample.reward if reward_index else Sample.reward + 0
+    statement = _apply_filter(_summaries(), where, reward)
+    if cursor is not None:
+        after = tuple_(*(literal(part) for part in _parse_cursor(cursor)))
+        statement = statement.where(key < after if newest_first else key > after)
+    if newest_first:
+        return statement.order_by(Sample.policy_version.desc(), Sample.id.desc())
+    return statement.order_by(Sample.policy_version, Sample.id)
+
+
+def _parse_cursor(cursor: str) -> tuple[int, int]:
+    version, _, sample_id = cursor.partition(":")
+    try:
+        return int(version), int(sample_id)
+    except ValueError:
+        raise InvalidValue(f"cursor: {cursor!r} is not a cursor from a previous page") from None
 
 
 def _load_sample(session: Session, sample_id: int) -> Sample:
@@ -83,27 +127,25 @@ class SamplesMixin(RepositoryBase):
         self,
         where: SampleFilter,
         *,
-        cursor: int | None = None,
+        cursor: str | None = None,
         limit: int = 50,
         newest_first: bool = False,
     ) -> SamplePage:
-        """One page of the job's samples matching ``where``, ordered by sample id (ascending,
-        or descending if ``newest_first``). Pages stay stable while new samples arrive."""
+        """One page of the job's samples matching ``where``, ordered by (policy version,
+        sample id), ascending or, with ``newest_first``, descending. Pass the page's
+        ``next_cursor`` to get the next page; pages never repeat or skip a stored sample."""
         _check_limit(limit)
-        statement = _apply_filter(_summaries(), where)
-        if newest_first:
-            if cursor is not None:
-                statement = statement.where(Sample.id < cursor)
-            statement = statement.order_by(Sample.id.desc())
-        else:
-            if cursor is not None:
-                statement = statement.where(Sample.id > cursor)
-            statement = statement.order_by(Sample.id)
+        has_reward_range = where.min_reward is not None or where.max_reward is not None
         with self._read() as session:
             load_job(session, where.job_id)
+            reward_index = has_reward_range and _reward_is_rare(session, where)
+            statement = page_statement(where, cursor, newest_first, reward_index=reward_index)
             rows = session.execute(statement.limit(limit + 1)).all()
         items = [_summary(row) for row in rows[:limit]]
-        return SamplePage(items=items, next_cursor=items[-1].id if len(rows) > limit else None)
+        next_cursor = None
+        if len(rows) > limit:
+            next_cursor = f"{items[-1].policy_version}:{items[-1].id}"
+        return SamplePage(items=items, next_cursor=next_cursor)
 
     def get_sample(self, sample_id: int) -> SampleDetail:
         """Everything stored about one sample, per-token arrays included."""
@@ -150,6 +192,8 @@ class SamplesMixin(RepositoryBase):
         if version_a == version_b:
             raise InvalidValue("compare_versions needs two different versions")
         _check_limit(limit)
+        if offset < 0:
+            raise InvalidValue(f"offset: {offset} is negative")
         key = getattr(Sample, match_on)
         in_both = (
             select(key.label("key"), func.min(Sample.prompt_index).label("first_index"))

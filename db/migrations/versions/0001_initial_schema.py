@@ -1,4 +1,4 @@
-"""Initial schema: jobs, policy versions, rollout batches, samples.
+"""Initial schema: jobs, policy versions, rollout batches, samples, per-version totals.
 
 Revision ID: 0001
 Revises:
@@ -183,13 +183,51 @@ def upgrade() -> None:
         sqlite_autoincrement=True,
     )
     op.create_index("ix_samples_batch_id", "samples", ["batch_id"])
-    op.create_index("ix_samples_job_error_code", "samples", ["job_id", "error_code"])
-    op.create_index("ix_samples_job_finish_reason", "samples", ["job_id", "finish_reason", "id"])
+    op.create_index(
+        "ix_samples_job_error_code", "samples", ["job_id", "error_code", "policy_version", "id"]
+    )
+    op.create_index(
+        "ix_samples_job_finish_reason",
+        "samples",
+        ["job_id", "finish_reason", "policy_version", "id"],
+    )
     op.create_index("ix_samples_job_reward", "samples", ["job_id", "reward"])
     op.create_index("ix_samples_job_version", "samples", ["job_id", "policy_version", "id"])
+    op.create_table(
+        "version_sample_stats",
+        sa.Column("job_id", sa.Integer(), nullable=False),
+        sa.Column("policy_version", sa.Integer(), nullable=False),
+        sa.Column(
+            "finish_reason",
+            sa.Enum(
+                "stop",
+                "length",
+                "abort",
+                "error",
+                name="finish_reason",
+                native_enum=False,
+                create_constraint=True,
+            ),
+            nullable=False,
+        ),
+        sa.Column("samples", sa.Integer(), nullable=False),
+        sa.Column("rewarded", sa.Integer(), nullable=False),
+        sa.Column("reward_sum", sa.Double(), nullable=False),
+        sa.Column("response_tokens", sa.BigInteger(), nullable=False),
+        sa.ForeignKeyConstraint(
+            ["job_id"],
+            ["jobs.id"],
+            name=op.f("fk_version_sample_stats_job_id_jobs"),
+            ondelete="CASCADE",
+        ),
+        sa.PrimaryKeyConstraint(
+            "job_id", "policy_version", "finish_reason", name=op.f("pk_version_sample_stats")
+        ),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("version_sample_stats")
     op.drop_table("samples")
     op.drop_table("rollout_batches")
     op.drop_table("policy_versions")
