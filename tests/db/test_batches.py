@@ -1,4 +1,5 @@
 import struct
+from array import array
 
 import pytest
 import sqlalchemy as sa
@@ -252,3 +253,18 @@ def test_cancelling_job_may_still_store_its_last_batch(repo: Repository) -> None
         make_batch(job.id, [make_sample()], status="rejected", reasons=("cancelled",))
     )
     assert repo.list_batches(job.id) == [batch]
+
+
+def test_arrays_may_be_any_sequence_of_numbers(repo: Repository) -> None:
+    job = running_job(repo)
+    record = make_sample(
+        response_token_ids=(5, 6, 7),
+        behaviour_logprobs=array("f", [-1.0, -2.0, -3.0]),
+        temperature_logprobs=(-0.5, -1.5, -2.5),
+    )
+    repo.record_batch(make_batch(job.id, [record]))
+    (summary,) = repo.list_samples(SampleFilter(job.id)).items
+    stored = repo.get_sample(summary.id)
+    assert stored.response_token_ids == [5, 6, 7]
+    assert stored.behaviour_logprobs == [-1.0, -2.0, -3.0]
+    assert stored.temperature_logprobs == [-0.5, -1.5, -2.5]

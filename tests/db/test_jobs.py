@@ -12,7 +12,7 @@ from db import (
     PolicyVersionRecord,
     Repository,
 )
-from db.models import PolicyVersion, RolloutBatch, Sample
+from db.models import PolicyVersion, RolloutBatch, Sample, VersionSampleStats
 
 from .helpers import make_batch, make_sample, running_job
 
@@ -195,7 +195,7 @@ def test_delete_job_removes_everything_under_it(repo: Repository) -> None:
     with pytest.raises(JobNotFound):
         repo.get_job(job.id)
     with repo.engine.connect() as connection:
-        for model in (PolicyVersion, RolloutBatch, Sample):
+        for model in (PolicyVersion, RolloutBatch, Sample, VersionSampleStats):
             job_ids = connection.scalars(sa.select(model.job_id).distinct()).all()
             assert job_ids == [other.id], model.__tablename__
     assert repo.list_batches(other.id) == [kept]

@@ -13,7 +13,7 @@ from db.migrate import heads
 from db.models import Base
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TABLES = {"jobs", "policy_versions", "rollout_batches", "samples"}
+TABLES = {"jobs", "policy_versions", "rollout_batches", "samples", "version_sample_stats"}
 
 
 def _differences(url: URL) -> list:

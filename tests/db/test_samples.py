@@ -61,7 +61,7 @@ def _keys(items: list[SampleSummary]) -> list[tuple[int, int, int]]:
     return [(s.policy_version, s.prompt_index, s.group_index) for s in items]
 
 
-def test_lists_only_the_jobs_samples_in_id_order(repo: Repository, data: Dataset) -> None:
+def test_lists_only_the_jobs_samples_in_page_order(repo: Repository, data: Dataset) -> None:
     items = repo.list_samples(SampleFilter(data.job_id), limit=100).items
     assert [s.id for s in items] == sorted(data.ids)
     assert {s.job_id for s in items} == {data.job_id}
@@ -111,7 +111,6 @@ def test_keyset_pagination_walks_every_sample_once(repo: Repository, data: Datas
         pages += 1
         if page.next_cursor is None:
             break
-        assert page.next_cursor == page.items[-1].id
         cursor = page.next_cursor
     assert seen == sorted(data.ids)
     assert pages == 4
@@ -124,6 +123,34 @@ def test_pages_are_stable_while_samples_arrive(repo: Repository, data: Dataset) 
     repo.record_batch(make_batch(data.job_id, [make_sample(5, 0, version=2)], version=2, step=3))
     second = repo.list_samples(where, cursor=first.next_cursor, limit=10)
     assert [s.prompt_index for s in first.items + second.items] == [0, 0, 2, 2, 5]
+
+
+def test_pages_are_ordered_by_version_then_id(repo: Repository) -> None:
+    """A stale sample stored late (asynchronous rollouts) is listed with its version."""
+    job = running_job(repo, versions=3)
+    repo.record_batch(make_batch(job.id, [make_sample(0, 0, version=2)], version=2))
+    repo.record_batch(make_batch(job.id, [make_sample(1, 0, version=0)], version=2))
+    repo.record_batch(make_batch(job.id, [make_sample(2, 0, version=1)], version=2))
+    where = SampleFilter(job.id)
+    first = repo.list_samples(where, limit=2)
+    assert [s.prompt_index for s in first.items] == [1, 2]
+    rest = repo.list_samples(where, cursor=first.next_cursor)
+    assert ([s.prompt_index for s in rest.items], rest.next_cursor) == ([0], None)
+    newest = repo.list_samples(where, newest_first=True).items
+    assert [s.policy_version for s in newest] == [2, 1, 0]
+
+
+@pytest.mark.parametrize("rare_matches", [1, 10_000])
+def test_reward_filter_is_the_same_through_either_access_path(
+    repo: Repository, data: Dataset, rare_matches: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reward ranges are read through the reward index when rare, in page order otherwise."""
+    monkeypatch.setattr("db.repository.samples.RARE_MATCHES", rare_matches)
+    where = SampleFilter(data.job_id, min_reward=0.25, max_reward=0.9)
+    first = repo.list_samples(where, limit=3)
+    rest = repo.list_samples(where, cursor=first.next_cursor, limit=100)
+    keys = _keys(first.items + rest.items)
+    assert keys == [(0, 0, 1), (0, 1, 0), (0, 1, 1), (2, 0, 0), (2, 0, 1), (2, 2, 0), (2, 2, 1)]
 
 
 def test_newest_first(repo: Repository, data: Dataset) -> None:
@@ -150,8 +177,14 @@ def test_newest_first(repo: Repository, data: Dataset) -> None:
             "batch_status: 'ok'",
         ),
         (lambda r, d: r.list_samples(SampleFilter(d.job_id + 99)), JobNotFound, "does not exist"),
+        (
+            lambda r, d: r.list_samples(SampleFilter(d.job_id), cursor="12"),
+            InvalidValue,
+            "cursor: '12' is not a cursor",
+        ),
         (lambda r, d: r.get_sample(max(d.ids) + 1000), SampleNotFound, "does not exist"),
         (lambda r, d: r.compare_versions(d.job_id, 1, 1), InvalidValue, "two different"),
+        (lambda r, d: r.compare_versions(d.job_id, 0, 2, offset=-1), InvalidValue, "offset"),
         (
             lambda r, d: r.compare_versions(d.job_id, 0, 2, match_on="seed"),
             InvalidValue,

@@ -1,3 +1,5 @@
+from collections import Counter
+
 import pytest
 
 from db import (
@@ -8,6 +10,7 @@ from db import (
     PolicyMetrics,
     PolicyVersionRecord,
     Repository,
+    SampleFilter,
     VersionConflict,
     VersionNotFound,
 )
@@ -160,3 +163,24 @@ def test_version_metrics_of_versions_trained_elsewhere(repo: Repository) -> None
     repo.record_batch(make_batch(job.id, [make_sample(0, 0, version=40)], version=40))
     (metrics,) = repo.version_metrics(job.id)
     assert (metrics.version, metrics.recorded, metrics.num_samples) == (40, None, 1)
+
+
+def test_version_metrics_match_a_recount_of_the_samples(repo: Repository) -> None:
+    """The running totals add up across batches, including batches mixing versions."""
+    job = running_job(repo, versions=3)
+    batches = [
+        (0, [make_sample(0, g, reward=g / 4, tokens=g + 1) for g in range(4)]),
+        (1, [make_sample(1, g, version=g % 2, reward=1.0, tokens=3) for g in range(4)]),
+        (2, [make_sample(2, 0, version=1, finish_reason="length", reward=0.25, tokens=9)]),
+        (2, [make_sample(3, g, version=2, reward=0.5, tokens=2) for g in range(3)]),
+    ]
+    for version, samples in batches:
+        repo.record_batch(make_batch(job.id, samples, version=version))
+    stored = repo.list_samples(SampleFilter(job.id), limit=100).items
+    for metrics in repo.version_metrics(job.id):
+        mine = [s for s in stored if s.policy_version == metrics.version]
+        assert metrics.num_samples == len(mine)
+        assert metrics.sample_reward_mean == pytest.approx(sum(s.reward for s in mine) / len(mine))
+        assert metrics.mean_response_length == sum(s.response_length for s in mine) / len(mine)
+        assert metrics.finish_reasons == Counter(s.finish_reason for s in mine)
+    assert [m.num_accepted_batches for m in repo.version_metrics(job.id)] == [1, 1, 2]
