@@ -58,8 +58,10 @@ def _on_sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
 
 
 def _on_sqlite_begin(connection: Connection) -> None:
-    immediate = connection.get_execution_options().get(WRITE_OPTION, False)
-    connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+    options = connection.get_execution_options()
+    if options.get("isolation_level") == "AUTOCOMMIT":
+        return
+    connection.exec_driver_sql("BEGIN IMMEDIATE" if options.get(WRITE_OPTION) else "BEGIN")
 
 
 def session_factories(engine: Engine) -> tuple[sessionmaker[Session], sessionmaker[Session]]:

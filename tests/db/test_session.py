@@ -74,3 +74,13 @@ def test_sqlite_transactions_are_real(tmp_path: Path) -> None:
         raise RuntimeError
     assert sa.inspect(engine).get_table_names() == []
     engine.dispose()
+
+
+def test_sqlite_autocommit_connections_commit_each_statement(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'a.db'}")
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        connection.exec_driver_sql("CREATE TABLE t (id INTEGER)")
+        connection.exec_driver_sql("INSERT INTO t VALUES (1)")
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql("SELECT count(*) FROM t").scalar() == 1
+    engine.dispose()
