@@ -74,7 +74,8 @@ def _safetensors_files(path: Path) -> list[Path]:
     if index.is_file():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         return [path / s for s in shards]
-    files = sorted(path.glob("*.safetensors"))
+    # model*.safetensors: other safetensors files (e.g. optimizer state) may sit beside them.
+    files = sorted(path.glob("model*.safetensors")) or sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(
             f"{path} has no *.safetensors weights (pickle checkpoints are refused)"
