@@ -53,7 +53,8 @@ class WeightUpdateAck:
     prefix_entries_invalidated: int
     requests_aborted: int
     checksum: str
-    seconds: float
+    seconds: float  # the whole update: validation, barrier, copy, invalidation, checksum
+    control_seconds: float  # the barrier, invalidation and version switch alone
 
 
 @dataclass(frozen=True)
@@ -248,14 +249,20 @@ class InferenceScheduler:
                 )
             served = canonical_weights(self.model)
             validate_update(served, weights)
+            control_start = time.perf_counter()
             aborted = self._barrier(mode)
+            copy_start = time.perf_counter()
             with torch.no_grad():
                 for name, tensor in served.items():
                     tensor.copy_(weights[name])
+            copy_seconds = time.perf_counter() - copy_start
             invalidated = self.pool.strategy.invalidate()
             self.version = version
+            control = time.perf_counter() - control_start - copy_seconds
             checksum = weights_checksum(served)
-        return WeightUpdateAck(version, invalidated, aborted, checksum, time.perf_counter() - start)
+        return WeightUpdateAck(
+            version, invalidated, aborted, checksum, time.perf_counter() - start, control
+        )
 
     @contextlib.contextmanager
     def _update_priority(self):
