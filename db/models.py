@@ -13,6 +13,7 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     CheckConstraint,
+    Double,
     Enum,
     ForeignKey,
     Index,
@@ -57,6 +58,7 @@ class Base(DeclarativeBase):
     type_annotation_map: ClassVar[dict[Any, Any]] = {
         datetime: UTCDateTime(),
         dict[str, Any]: JSON(),
+        float: Double(),  # explicit: SQLAlchemy 2.0 and 2.1 map float differently
     }
 
 

@@ -15,6 +15,7 @@ from db.models import Job
 from db.session import session_factories
 
 ACTIVE_STATUSES = (JobStatus.RUNNING, JobStatus.CANCELLING)
+MAX_PAGE_SIZE = 1000
 
 
 class RepositoryBase:
@@ -50,6 +51,11 @@ def require_active(job: Job, action: str) -> None:
     """Writes that belong to a running job are refused once it is queued or finished."""
     if job.status not in ACTIVE_STATUSES:
         raise InvalidTransition(job.id, job.status.value, action)
+
+
+def check_limit(limit: int) -> None:
+    if not 1 <= limit <= MAX_PAGE_SIZE:
+        raise InvalidValue(f"limit: {limit} is outside 1..{MAX_PAGE_SIZE}")
 
 
 def check_finite(value: float | None, field: str) -> None:

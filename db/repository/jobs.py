@@ -8,7 +8,13 @@ from db.enums import JobKind, JobStatus, coerce
 from db.errors import InvalidTransition, InvalidValue
 from db.models import Job
 from db.records import JobInfo
-from db.repository.base import RepositoryBase, check_json, load_job, require_active
+from db.repository.base import (
+    RepositoryBase,
+    check_json,
+    check_limit,
+    load_job,
+    require_active,
+)
 from db.timestamps import utcnow
 
 # The statuses each status may be entered from. RUNNING -> RUNNING is a redelivered task
@@ -84,6 +90,7 @@ class JobsMixin(RepositoryBase):
         kind: JobKind | str | None = None,
     ) -> list[JobInfo]:
         """Jobs, newest first."""
+        check_limit(limit)
         statement = select(Job).order_by(Job.id.desc()).limit(limit)
         if status is not None:
             statement = statement.where(Job.status == coerce(JobStatus, status, "status"))

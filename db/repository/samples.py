@@ -10,9 +10,8 @@ from db.enums import BatchStatus, FinishReason, coerce
 from db.errors import InvalidValue, SampleNotFound
 from db.models import RolloutBatch, Sample
 from db.records import PromptComparison, SampleDetail, SampleFilter, SamplePage, SampleSummary
-from db.repository.base import RepositoryBase, load_job
+from db.repository.base import RepositoryBase, check_limit, load_job
 
-MAX_PAGE_SIZE = 1000
 RARE_MATCHES = 5000
 
 _SUMMARY_COLUMNS = (
@@ -39,11 +38,6 @@ def _summaries() -> Select[Any]:
 
 def _summary(row: Any) -> SampleSummary:
     return SampleSummary(**row._mapping)
-
-
-def _check_limit(limit: int) -> None:
-    if not 1 <= limit <= MAX_PAGE_SIZE:
-        raise InvalidValue(f"limit: {limit} is outside 1..{MAX_PAGE_SIZE}")
 
 
 def _apply_filter(
@@ -134,7 +128,7 @@ class SamplesMixin(RepositoryBase):
         """One page of the job's samples matching ``where``, ordered by (policy version,
         sample id), ascending or, with ``newest_first``, descending. Pass the page's
         ``next_cursor`` to get the next page; pages never repeat or skip a stored sample."""
-        _check_limit(limit)
+        check_limit(limit)
         has_reward_range = where.min_reward is not None or where.max_reward is not None
         with self._read() as session:
             load_job(session, where.job_id)
@@ -191,7 +185,7 @@ class SamplesMixin(RepositoryBase):
             raise InvalidValue(f"match_on: {match_on!r} is not prompt_text or prompt_index")
         if version_a == version_b:
             raise InvalidValue("compare_versions needs two different versions")
-        _check_limit(limit)
+        check_limit(limit)
         if offset < 0:
             raise InvalidValue(f"offset: {offset} is negative")
         key = getattr(Sample, match_on)

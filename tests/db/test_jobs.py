@@ -52,6 +52,7 @@ def test_list_jobs_newest_first_with_filters(repo: Repository) -> None:
         (lambda repo: repo.create_job("train", {"x": object()}), "not storable as JSON"),
         (lambda repo: repo.create_job("train", {}, total_steps=-1), "negative"),
         (lambda repo: repo.list_jobs(status="paused"), "status: 'paused'"),
+        (lambda repo: repo.list_jobs(limit=-1), "limit: -1 is outside"),
     ],
 )
 def test_invalid_job_input_is_refused(repo: Repository, call, match: str) -> None:
