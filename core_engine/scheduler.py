@@ -9,13 +9,12 @@ alone ends with `error/kv_exhausted`.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import random
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +24,7 @@ from core_engine.cache import KVPool, TaskCacheManager
 from core_engine.metrics import EngineMetrics
 from core_engine.model import CausalLM, checkpoint_eos_ids, load_model
 from core_engine.outcomes import admission_error, stop_reason
+from core_engine.policy import PolicyUpdates
 from core_engine.runtime.executor import Executor
 from core_engine.runtime.sample import SampleOutput
 from core_engine.serving import RequestHandle, ServingLoop
@@ -37,24 +37,6 @@ from core_engine.task import (
     TaskError,
     TaskStatus,
 )
-from core_engine.weights import (
-    WeightUpdateError,
-    canonical_weights,
-    validate_update,
-    weights_checksum,
-)
-
-
-@dataclass(frozen=True)
-class WeightUpdateAck:
-    """What the engine serves after an update: the trainer checks version and checksum."""
-
-    version: int
-    prefix_entries_invalidated: int
-    requests_aborted: int
-    checksum: str
-    seconds: float  # the whole update: validation, barrier, copy, invalidation, checksum
-    control_seconds: float  # the barrier, invalidation and version switch alone
 
 
 @dataclass(frozen=True)
@@ -69,7 +51,7 @@ class EngineConfig:
     cuda_graph: bool = True  # capture decode graphs when serving on CUDA
 
 
-class InferenceScheduler:
+class InferenceScheduler(PolicyUpdates):
     """Owns the model, the KV pool and the queues; every mutation happens under `self.lock`."""
 
     def __init__(
@@ -82,32 +64,22 @@ class InferenceScheduler:
         self.config = config = config or EngineConfig()
         self.model = model
         self.tokenizer = tokenizer
-        self.version = policy_version
+        self._init_policy(policy_version)
         mc = model.config
         self.max_seq_len = min(config.max_seq_len or mc.max_context, mc.max_context)
-        param = next(model.parameters())
-        self.pool = KVPool(
-            num_layers=mc.num_layers,
-            num_kv_heads=mc.num_kv_heads,
-            head_dim=mc.head_dim,
+        self.pool = KVPool.for_model(
+            model,
             max_requests=config.max_batch_size,
             max_seq_len=self.max_seq_len,
             strategy=config.kv_strategy,
             page_size=config.page_size,
             num_pages=config.num_pages,
-            dtype=param.dtype,
-            device=param.device,
         )
         self.cache = TaskCacheManager(self.pool)
         self.executor = Executor(model, self.cache, config.cuda_graph)
         self.metrics = EngineMetrics()
         self.eos_token_ids = frozenset(config.eos_token_ids)
         self.lock = threading.RLock()
-        # Weight updates get priority over the next batch or loop step: the lock is not fair.
-        self.no_update_pending = threading.Event()
-        self.no_update_pending.set()
-        self._updates_pending = 0
-        self._updates_guard = threading.Lock()
         self.waiting: deque[Task] = deque()
         self.running: list[Task] = []
         self.loop = ServingLoop(self)
@@ -227,68 +199,6 @@ class InferenceScheduler:
             if not task.finished:
                 self._finish(task, FinishReason.ABORT, TaskError(code, message))
 
-    # ----------------------------------------------------------------- policy versions
-    def update_weights(
-        self, weights: Mapping[str, torch.Tensor], version: int, mode: str = "drain"
-    ) -> WeightUpdateAck:
-        """Serve `weights` as policy `version`, at a step boundary, and acknowledge it.
-
-        Refuses (nothing changed) a version not above the current one or a weight set that
-        does not fit. Requests that already have tokens are drained under the old weights
-        (`mode="drain"`) or ended `abort/policy_updated` (`mode="abort"`); queued requests
-        that have not started run later under the new version. Every prefix-cache entry is
-        invalidated, and weights are copied in place (captured graphs stay valid).
-        """
-        start = time.perf_counter()
-        if mode not in ("drain", "abort"):
-            raise WeightUpdateError(f"mode must be 'drain' or 'abort', got {mode!r}")
-        with self._update_priority(), self.lock:
-            if not isinstance(version, int) or version <= self.version:
-                raise WeightUpdateError(
-                    f"policy version {version!r} is not greater than the served {self.version}"
-                )
-            served = canonical_weights(self.model)
-            validate_update(served, weights)
-            control_start = time.perf_counter()
-            aborted = self._barrier(mode)
-            copy_start = time.perf_counter()
-            with torch.no_grad():
-                for name, tensor in served.items():
-                    tensor.copy_(weights[name])
-            copy_seconds = time.perf_counter() - copy_start
-            invalidated = self.pool.strategy.invalidate()
-            self.version = version
-            control = time.perf_counter() - control_start - copy_seconds
-            checksum = weights_checksum(served)
-        return WeightUpdateAck(
-            version, invalidated, aborted, checksum, time.perf_counter() - start, control
-        )
-
-    @contextlib.contextmanager
-    def _update_priority(self):
-        """Hold back new batches and loop steps until this update has the lock and is done."""
-        with self._updates_guard:
-            self._updates_pending += 1
-            self.no_update_pending.clear()
-        try:
-            yield
-        finally:
-            with self._updates_guard:
-                self._updates_pending -= 1
-                if self._updates_pending == 0:
-                    self.no_update_pending.set()
-
-    def _barrier(self, mode: str) -> int:
-        """Leave no started request behind; returns how many were aborted."""
-        started = [*self.running, *(t for t in self.waiting if t.output_ids)]
-        if mode == "abort":
-            for task in started:
-                self.abort(task, ErrorCode.POLICY_UPDATED, "the policy was updated mid-request")
-            return len(started)
-        while self.running or any(t.output_ids for t in self.waiting):
-            self.step(admit_fresh=False)
-        return 0
-
     # ----------------------------------------------------------------- the step
     def step(self, return_logprobs: bool = True, admit_fresh: bool = True) -> None:
         """Run one prefill or decode step over the queues. Exceptions inside fail that step's
@@ -356,7 +266,9 @@ class InferenceScheduler:
             self._admit(task)
             batch.append(task)
             while self.waiting and free_slots > 0 and _is_fresh_sibling(self.waiting[0], task):
-                forks.append((self.waiting.popleft(), task))
+                child = self.waiting.popleft()
+                self._in_step.append(child)  # failed with the step if the prefill raises
+                forks.append((child, task))
                 free_slots -= 1
         return batch, forks
 

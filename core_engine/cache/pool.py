@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -47,6 +48,20 @@ class KVPool:
         self.scratch_slot = self._strategy.num_slots
         self.buffer = KVBuffer(
             num_layers, self._strategy.num_slots + 1, num_kv_heads, head_dim, dtype, device
+        )
+
+    @classmethod
+    def for_model(cls, model: torch.nn.Module, **sizes: Any) -> KVPool:
+        """A pool shaped for `model` (layers, KV heads, head dim, dtype, device)."""
+        cfg = model.config
+        param = next(model.parameters())
+        return cls(
+            num_layers=cfg.num_layers,
+            num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            dtype=param.dtype,
+            device=param.device,
+            **sizes,
         )
 
     @property

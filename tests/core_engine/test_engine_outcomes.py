@@ -112,6 +112,8 @@ def test_exception_in_prefill_is_contained(qwen2_pair, monkeypatch):
     monkeypatch.setattr(engine.executor, "forward_prefill", broken)
     (result,) = engine.run_batch([[1, 2, 3]], GOOD)
     assert outcome(result) == (FinishReason.ERROR, ErrorCode.INTERNAL)
+    group = engine.run_batch([[1, 2, 3]], GOOD, samples_per_prompt=3)  # forks fail too
+    assert [outcome(r) for r in group] == [(FinishReason.ERROR, ErrorCode.INTERNAL)] * 3
     assert_idle(engine)
 
 
