@@ -1,0 +1,46 @@
+"""Fixtures of the worker tests: a tiny model, a migrated SQLite database per test, and the
+environment (data dir, database, no Redis) that `workers` reads."""
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# `workers.app` reads the environment when first imported: keep its embedded broker out of
+# the working tree (tests that need a data dir set their own with the `env` fixture).
+os.environ.setdefault("RLWB_DATA_DIR", tempfile.mkdtemp(prefix="rlwb-tests-"))
+
+from db import Repository, upgrade
+from workers.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from core_engine.toy import save_tiny_checkpoint
+
+    return str(save_tiny_checkpoint(tmp_path_factory.mktemp("model") / "tiny", arch="llama"))
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh data dir and SQLite database (migrated), embedded broker; returns the data dir."""
+    data = tmp_path / "data"
+    monkeypatch.setenv("RLWB_DATA_DIR", str(data))
+    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{data / 'rlwb.db'}")
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    upgrade()
+    return data
+
+
+@pytest.fixture
+def settings(env: Path) -> Settings:
+    return Settings.from_env()
+
+
+@pytest.fixture
+def repo(env: Path) -> Iterator[Repository]:
+    from workers.storage import repository
+
+    yield repository()

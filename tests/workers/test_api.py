@@ -1,0 +1,59 @@
+"""`workers.api` with eager tasks (Celery glue only: no broker, no serialisation)."""
+
+import pytest
+
+from db import JobStatus
+from tests.workers.helpers import train_config
+from workers import api, tasks
+from workers.app import app
+
+
+@pytest.fixture
+def eager(env, monkeypatch):
+    monkeypatch.setitem(app.conf, "task_always_eager", True)
+    revoked = []
+    monkeypatch.setattr(app.control, "revoke", lambda task_id, **_: revoked.append(task_id))
+    return revoked
+
+
+def test_submit_runs_the_job_through_its_task(eager, repo, tiny_model):
+    job = api.submit_job("train", train_config(tiny_model))
+    info = repo.get_job(job.id)
+    assert info.status is JobStatus.SUCCEEDED and info.total_steps == 3
+    assert info.celery_task_id and info.attempts == 1
+    assert [v.version for v in repo.list_versions(job.id)] == [0, 1, 2, 3]
+
+
+def test_invalid_configs_are_refused_before_anything_is_stored(eager, repo):
+    with pytest.raises(ValueError, match="exactly one of 'task' or 'data'"):
+        api.submit_job("train", {"model": "m"})
+    assert repo.list_jobs() == []
+
+
+def test_cancelling_a_queued_job_revokes_its_task_and_the_task_then_does_nothing(
+    eager, repo, tiny_model
+):
+    job = repo.create_job("train", train_config(tiny_model))
+    repo.set_celery_task_id(job.id, "task-1")
+
+    cancelled = api.cancel_job(job.id)
+
+    assert cancelled.status is JobStatus.CANCELLED and eager == ["task-1"]
+    result = tasks.train.apply(args=[job.id], task_id="task-1").get()
+    assert result == {"job_id": job.id, "status": "cancelled", "error": None}
+    assert repo.get_job(job.id).attempts == 0
+
+
+def test_cancelling_a_running_job_asks_its_worker(eager, repo, tiny_model):
+    job = repo.create_job("train", train_config(tiny_model))
+    repo.mark_running(job.id, celery_task_id="task-2")
+    assert api.cancel_job(job.id).status is JobStatus.CANCELLING
+    assert eager == []
+
+
+def test_queue_overview_without_workers(eager, repo, tiny_model):
+    repo.create_job("train", train_config(tiny_model))
+    overview = api.queue_overview(timeout=0.2)
+    assert overview["workers_online"] == 0 and overview["active"] == []
+    assert overview["jobs"]["queued"] == 1
+    assert overview["commands"]["active"] == "celery -A workers.app inspect active"

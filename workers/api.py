@@ -1,0 +1,75 @@
+"""What the UI calls: submit and cancel jobs, and see the queue. Imports no torch.
+
+from workers.api import submit_job, cancel_job, queue_overview
+job = submit_job("train", {"model": DEMO_MODEL, "task": "addition", "steps": 200})
+"""
+
+from typing import Any
+
+from db import JobInfo, JobKind, JobStatus
+from workers import tasks  # noqa: F401  (registers the tasks with the app)
+from workers.app import app
+from workers.dispatch import enqueue
+from workers.settings import GPU_QUEUE, Settings
+from workers.specs import DEMO_MODEL, SpecError, validate
+from workers.storage import repository
+
+__all__ = ["DEMO_MODEL", "SpecError", "cancel_job", "queue_overview", "submit_job"]
+
+CELERY = "celery -A workers.app"
+COMMANDS = {
+    "workers online": f"{CELERY} inspect ping",
+    "active": f"{CELERY} inspect active",
+    "reserved": f"{CELERY} inspect reserved",
+    "status": f"{CELERY} status",
+    "purge queued messages": f"{CELERY} purge -Q {GPU_QUEUE}",
+    "revoke a queued task": f"{CELERY} control revoke TASK_ID",
+}
+
+
+def submit_job(kind: JobKind | str, config: dict[str, Any]) -> JobInfo:
+    """Validate ``config`` (see `workers.specs`; raises `SpecError`), store a queued job and
+    send its task to the ``gpu`` queue."""
+    total_steps = validate(kind, config)
+    repo = repository()
+    job = repo.create_job(kind, config, total_steps=total_steps)
+    enqueue(app, repo, job)
+    return repo.get_job(job.id)
+
+
+def cancel_job(job_id: int) -> JobInfo:
+    """Cancel a job: a queued one at once (and its task is revoked), a running one at its
+    next step (it ends ``cancelled`` with everything so far kept)."""
+    job = repository().request_cancel(job_id)
+    if job.status is JobStatus.CANCELLED and job.celery_task_id:
+        app.control.revoke(job.celery_task_id)
+    return job
+
+
+def _tasks(reply: dict[str, list[dict[str, Any]]] | None) -> list[dict[str, Any]]:
+    return [
+        {"worker": worker, "task_id": task["id"], "name": task["name"], "args": task["args"]}
+        for worker, tasks_ in (reply or {}).items()
+        for task in tasks_
+    ]
+
+
+def queue_overview(timeout: float = 1.0) -> dict[str, Any]:
+    """Workers online, the tasks they run (``active``) and hold (``reserved``), the job
+    counts of the database, and the equivalent ``celery`` commands."""
+    inspect = app.control.inspect(timeout=timeout)
+    online = sorted(inspect.ping() or {})
+    repo = repository()
+    settings = Settings.from_env()
+    return {
+        "broker": "embedded (filesystem)" if settings.embedded else "redis",
+        "workers": online,
+        "workers_online": len(online),
+        "active": _tasks(inspect.active()),
+        "reserved": _tasks(inspect.reserved()),
+        "jobs": {
+            status.value: len(repo.list_jobs(limit=1000, status=status))
+            for status in (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING)
+        },
+        "commands": COMMANDS,
+    }

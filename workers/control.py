@@ -1,0 +1,75 @@
+"""What a running job consults between steps (stop?) and where its progress goes.
+
+Torch-free: the job runners (`workers.training`, `workers.evaluation`) receive a `JobControl`.
+"""
+
+import enum
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from db import Repository
+
+ProgressFn = Callable[[dict[str, Any]], None]
+
+# Set when the worker begins a warm shutdown: running jobs stop at their next step and are
+# handed back to the queue (they resume from their last version).
+SHUTTING_DOWN = threading.Event()
+
+
+class Stop(enum.StrEnum):
+    CANCEL = "cancel"  # the user asked (cancel_requested on the job row)
+    SHUTDOWN = "shutdown"  # this worker is shutting down: requeue
+    LOST = "lost"  # another Celery task now owns the job (recovery re-queued it)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended: ``succeeded``, ``cancelled``, ``failed`` (with ``error``), or
+    ``interrupted`` (``stop`` says why; the job stays running for its next attempt)."""
+
+    status: str
+    error: str | None = None
+    stop: Stop | None = None
+
+
+class JobControl:
+    def __init__(
+        self,
+        repo: Repository,
+        job_id: int,
+        task_id: str | None = None,
+        progress: ProgressFn | None = None,
+    ) -> None:
+        self.repo = repo
+        self.job_id = job_id
+        self.task_id = task_id
+        self.progress = progress
+
+    def stop_reason(self) -> Stop | None:
+        """Why the job should stop now (one read of the job row), or None."""
+        job = self.repo.get_job(self.job_id)
+        if job.cancel_requested:
+            return Stop.CANCEL
+        if self.task_id is not None and job.celery_task_id not in (None, self.task_id):
+            return Stop.LOST
+        if SHUTTING_DOWN.is_set():
+            return Stop.SHUTDOWN
+        return None
+
+    def should_stop(self) -> bool:
+        return self.stop_reason() is not None
+
+    def report(self, step: int, total_steps: int | None, **meta: Any) -> None:
+        """Durable progress on the job row, plus a live ping to the caller (Celery state)."""
+        self.repo.update_progress(self.job_id, step, total_steps)
+        if self.progress is not None:
+            self.progress({"job_id": self.job_id, "step": step, "total_steps": total_steps, **meta})
+
+    def stopped(self) -> Outcome:
+        """The outcome of a run that ended early because `stop_reason` said so."""
+        reason = self.stop_reason()
+        if reason is Stop.CANCEL:
+            return Outcome("cancelled")
+        return Outcome("interrupted", stop=reason)

@@ -1,0 +1,118 @@
+"""Evaluate and compare jobs: generate on a prompt set with saved versions, store the samples
+(stamped with the evaluated version) and the metrics (a version row of the evaluation job)."""
+
+import statistics
+from dataclasses import dataclass
+
+from core_engine.rl.data import load_jsonl
+from core_engine.rl.evaluate import evaluate
+from core_engine.rl.rewards import resolve_reward
+from core_engine.rl.tasks import BUILTIN_TASKS, default_reward
+from core_engine.task import SamplingParams
+from core_engine.weights import canonical_weights, weights_checksum
+from db import JobInfo, PolicyMetrics, PolicyVersionRecord, Repository, VersionNotFound
+from workers.control import JobControl, Outcome
+from workers.engines import engine_cache
+from workers.models import resolve_model
+from workers.records import sample_records, split_batch
+from workers.settings import Settings
+from workers.specs import EvalSettings, SpecError, compare_spec, evaluate_spec
+
+
+@dataclass(frozen=True)
+class Target:
+    """A saved policy: its checkpoint directory, version and recorded checksum (if any)."""
+
+    checkpoint: str
+    version: int
+    checksum: str | None = None
+
+
+def source_version(repo: Repository, job_id: int, version: int) -> Target:
+    """A recorded version of a (training) job, with its checkpoint."""
+    for info in repo.list_versions(job_id):
+        if info.version == version:
+            if info.checkpoint_path is None:
+                raise SpecError(f"job {job_id} version {version} has no checkpoint")
+            return Target(info.checkpoint_path, version, info.weights_checksum)
+    raise VersionNotFound(job_id, version)
+
+
+def prompt_records(settings: EvalSettings) -> list[dict[str, str]]:
+    if settings.data is not None:
+        return load_jsonl(settings.data)[: settings.num_prompts]
+    if settings.task not in BUILTIN_TASKS:
+        raise SpecError(f"unknown task {settings.task!r}; built-in tasks: {sorted(BUILTIN_TASKS)}")
+    return BUILTIN_TASKS[settings.task].make_records(settings.num_prompts, settings.seed)
+
+
+def evaluate_target(
+    repo: Repository,
+    job_id: int,
+    target: Target,
+    settings: EvalSettings,
+    worker: Settings,
+    step: int,
+) -> PolicyVersionRecord:
+    """Generate with ``target`` on the prompt set, store the samples as one batch of ``step``
+    and return the version's evaluation record (not yet stored)."""
+    engine = engine_cache(worker.engine_cache_size, worker.device).get(
+        target.checkpoint, target.version
+    )
+    checksum = weights_checksum(canonical_weights(engine.model))
+    if target.checksum is not None and checksum != target.checksum:
+        raise SpecError(
+            f"the checkpoint of version {target.version} ({target.checkpoint}) does not match "
+            "its recorded checksum"
+        )
+    params = SamplingParams(
+        temperature=settings.temperature, top_p=settings.top_p, max_tokens=settings.max_tokens
+    )
+    reward = resolve_reward(settings.reward or default_reward(settings.task))
+    result = evaluate(engine, prompt_records(settings), reward, params, settings.seed)
+    samples = sample_records(result.rollout, result.rewards)
+    for batch in split_batch(job_id, target.version, step, samples, []):
+        repo.record_batch(batch)
+    metrics = PolicyMetrics(
+        reward_mean=result.mean_reward,
+        reward_std=statistics.pstdev(result.rewards) if result.rewards else None,
+        extra={"num_prompts": float(len(result.rewards))},
+    )
+    return PolicyVersionRecord(job_id, target.version, None, target.checkpoint, checksum, metrics)
+
+
+def _recorded(repo: Repository, job_id: int, version: int) -> bool:
+    return any(info.version == version for info in repo.list_versions(job_id))
+
+
+def run_evaluate(
+    repo: Repository, job: JobInfo, settings: Settings, control: JobControl
+) -> Outcome:
+    spec = evaluate_spec(job.config)
+    if spec.model is not None:
+        target = Target(resolve_model(spec.model, settings), 0)
+    else:
+        target = source_version(repo, spec.job_id, spec.version)
+    if not _recorded(repo, job.id, target.version):
+        control.report(0, 1)
+        record = evaluate_target(repo, job.id, target, spec.eval, settings, step=0)
+        repo.record_policy_version(record)
+    control.report(1, 1, version=target.version)
+    return Outcome("succeeded")
+
+
+def run_compare(repo: Repository, job: JobInfo, settings: Settings, control: JobControl) -> Outcome:
+    """Both versions on the same prompts with the same seeds, the older first; view them side
+    by side with ``Repository.compare_versions(compare_job_id, version_a, version_b)``."""
+    spec = compare_spec(job.config)
+    targets = [source_version(repo, spec.job_id, version) for version in sorted(spec.versions)]
+    for step, target in enumerate(targets):
+        if _recorded(repo, job.id, target.version):
+            continue  # done by an earlier attempt
+        control.report(step, len(targets))
+        if control.should_stop():
+            return control.stopped()
+        record = evaluate_target(repo, job.id, target, spec.eval, settings, step)
+        repo.record_policy_version(record)
+    control.report(len(targets), len(targets))
+    return Outcome("succeeded")

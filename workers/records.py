@@ -1,0 +1,118 @@
+"""Trainer and evaluation results -> the storage records of `db` (pure conversions)."""
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from core_engine.rl.rollout import RawRollout
+from core_engine.rl.trainer import BatchRecord as TrainerBatch
+from db import BatchRecord, BatchStatus, FinishReason, PolicyMetrics, SampleRecord
+
+_RECORDED_METRICS = {
+    "reward_mean": "reward_mean",
+    "reward_std": "reward_std",
+    "loss": "loss",
+    "kl": "kl",
+    "mismatch_max": "train_infer_mismatch",
+    "tokens_per_s": "tokens_per_second",
+}
+
+
+def _finite(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def sample_records(
+    rollout: RawRollout,
+    rewards: Sequence[float] | None = None,
+    advantages: Sequence[float] | None = None,
+    prompt_offset: int = 0,
+) -> list[SampleRecord]:
+    """One record per sample: prompt ``prompt_offset + i // G``, sample ``i % G`` of its group."""
+    records = []
+    for i in range(rollout.num_samples):
+        group = rollout.group_of(i)
+        error = rollout.errors[i]
+        records.append(
+            SampleRecord(
+                prompt_index=prompt_offset + group,
+                group_index=i % rollout.group_size,
+                policy_version=rollout.policy_version,
+                prompt_text=rollout.prompts[group],
+                prompt_messages=rollout.messages[group],
+                reference_output=rollout.references[group],
+                response_text=rollout.completions[i],
+                response_token_ids=rollout.response_ids[i],
+                behaviour_logprobs=rollout.behaviour_logprobs[i],
+                temperature_logprobs=rollout.temp_logprobs[i],
+                finish_reason=rollout.finish_reasons[i],
+                error_code=None if error is None else error.code.value,
+                error_message=None if error is None else error.message,
+                reward=None if rewards is None else _finite(rewards[i]),
+                advantage=None if advantages is None else _finite(advantages[i]),
+                cached_prompt_tokens=rollout.cached_prompt_tokens[i],
+                seed=rollout.seeds[i],
+            )
+        )
+    return records
+
+
+def untrainable(sample: SampleRecord) -> str | None:
+    """Why a sample may not be part of an accepted batch (None: it may)."""
+    if FinishReason(sample.finish_reason).is_failure:
+        return f"{sample.finish_reason}/{sample.error_code}: {sample.error_message}"
+    if not sample.response_token_ids:
+        return "empty response"
+    if sample.reward is None:
+        return "no reward"
+    return None
+
+
+def split_batch(
+    job_id: int, version: int, step: int, samples: Sequence[SampleRecord], reasons: Sequence[str]
+) -> list[BatchRecord]:
+    """An accepted batch of the trainable groups and, if any group is not trainable (a
+    group-scoped rejection), a rejected batch of the same step with those groups."""
+    bad = {}
+    for s in samples:
+        why = untrainable(s)
+        if why is not None:
+            bad.setdefault(s.prompt_index, f"prompt {s.prompt_index}: {why}")
+    good = [s for s in samples if s.prompt_index not in bad]
+    failed = [s for s in samples if s.prompt_index in bad]
+    batches = []
+    if good:
+        batches.append(BatchRecord(job_id, version, step, BatchStatus.ACCEPTED, good))
+    if failed:
+        why = list(reasons) or list(bad.values())
+        failed = [replace(s, advantage=None) for s in failed]
+        batches.append(BatchRecord(job_id, version, step, BatchStatus.REJECTED, failed, why))
+    return batches
+
+
+def trainer_batches(job_id: int, version: int, batch: TrainerBatch) -> list[BatchRecord]:
+    """The storage batches of one trainer batch (none if it has no rollout to store)."""
+    if batch.rollout is None:
+        return []
+    samples = sample_records(
+        batch.rollout, getattr(batch.rollout, "rewards", None) or None, batch.advantages
+    )
+    if batch.status == "accepted":
+        return split_batch(job_id, version, batch.step, samples, batch.reasons)
+    reasons = list(batch.reasons) or ["rejected"]
+    return [BatchRecord(job_id, version, batch.step, BatchStatus.REJECTED, samples, reasons)]
+
+
+def policy_metrics(
+    metrics: Mapping[str, object], num_accepted: int | None, num_rejected: int | None
+) -> PolicyMetrics:
+    """The trainer's metrics of a version: the named ones, every other number in ``extra``."""
+    named = {field: _finite(metrics.get(key)) for key, field in _RECORDED_METRICS.items()}
+    extra = {
+        key: value
+        for key, value in ((k, _finite(v)) for k, v in metrics.items())
+        if key not in _RECORDED_METRICS and value is not None
+    }
+    return PolicyMetrics(**named, num_accepted=num_accepted, num_rejected=num_rejected, extra=extra)

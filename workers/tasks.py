@@ -1,0 +1,45 @@
+"""The Celery tasks: thin wrappers that run a job by id (`workers.jobs.run_job`).
+
+torch and the engine are imported inside the task, in the worker process, never at import.
+"""
+
+from typing import Any
+
+from celery import Task
+from celery.exceptions import Reject
+
+from workers.app import app
+from workers.control import Stop
+from workers.settings import Settings
+from workers.storage import repository
+
+
+def _run(task: Task, job_id: int) -> dict[str, Any]:
+    from workers.jobs import run_job
+
+    def progress(meta: dict[str, Any]) -> None:
+        if not task.request.called_directly:
+            task.update_state(state="PROGRESS", meta=meta)
+
+    outcome = run_job(repository(), job_id, Settings.from_env(), task.request.id, progress)
+    if outcome.stop is Stop.SHUTDOWN:
+        raise Reject("worker shutting down: job goes back to the queue", requeue=True)
+    return {"job_id": job_id, "status": outcome.status, "error": outcome.error}
+
+
+@app.task(bind=True, name="workers.train")
+def train(self: Task, job_id: int) -> dict[str, Any]:
+    """Run (or resume) a GRPO training job."""
+    return _run(self, job_id)
+
+
+@app.task(bind=True, name="workers.evaluate")
+def evaluate(self: Task, job_id: int) -> dict[str, Any]:
+    """Evaluate one saved version on a prompt set."""
+    return _run(self, job_id)
+
+
+@app.task(bind=True, name="workers.compare")
+def compare(self: Task, job_id: int) -> dict[str, Any]:
+    """Evaluate two versions on the same prompts with the same seeds."""
+    return _run(self, job_id)
