@@ -56,17 +56,22 @@ def _tasks(reply: dict[str, list[dict[str, Any]]] | None) -> list[dict[str, Any]
 
 def queue_overview(timeout: float = 1.0) -> dict[str, Any]:
     """Workers online, the tasks they run (``active``) and hold (``reserved``), the job
-    counts of the database, and the equivalent ``celery`` commands."""
-    inspect = app.control.inspect(timeout=timeout)
-    online = sorted(inspect.ping() or {})
+    counts of the database (up to 1000 each), and the equivalent ``celery`` commands.
+
+    Takes about ``timeout`` seconds: workers are found by a ping, then asked until each answered.
+    """
+    online = sorted(app.control.inspect(timeout=timeout).ping() or {})
+    active = reserved = None
+    if online:
+        inspect = app.control.inspect(timeout=timeout, destination=online, limit=len(online))
+        active, reserved = inspect.active(), inspect.reserved()
     repo = repository()
-    settings = Settings.from_env()
     return {
-        "broker": "embedded (filesystem)" if settings.embedded else "redis",
+        "broker": "embedded (filesystem)" if Settings.from_env().embedded else "redis",
         "workers": online,
         "workers_online": len(online),
-        "active": _tasks(inspect.active()),
-        "reserved": _tasks(inspect.reserved()),
+        "active": _tasks(active),
+        "reserved": _tasks(reserved),
         "jobs": {
             status.value: len(repo.list_jobs(limit=1000, status=status))
             for status in (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING)

@@ -55,13 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     up = commands.add_parser("up", help="migrations, a worker (child process) and the UI")
     _ui_options(up)
     up.add_argument("--no-ui", action="store_true", help="run the worker only")
-    worker = commands.add_parser(
+    commands.add_parser(
         "worker",
         help="run a GPU worker",
         description="A Celery worker for the gpu queue: threads pool, one job at a time. "
         "Further arguments go to `celery worker` (e.g. -n gpu0@%%h, --loglevel DEBUG).",
     )
-    worker.add_argument("celery_args", nargs=argparse.REMAINDER, help="extra celery arguments")
     _ui_options(commands.add_parser("ui", help="serve the UI (needs ui.app)"))
     db = commands.add_parser("db", help="database migrations")
     db_commands = db.add_subparsers(dest="db_command", required=True)
@@ -180,11 +179,14 @@ def run_train(path: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """The ``rlwb`` console script."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "worker":
+        return run_worker(extra)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "up":
         return run_up(args)
-    if args.command == "worker":
-        return run_worker(args.celery_args)
     if args.command == "ui":
         return run_ui(args)
     if args.command == "db":

@@ -20,7 +20,10 @@ ACTIVE = (JobStatus.RUNNING, JobStatus.CANCELLING)
 
 def live_task_ids(app: Celery, timeout: float) -> set[str]:
     """Ids of the tasks every answering worker is running or has reserved."""
-    inspect = app.control.inspect(timeout=timeout)
+    online = list(app.control.inspect(timeout=timeout).ping() or {})
+    if not online:
+        return set()
+    inspect = app.control.inspect(timeout=timeout, destination=online, limit=len(online))
     ids = set()
     for reply in (inspect.active(), inspect.reserved()):
         for tasks in (reply or {}).values():

@@ -57,3 +57,22 @@ def test_queue_overview_without_workers(eager, repo, tiny_model):
     assert overview["workers_online"] == 0 and overview["active"] == []
     assert overview["jobs"]["queued"] == 1
     assert overview["commands"]["active"] == "celery -A workers.app inspect active"
+
+
+def test_a_warm_shutdown_hands_the_job_back_to_the_queue(eager, repo, tiny_model, monkeypatch):
+    from workers.control import SHUTTING_DOWN
+
+    job = repo.create_job("train", train_config(tiny_model, steps=50), total_steps=50)
+    shutting_down = [True]
+    monkeypatch.setattr(
+        SHUTTING_DOWN, "is_set", lambda: shutting_down[0] and repo.get_job(job.id).step >= 2
+    )
+
+    result = tasks.train.apply(args=[job.id], task_id="task-3")
+
+    assert result.state == "REJECTED"  # Reject(requeue=True): the broker delivers it again
+    info = repo.get_job(job.id)
+    assert info.status is JobStatus.RUNNING and info.current_version == 2
+    shutting_down[0] = False
+    assert tasks.train.apply(args=[job.id], task_id="task-3").get()["status"] == "succeeded"
+    assert repo.get_job(job.id).attempts == 2

@@ -1,0 +1,30 @@
+# One image for every role of the workbench; the command picks the role:
+#   rlwb worker | rlwb ui --host 0.0.0.0 | rlwb db upgrade | rlwb up | rlwb train CONFIG
+# The default PyPI torch wheel for Linux x86-64 includes CUDA and also runs on CPU.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    OMP_NUM_THREADS=1 \
+    HF_HUB_OFFLINE=1 \
+    HF_HUB_DISABLE_TELEMETRY=1 \
+    GRADIO_ANALYTICS_ENABLED=False \
+    RLWB_DATA_DIR=/data
+
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY core_engine ./core_engine
+COPY db ./db
+COPY workers ./workers
+COPY ui ./ui
+# celery[redis] and gradio are listed here until pyproject.toml declares them.
+RUN pip install . "celery[redis]>=5.5,<6" "gradio>=5" \
+    && useradd --create-home --uid 1000 rlwb \
+    && mkdir -p /data && chown rlwb /data
+
+USER rlwb
+VOLUME ["/data"]
+EXPOSE 7860
+ENTRYPOINT ["python", "-m", "workers"]
+CMD ["up", "--host", "0.0.0.0"]
