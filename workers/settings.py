@@ -68,16 +68,13 @@ def broker_settings(settings: Settings) -> dict[str, Any]:
             "broker_url": settings.redis_url,
             "result_backend": settings.redis_url,
             "broker_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
-            "result_backend_transport_options": {
-                "visibility_timeout": settings.visibility_timeout_s
-            },
         }
     queue_dir = settings.broker_dir / "queue"
     control_dir = settings.broker_dir / "control"
     for folder in (queue_dir, control_dir):
         folder.mkdir(parents=True, exist_ok=True)
     return {
-        "broker_url": "filesystem://",
+        "broker_url": "filesystem://localhost/",
         "broker_transport_options": {
             "data_folder_in": str(queue_dir),
             "data_folder_out": str(queue_dir),

@@ -24,7 +24,9 @@ from workers.specs import train_config
 class Recorder:
     """Trainer hooks that store batches and versions, in the crash-safe order."""
 
-    def __init__(self, repo: Repository, job_id: int, control: JobControl, total_steps: int):
+    def __init__(
+        self, repo: Repository, job_id: int, control: JobControl, total_steps: int
+    ) -> None:
         self.repo = repo
         self.job_id = job_id
         self.control = control

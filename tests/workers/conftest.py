@@ -1,7 +1,9 @@
 """Fixtures of the worker tests: a tiny model, a migrated SQLite database per test, and the
 environment (data dir, database, no Redis) that `workers` reads."""
 
+import atexit
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +12,9 @@ import pytest
 
 # `workers.app` reads the environment when first imported: keep its embedded broker out of
 # the working tree (tests that need a data dir set their own with the `env` fixture).
-os.environ.setdefault("RLWB_DATA_DIR", tempfile.mkdtemp(prefix="rlwb-tests-"))
+if "RLWB_DATA_DIR" not in os.environ:
+    os.environ["RLWB_DATA_DIR"] = tempfile.mkdtemp(prefix="rlwb-tests-")
+    atexit.register(shutil.rmtree, os.environ["RLWB_DATA_DIR"], True)
 
 from db import Repository, upgrade
 from workers.settings import Settings
