@@ -18,13 +18,12 @@ COPY core_engine ./core_engine
 COPY db ./db
 COPY workers ./workers
 COPY ui ./ui
-# celery[redis] and gradio are listed here until pyproject.toml declares them.
-RUN pip install . "celery[redis]>=5.5,<6" "gradio>=5" \
+RUN pip install . \
     && useradd --create-home --uid 1000 rlwb \
     && mkdir -p /data && chown rlwb /data
 
 USER rlwb
 VOLUME ["/data"]
 EXPOSE 7860
-ENTRYPOINT ["python", "-m", "workers"]
+ENTRYPOINT ["rlwb"]
 CMD ["up", "--host", "0.0.0.0"]
