@@ -1,0 +1,5 @@
+"""The RL Workbench web UI (Gradio): launch, follow, inspect and compare training jobs.
+
+`ui.app.build_app(services)` builds the app without starting it; `python -m ui` serves it.
+Importing this package imports neither torch nor the engine.
+"""

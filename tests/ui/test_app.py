@@ -1,0 +1,79 @@
+"""The app as a whole: every event is scriptable, no torch at start-up, safe defaults."""
+
+import subprocess
+import sys
+
+import gradio as gr
+import pytest
+
+from ui import __main__ as cli
+from ui.app import build_app, launch
+
+API_NAMES = {
+    "launch",
+    "launch_source",
+    "launch_rescan",
+    "launch_upload",
+    "jobs",
+    "jobs_live",
+    "jobs_pick",
+    "job",
+    "job_live",
+    "job_picked",
+    "job_batches",
+    "job_picked_batches",
+    "cancel",
+    "jobs_after_cancel",
+    "samples_jobs",
+    "samples",
+    "samples_next",
+    "samples_previous",
+    "samples_pick",
+    "sample",
+    "sample_picked",
+    "rejected_batches",
+    "rejected_pick",
+    "batch_samples",
+    "compare_jobs",
+    "versions",
+    "compare",
+    "launch_compare",
+    "queue",
+    "queue_opened",
+}
+
+
+def test_every_event_has_its_own_api_name(services):
+    demo = build_app(services)
+    names = [fn.api_name for fn in demo.fns.values()]
+    assert len(names) == len(set(names)) and set(names) == API_NAMES
+
+
+def test_importing_the_ui_imports_no_torch():
+    code = "import sys, ui.app, ui.__main__; print('torch' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert result.stdout.strip() == "False"
+
+
+def test_launch_binds_to_localhost_without_share_by_default(services, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(gr.Blocks, "launch", lambda self, **kwargs: seen.update(kwargs))
+    launch(services=services)
+    assert seen == {"server_name": "127.0.0.1", "server_port": 7860, "auth": None, "share": False}
+
+
+def test_the_command_line_takes_host_port_share_and_auth(monkeypatch):
+    calls = []
+    monkeypatch.setattr(cli, "launch", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.delenv("RLWB_UI_AUTH", raising=False)
+    cli.main([])
+    assert calls[-1] == {"host": "127.0.0.1", "port": 7860, "auth": None, "share": False}
+    cli.main(["--host", "0.0.0.0", "--port", "8000", "--share", "--auth", "ann:secret"])
+    assert calls[-1] == {"host": "0.0.0.0", "port": 8000, "auth": ("ann", "secret"), "share": True}
+    monkeypatch.setenv("RLWB_UI_AUTH", "bob:pw:with:colons")
+    cli.main([])
+    assert calls[-1]["auth"] == ("bob", "pw:with:colons")
+    with pytest.raises(SystemExit):
+        cli.main(["--auth", "nopassword"])

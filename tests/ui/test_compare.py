@@ -1,0 +1,73 @@
+"""Compare tab handlers: metrics side by side, distributions, responses side by side, and
+launching a compare job."""
+
+import re
+
+from ui.handlers.compare import compare_versions, histogram, launch_compare, version_choices
+from ui.render import histogram_html
+
+
+def test_versions_of_a_job(services, job):
+    assert version_choices(services, job.id) == [0, 1, 2, 3]
+    assert version_choices(services, None) == [] and version_choices(services, 999) == []
+
+
+def test_two_versions_side_by_side(services, job):
+    metrics, rewards, lengths, pairs = compare_versions(services, job.id, 0, 3)
+    rows = metrics.set_index("metric")
+    assert rows.loc["sample reward mean"].tolist() == ["0.25", "1", "0.75"]
+    assert rows.loc["samples"].tolist() == ["12", "12", "0"]
+    assert rows.loc["KL"].tolist() == ["0", "0.03", "0.03"]
+    assert "version 0" in rewards and "version 3" in rewards
+    # version 0: 3 of 12 rewarded, version 3: all 12
+    assert re.search(r">0</td>.*?>9 / 0</td>", rewards) and re.search(
+        r">1</td>.*?>3 / 12<", rewards
+    )
+    assert "Response tokens" in lengths
+    assert pairs.count('<tr class="pair">') == 3
+    for prompt in ("5?", "17?", "42?"):
+        assert f">{prompt}</div>" in pairs
+
+
+def test_impossible_comparisons_are_explained(services, job):
+    assert "two different versions" in compare_versions(services, job.id, 1, 1)[3]
+    assert "choose a job and two versions" in compare_versions(services, job.id, 1, None)[3]
+    assert "job 999 does not exist" in compare_versions(services, 999, 0, 1)[3]
+
+
+def test_histograms_share_bins():
+    whole = histogram({"A": [1, 2, 2, 30], "B": [5]})
+    assert whole["bin"].tolist()[:3] == ["1–3", "4–6", "7–9"]
+    assert whole[whole["version"] == "A"]["count"].tolist()[:2] == [3, 0]
+    assert whole.groupby("version")["count"].sum().to_dict() == {"A": 4, "B": 1}
+    fractional = histogram({"A": [0.0, 0.5], "B": [1.0]})
+    assert len(fractional) == 20 and fractional["bin"].iloc[-1] == "0.9–1"
+    assert histogram({"A": [], "B": []}).empty
+    html = histogram_html(whole, "Length", {"A": "version 0", "B": "version 3"})
+    assert html.count("<tr>") == 10 and "width:100.0%" in html
+
+
+def test_launch_a_compare_job_on_held_out_prompts(services, world, job):
+    message = launch_compare(services, job.id, 0, 3, "always7", 8, 1, 4)
+    assert message.startswith("Compare job **#") and message.endswith("is queued.")
+    assert world["queue"].submitted == [
+        (
+            "compare",
+            {
+                "job_id": job.id,
+                "versions": [0, 3],
+                "task": "always7",
+                "num_prompts": 8,
+                "seed": 1,
+                "max_tokens": 4,
+            },
+        )
+    ]
+
+
+def test_an_invalid_compare_job_is_not_enqueued(services, world, job):
+    assert "two different versions" in launch_compare(services, job.id, 2, 2, "always7", 8, 1, 4)
+    assert "task: choose one of" in launch_compare(services, job.id, 0, 3, "nope", 8, 1, 4)
+    assert ">= 1" in launch_compare(services, job.id, 0, 3, "always7", 0, 1, 4)
+    assert "choose a job" in launch_compare(services, None, 0, 3, "always7", 8, 1, 4)
+    assert world["queue"].submitted == []

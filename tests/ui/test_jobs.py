@@ -1,0 +1,83 @@
+"""Jobs and Queue tab handlers: the job table, cancellation, a job's plots over versions,
+the workers."""
+
+import dataclasses
+
+from ui.handlers.jobs import PLOT_SERIES, cancel_job, job_batches, job_page, jobs_table
+from ui.handlers.queue import queue_view
+
+
+def test_the_table_shows_status_progress_version_reward_and_speed(services, job):
+    row = jobs_table(services).set_index("job").loc[job.id]
+    assert row["kind"] == "train" and row["status"] == "succeeded"
+    assert row["progress"] == "3/3 (100%)"
+    assert row["version"] == 3
+    assert row["reward"] == "0.75" and row["tokens/s"] == "103"
+
+
+def test_a_job_page_plots_every_series_over_every_version(services, job):
+    summary, config, reward, length, kl, mismatch, batches = job_page(services, job.id)
+    assert summary.startswith(f"### Job #{job.id} · train · succeeded")
+    assert config["task"] == "always7"
+    frames = (reward, length, kl, mismatch, batches)
+    for frame, series in zip(frames, PLOT_SERIES, strict=True):
+        assert list(frame.columns) == ["version", "value", "series"]
+        assert sorted(set(frame["series"])) == sorted(series)
+        assert len(frame) == 4 * len(series)  # versions 0..3, gaps kept as NaN
+    trained = reward[reward["series"] == "reward mean (trained batch)"]
+    assert trained["value"].tolist() == [0.0, 0.25, 0.5, 0.75]
+    samples = reward[reward["series"] == "reward mean (samples of version)"]
+    assert samples["value"].tolist()[0] == 0.25
+    rejected = batches[batches["series"] == "rejected batches"]
+    assert rejected["value"].tolist() == [0, 1, 0, 0]
+
+
+def test_a_missing_or_unreadable_job_is_said_so(services):
+    assert job_page(services, None)[0] == "Choose a job."
+    assert job_page(services, 999)[0] == "**job 999 does not exist**"
+    assert "is not a number" in job_page(services, "abc")[0]
+    assert all(
+        len(frame) == len(series)
+        for frame, series in zip(job_page(services, 999)[2:], PLOT_SERIES, strict=True)
+    )
+
+
+def test_batches_list_rejections_with_their_reasons(services, job):
+    table = job_batches(services, job.id)
+    assert table["status"].tolist().count("rejected") == 1
+    rejected = table[table["status"] == "rejected"].iloc[0]
+    assert rejected["reasons"] == "sample 1: error/kv_exhausted: no free KV pages"
+    assert job_batches(services, None).empty and job_batches(services, 999).empty
+
+
+def test_cancel_a_queued_job(services, world):
+    queued = world["repo"].create_job("train", {"model": "demo", "task": "always7"})
+    assert cancel_job(services, queued.id) == f"Job **#{queued.id}** is cancelled."
+    assert world["repo"].get_job(queued.id).cancel_requested
+    assert cancel_job(services, None) == "Choose a job to cancel."
+    assert cancel_job(services, 999) == "**Cannot cancel:** job 999 does not exist"
+    world["repo"].delete_job(queued.id)
+
+
+def test_the_queue_shows_workers_tasks_and_commands(services):
+    summary, workers, active, reserved, commands = queue_view(services)
+    assert summary.startswith("**1** worker(s) online · **1** active · **0** reserved")
+    assert workers["worker"].tolist() == ["gpu0@test"]
+    assert active.iloc[0].to_dict() == {
+        "worker": "gpu0@test",
+        "task_id": "t-1",
+        "name": "workers.train",
+        "args": "[1]",
+    }
+    assert reserved.empty
+    assert "celery -A workers.app inspect ping" in commands
+
+
+def test_an_unreachable_queue_keeps_the_page_up(services):
+    def down():
+        raise ConnectionError("broker down")
+
+    broken = dataclasses.replace(services, queue_overview=down)
+    summary, workers, active, _, commands = queue_view(broken)
+    assert summary == "**Queue unreachable:** ConnectionError: broker down"
+    assert workers.empty and active.empty and commands == ""

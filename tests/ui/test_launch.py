@@ -1,0 +1,149 @@
+"""Launch tab handlers: the form becomes a validated train config, or problems shown inline."""
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+
+from ui.files import DEMO_MODEL
+from ui.handlers.launch import (
+    JSONL_SOURCE,
+    TASK_DEFAULT_REWARD,
+    TASK_SOURCE,
+    dataset_choices,
+    launch_job,
+    model_choices,
+    upload_dataset,
+)
+
+
+def form(**overrides: Any) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "model": DEMO_MODEL,
+        "source": TASK_SOURCE,
+        "task": "always7",
+        "data": None,
+        "reward": TASK_DEFAULT_REWARD,
+        "steps": 3,
+        "batch_size": 4,
+        "group_size": 4,
+        "lr": 3e-3,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "max_tokens": 3,
+        "max_policy_lag": 0,
+        "kv_strategy": "paged",
+        "clip_eps": 0.2,
+        "kl_coef": 0.0,
+        "seed": 0,
+    }
+    values.update(overrides)
+    return values
+
+
+def test_model_choices_offer_the_demo_and_checkpoints_under_the_roots(services, world):
+    assert model_choices(services) == [
+        ("built-in demo policy", DEMO_MODEL),
+        (str(world["model"]), str(world["model"])),
+    ]
+
+
+def test_a_valid_form_enqueues_a_train_job(services, world):
+    message = launch_job(services, **form(model=str(world["model"]), reward="regex:7.*"))
+    assert "is queued: train" in message
+    [(kind, config)] = world["queue"].submitted
+    assert kind == "train"
+    assert config == {
+        "model": str(world["model"]),
+        "task": "always7",
+        "reward": "regex:7.*",
+        "steps": 3,
+        "batch_size": 4,
+        "group_size": 4,
+        "max_tokens": 3,
+        "max_policy_lag": 0,
+        "seed": 0,
+        "lr": 3e-3,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "clip_eps": 0.2,
+        "kl_coef": 0.0,
+        "kv_strategy": "paged",
+    }
+    assert isinstance(config["steps"], int) and config["reward"] == "regex:7.*"
+
+
+def test_the_task_default_reward_is_left_to_the_task(services, world):
+    launch_job(services, **form())
+    assert world["queue"].submitted[0][1]["reward"] is None
+
+
+def test_every_problem_is_reported_inline_and_nothing_is_enqueued(services, world):
+    message = launch_job(
+        services,
+        **form(
+            model="/etc",
+            reward="regex:(",
+            lr=None,
+            steps=2.5,
+            temperature="warm",
+            kv_strategy="bogus",
+        ),
+    )
+    assert message.startswith("**Nothing was enqueued.**")
+    for problem in (
+        "model: /etc is not under a model root",
+        "reward:",
+        "lr: required",
+        "steps: a whole number is required",
+        "temperature: 'warm' is not a number",
+        "kv_strategy: choose one of paged, contiguous",
+    ):
+        assert problem in message
+    assert world["queue"].submitted == []
+
+
+def test_trainer_config_rules_are_reported_too(services, world):
+    message = launch_job(services, **form(steps=0, top_p=1.5, group_size=0))
+    assert "steps must be >= 1" in message and "group_size must be >= 1" in message
+    assert "top_p in (0, 1]" in message
+    assert world["queue"].submitted == []
+
+
+def test_the_queue_refusing_a_config_is_reported(services):
+    def refuse(kind, config):
+        raise ValueError("queue says no")
+
+    refusing = dataclasses.replace(services, submit_job=refuse)
+    assert launch_job(refusing, **form()) == "**Nothing was enqueued:** queue says no"
+
+
+def test_an_uploaded_jsonl_is_kept_and_can_be_launched(services, world, tmp_path):
+    upload = tmp_path / "prompts.jsonl"
+    upload.write_text(json.dumps({"instruction": "", "input": "3?", "output": "7"}) + "\n")
+    choices, stored, message = upload_dataset(services, str(upload))
+    assert stored is not None and stored in choices and stored in dataset_choices(services)
+    assert stored.startswith(str(services.data_dir / "datasets")) and "1 records" in message
+    launch_job(services, **form(source=JSONL_SOURCE, task=None, data=stored))
+    config = world["queue"].submitted[0][1]
+    assert config["data"] == stored and "task" not in config
+
+
+@pytest.mark.parametrize(
+    "content, problem", [("not json\n", "not valid JSON"), ('{"input": 3}\n', "instruction")]
+)
+def test_an_unusable_upload_is_refused(services, tmp_path, content, problem):
+    upload = tmp_path / "bad.jsonl"
+    upload.write_text(content)
+    _, stored, message = upload_dataset(services, str(upload))
+    assert stored is None and message.startswith("**Upload refused:**") and problem in message
+
+
+def test_data_outside_the_roots_is_refused(services, world, tmp_path):
+    outside = tmp_path / "elsewhere.jsonl"
+    outside.write_text(json.dumps({"instruction": "hi"}) + "\n")
+    message = launch_job(services, **form(source=JSONL_SOURCE, data=str(outside)))
+    assert "is not under a model root or the data directory" in message
+    assert launch_job(services, **form(source=JSONL_SOURCE, data=None)).count("data:") == 1
+    assert world["queue"].submitted == []

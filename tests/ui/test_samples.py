@@ -1,0 +1,150 @@
+"""Samples tab handlers: filters, keyset pages, rejected batches, the token-level view."""
+
+import re
+from typing import Any
+
+import pytest
+
+from db import SampleFilter
+from tests.ui.helpers import GROUP, PROMPTS, TRICKY
+from ui.handlers import samples as samples_module
+from ui.handlers.samples import (
+    batch_samples,
+    rejected_batches,
+    sample_detail,
+    search_samples,
+    turn_page,
+)
+
+
+def search(services, job_id, **filters: Any):
+    values = {
+        "min_version": None,
+        "max_version": None,
+        "finish_reason": "any",
+        "error_code": "",
+        "min_reward": None,
+        "max_reward": None,
+        "batch_status": "any",
+        "text": "",
+        "newest_first": False,
+    }
+    values.update(filters)
+    return search_samples(services, job_id, **values)
+
+
+def all_ids(world) -> list[int]:
+    page = world["repo"].list_samples(SampleFilter(world["job"].id), limit=1000)
+    return [s.id for s in page.items]
+
+
+def test_pages_cover_every_sample_once_in_order(services, world, job, monkeypatch):
+    monkeypatch.setattr(samples_module, "PAGE_SIZE", 7)
+    table, state, info = search(services, job.id)
+    seen = table["sample"].tolist()
+    assert info.startswith("Page 1 · 7 samples · more on the next page")
+    while "more on the next page" in info:
+        table, state, info = turn_page(services, state, 1)
+        seen += table["sample"].tolist()
+    assert seen == all_ids(world) and len(seen) == 4 * len(PROMPTS) * GROUP + 2
+    pages = -(-len(seen) // 7)
+    assert info.startswith(f"Page {pages} · {len(seen) - 7 * (pages - 1)} samples · last page")
+    table, state, info = turn_page(services, state, 1)  # past the end: stays on the last page
+    assert info.startswith(f"Page {pages} ")
+    table, state, info = turn_page(services, state, -1)
+    assert info.startswith(f"Page {pages - 1} · 7 samples")
+    assert table["sample"].tolist() == seen[7 * (pages - 2) : 7 * (pages - 1)]
+
+
+def test_newest_first(services, world, job):
+    table, _, _ = search(services, job.id, newest_first=True)
+    assert table["sample"].tolist() == sorted(all_ids(world), reverse=True)[:50]
+    assert table["version"].tolist()[0] == 3
+
+
+@pytest.mark.parametrize(
+    "filters, check",
+    [
+        ({"finish_reason": "error"}, lambda t: t["error"].tolist() == ["kv_exhausted"]),
+        ({"error_code": "kv_exhausted"}, lambda t: t["finish"].tolist() == ["error"]),
+        ({"min_reward": "1"}, lambda t: len(t) == 30 and set(t["reward"]) == {"1"}),
+        ({"max_reward": 0.5, "min_reward": -1}, lambda t: set(t["reward"]) == {"0"}),
+        ({"batch_status": "rejected"}, lambda t: len(t) == 2),
+        ({"text": "42"}, lambda t: set(t["prompt"]) == {"42?"} and len(t) == 4 * GROUP),
+        ({"min_version": "2", "max_version": 3}, lambda t: set(t["version"]) == {2, 3}),
+    ],
+)
+def test_filters(services, job, filters, check):
+    table, _, info = search(services, job.id, **filters)
+    assert check(table), (filters, table)
+    assert re.search(r"· \d\.\d{3} s$", info)
+
+
+@pytest.mark.parametrize(
+    "job_id, filters, message",
+    [
+        (None, {}, "choose a job"),
+        ("x", {}, "job: 'x' is not a number"),
+        (999, {}, "job 999 does not exist"),
+        (1, {"min_version": 3, "max_version": 1}, "version range is empty"),
+        (1, {"min_reward": "2", "max_reward": "1"}, "reward range is empty"),
+        (1, {"min_reward": "high"}, "min reward: 'high' is not a number"),
+        (1, {"min_version": "1.5"}, "not a whole number"),
+    ],
+)
+def test_impossible_filters_are_explained(services, job_id, filters, message):
+    table, state, info = search(services, job_id, **filters)
+    assert table.empty and state == {} and message in info
+    assert turn_page(services, state, 1)[2] == "**Search first.**"
+
+
+def test_a_rejected_batch_lists_its_samples_and_reasons(services, job):
+    rejected = rejected_batches(services, job.id)
+    assert len(rejected) == 1
+    batch = rejected.iloc[0]
+    assert batch["reasons"] == "sample 1: error/kv_exhausted: no free KV pages"
+    table, state, info = batch_samples(services, job.id, batch["batch"])
+    assert len(table) == 2 and set(table["batch"]) == {batch["batch"]}
+    assert "batch 3 (rejected): sample 1: error/kv_exhausted" in info
+    assert turn_page(services, state, 1)[0].equals(table)
+    assert "has no batch 999" in batch_samples(services, job.id, 999)[2]
+    assert rejected_batches(services, None).empty
+
+
+def test_the_detail_colours_each_token_with_its_logprob(services, world, job):
+    table, _, _ = search(services, job.id, text="12", max_version=0)
+    html = sample_detail(services, table["sample"].iloc[0])
+    spans = re.findall(r'<span class="tok"[^>]*>[^<]*</span>', html)
+    assert len(spans) == 2  # "1", "2"
+    first, second = spans
+    assert 'title="token id ' in first and "log-prob -0.0500 (p 0.951)" in first
+    assert "temperature-only log-prob -0.0400" in first
+    assert first.endswith(">1</span>") and second.endswith(">2</span>")
+    assert "background:hsl(119, 75%, 80%)" in first  # likely: green
+    assert "background:hsl(" in second and "hsl(119" not in second  # less likely
+    for fact in ("policy version", "reward", "advantage", "cached prompt tokens", "finish reason"):
+        assert f'data-fact="{fact}"' in html
+    assert "<b>user</b>" in html and ">5?</div>" in html  # the prompt messages
+    assert 'class="reference"' in html
+
+
+def test_the_detail_escapes_stored_text_and_shows_errors(services, job):
+    table, _, _ = search(services, job.id, batch_status="rejected")
+    tricky, errored = table["sample"].tolist()
+    html = sample_detail(services, tricky)
+    assert TRICKY not in html and "&lt;b&gt;&amp;&quot;x&#x27;" in html
+    errored_html = sample_detail(services, errored)
+    assert "kv_exhausted: no free KV pages" in errored_html
+    assert "∅ (no tokens)" in errored_html
+    assert "<b>sample 999 does not exist</b>" in sample_detail(services, 999)
+    assert sample_detail(services, None) == "<p>Choose a sample.</p>"
+
+
+def test_without_a_tokenizer_the_token_ids_are_shown(services, world, job, tmp_path):
+    (world["model"] / "tokenizer.json").rename(tmp_path / "tokenizer.json")
+    try:
+        table, _, _ = search(services, job.id, text="12", max_version=0)
+        html = sample_detail(services, table["sample"].iloc[0])
+    finally:
+        (tmp_path / "tokenizer.json").rename(world["model"] / "tokenizer.json")
+    assert re.findall(r">⟨(\d+)⟩</span>", html) and "title=" in html

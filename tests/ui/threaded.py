@@ -1,0 +1,63 @@
+"""A job queue without a broker: each submitted job runs in a thread through the worker's own
+`workers.jobs.run_job` (the real trainer, writing to the database as the worker does)."""
+
+import dataclasses
+import threading
+from pathlib import Path
+from typing import Any
+
+from db import JobInfo, Repository
+from ui.services import Services
+from workers.jobs import run_job
+from workers.settings import Settings
+from workers.specs import validate
+
+
+class ThreadQueue:
+    def __init__(self, repo: Repository, data_dir: Path) -> None:
+        self.repo = repo
+        self.settings = dataclasses.replace(Settings.from_env(), data_dir=data_dir)
+        self.threads: dict[int, threading.Thread] = {}
+
+    def submit(self, kind: str, config: dict[str, Any]) -> JobInfo:
+        total_steps = validate(kind, config)
+        job = self.repo.create_job(kind, config, total_steps=total_steps)
+        thread = threading.Thread(
+            target=run_job, args=(self.repo, job.id, self.settings), name=f"job-{job.id}"
+        )
+        self.threads[job.id] = thread
+        thread.start()
+        return job
+
+    def cancel(self, job_id: int) -> JobInfo:
+        return self.repo.request_cancel(job_id)
+
+    def overview(self) -> dict[str, Any]:
+        running = [
+            {"worker": "thread@test", "task_id": thread.name, "name": "run_job", "args": [job]}
+            for job, thread in self.threads.items()
+            if thread.is_alive()
+        ]
+        return {
+            "broker": "none (threads in the test process)",
+            "workers": ["thread@test"],
+            "workers_online": 1,
+            "active": running,
+            "reserved": [],
+            "jobs": {},
+            "commands": {"workers online": "celery -A workers.app inspect ping"},
+        }
+
+    def join(self, timeout: float) -> None:
+        for thread in self.threads.values():
+            thread.join(timeout)
+
+    def services(self, model_roots: tuple[Path, ...]) -> Services:
+        return Services(
+            repository=self.repo,
+            submit_job=self.submit,
+            cancel_job=self.cancel,
+            queue_overview=self.overview,
+            model_roots=model_roots,
+            data_dir=self.settings.data_dir,
+        )

@@ -1,0 +1,38 @@
+"""``python -m ui [--host H] [--port P] [--share] [--auth user:pass]``: serve the UI.
+
+The password may also come from ``RLWB_UI_AUTH`` (``user:pass``).
+"""
+
+import argparse
+import os
+
+from ui.app import launch
+
+
+def parse_auth(value: str | None) -> tuple[str, str] | None:
+    """``user:pass`` as a pair; None for no password."""
+    if not value:
+        return None
+    user, sep, password = value.partition(":")
+    if not sep or not user or not password:
+        raise argparse.ArgumentTypeError("expected user:pass")
+    return user, password
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m ui", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: localhost)")
+    parser.add_argument("--port", type=int, default=7860)
+    parser.add_argument("--share", action="store_true", help="also open a public share link")
+    parser.add_argument(
+        "--auth",
+        type=parse_auth,
+        default=os.environ.get("RLWB_UI_AUTH"),  # argparse runs string defaults through type
+        help="require a login, user:pass (default: RLWB_UI_AUTH)",
+    )
+    args = parser.parse_args(argv)
+    launch(host=args.host, port=args.port, auth=args.auth, share=args.share)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Where checkpoints and prompt sets live: the configured roots, discovery and uploads."""
+
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+MAX_DEPTH = 3
+MAX_FOUND = 200
+DEMO_MODEL = "demo"  # the built-in demo policy; the worker builds it on first use
+DEMO_POLICY_DIR = "demo-policy"  # where, under the data directory, the worker keeps it
+UPLOADS_DIR = "datasets"
+
+
+def data_dir_from_env() -> Path:
+    """``RLWB_DATA_DIR``, default ``./data`` (the same default as `db`)."""
+    return Path(os.environ.get("RLWB_DATA_DIR", "data"))
+
+
+def model_roots_from_env() -> tuple[Path, ...]:
+    """``RLWB_MODEL_ROOTS`` (colon-separated directories), default the data directory."""
+    raw = os.environ.get("RLWB_MODEL_ROOTS", "")
+    roots = tuple(Path(part).expanduser() for part in raw.split(":") if part)
+    return roots or (data_dir_from_env(),)
+
+
+def _walk(roots: Sequence[Path]) -> Iterator[tuple[Path, list[str], list[str]]]:
+    """``os.walk`` over each root, at most `MAX_DEPTH` levels deep, skipping hidden folders."""
+    for root in roots:
+        root = root.resolve()
+        for folder, dirs, files in os.walk(root):
+            here = Path(folder)
+            depth = len(here.relative_to(root).parts)
+            dirs[:] = sorted(d for d in dirs if not d.startswith(".") and depth < MAX_DEPTH)
+            yield here, dirs, files
+
+
+def find_checkpoints(roots: Sequence[Path]) -> list[Path]:
+    """Hugging Face checkpoint directories (``config.json`` + safetensors) under ``roots``."""
+    found = []
+    for folder, _, files in _walk(roots):
+        if "config.json" in files and any(name.endswith(".safetensors") for name in files):
+            found.append(folder)
+            if len(found) >= MAX_FOUND:
+                break
+    return found
+
+
+def find_jsonl(roots: Sequence[Path]) -> list[Path]:
+    """``*.jsonl`` prompt sets under ``roots``."""
+    found = []
+    for folder, _, files in _walk(roots):
+        found.extend(folder / name for name in sorted(files) if name.endswith(".jsonl"))
+        if len(found) >= MAX_FOUND:
+            return found[:MAX_FOUND]
+    return found
+
+
+def is_under(path: Path, roots: Sequence[Path]) -> bool:
+    """Whether ``path`` (resolved, links followed) lies inside one of ``roots``."""
+    resolved = path.resolve()
+    return any(resolved.is_relative_to(root.resolve()) for root in roots)
+
+
+def save_upload(source: str | Path, data_dir: Path) -> Path:
+    """Copy an uploaded JSONL file into ``<data_dir>/datasets/`` (never overwriting)."""
+    source = Path(source)
+    target_dir = data_dir / UPLOADS_DIR
+    target_dir.mkdir(parents=True, exist_ok=True)
+    target = target_dir / source.name
+    stem, number = target.stem, 1
+    while target.exists():
+        target = target_dir / f"{stem}-{number}{target.suffix}"
+        number += 1
+    shutil.copyfile(source, target)
+    return target
+
+
+def tokenizer_dir(model: str, data_dir: Path) -> Path:
+    """The checkpoint directory whose tokenizer decodes a job's tokens."""
+    return data_dir / DEMO_POLICY_DIR if model == DEMO_MODEL else Path(model)

@@ -1,0 +1,1 @@
+"""Event handlers: plain functions of the services and the inputs, testable without Gradio."""

@@ -1,0 +1,168 @@
+"""Compare tab: two versions of a job side by side, and launching a compare job."""
+
+import math
+from html import escape
+from typing import Any
+
+import pandas as pd
+
+from core_engine.rl.tasks import BUILTIN_TASKS
+from db import InvalidValue, NotFound, SampleFilter, SampleSummary, VersionMetrics
+from db.repository.base import MAX_PAGE_SIZE
+from ui.handlers.common import parse_id
+from ui.render import comparison_html, fmt, histogram_html
+from ui.services import Services
+
+PROMPTS_SHOWN = 20
+HISTOGRAM_BINS = 10
+METRIC_COLUMNS = ["metric", "version A", "version B", "B - A"]
+HISTOGRAM_COLUMNS = ["bin", "count", "version"]
+
+Comparison = tuple[pd.DataFrame, str, str, str]
+
+
+def version_choices(services: Services, job_id: float | str | None) -> list[int]:
+    """The job's versions: recorded ones (which a compare job can run) and those with samples."""
+    try:
+        chosen = parse_id(job_id, "job")
+        metrics = [] if chosen is None else services.repository.version_metrics(chosen)
+    except (InvalidValue, NotFound):
+        return []
+    return [m.version for m in metrics]
+
+
+def _metric_rows(a: VersionMetrics | None, b: VersionMetrics | None) -> list[list[str]]:
+    def values(m: VersionMetrics | None) -> dict[str, float | int | None]:
+        if m is None:
+            return {}
+        recorded = m.recorded.metrics if m.recorded else None
+        return {
+            "samples": m.num_samples,
+            "sample reward mean": m.sample_reward_mean,
+            "mean response tokens": m.mean_response_length,
+            "accepted batches": m.num_accepted_batches,
+            "rejected batches": m.num_rejected_batches,
+            "trainer reward mean": recorded.reward_mean if recorded else None,
+            "trainer reward std": recorded.reward_std if recorded else None,
+            "KL": recorded.kl if recorded else None,
+            "train/infer mismatch": recorded.train_infer_mismatch if recorded else None,
+            "tokens/s": recorded.tokens_per_second if recorded else None,
+            **{f"finish {k.value}": v for k, v in m.finish_reasons.items()},
+        }
+
+    left, right = values(a), values(b)
+    rows = []
+    for name in dict.fromkeys([*left, *right]):
+        x, y = left.get(name), right.get(name)
+        delta = y - x if x is not None and y is not None else None
+        rows.append([name, fmt(x), fmt(y), fmt(delta)])
+    return rows
+
+
+def _sample_values(services: Services, job_id: int, version: int) -> list[SampleSummary]:
+    """Up to `MAX_PAGE_SIZE` samples of one version (a bounded sample of its distribution)."""
+    where = SampleFilter(job_id, min_version=version, max_version=version)
+    return services.repository.list_samples(where, limit=MAX_PAGE_SIZE).items
+
+
+def histogram(values: dict[str, list[float]]) -> pd.DataFrame:
+    """Counts per bin for each named series, on shared bins in ascending order; whole-number
+    data (lengths, 0/1 rewards) gets whole-number bins."""
+    every = [v for series in values.values() for v in series]
+    if not every:
+        return pd.DataFrame(columns=HISTOGRAM_COLUMNS)
+    low, high = min(every), max(every)
+    if all(float(v).is_integer() for v in every):
+        width = max(1, math.ceil((high - low + 1) / HISTOGRAM_BINS))
+        bins = int((high - low) // width) + 1
+        labels = [
+            f"{low + i * width:g}" + (f"–{low + (i + 1) * width - 1:g}" if width > 1 else "")
+            for i in range(bins)
+        ]
+    else:
+        width = (high - low) / HISTOGRAM_BINS
+        bins = HISTOGRAM_BINS
+        labels = [f"{low + i * width:.3g}–{low + (i + 1) * width:.3g}" for i in range(bins)]
+    rows = []
+    for name, series in values.items():
+        counts = [0] * bins
+        for v in series:
+            counts[min(int((v - low) // width), bins - 1)] += 1
+        rows.extend([label, count, name] for label, count in zip(labels, counts, strict=True))
+    return pd.DataFrame(rows, columns=HISTOGRAM_COLUMNS)
+
+
+def compare_versions(
+    services: Services,
+    job_id: float | str | None,
+    version_a: float | str | None,
+    version_b: float | str | None,
+) -> Comparison:
+    """Metrics side by side, reward and length distributions, and the same prompts'
+    responses under both versions."""
+    empty = pd.DataFrame(columns=METRIC_COLUMNS)
+    try:
+        job, a, b = _chosen(job_id, version_a, version_b)
+        pairs = services.repository.compare_versions(job, a, b, limit=PROMPTS_SHOWN)
+        metrics = {m.version: m for m in services.repository.version_metrics(job)}
+        samples = {"A": _sample_values(services, job, a), "B": _sample_values(services, job, b)}
+    except (InvalidValue, NotFound) as exc:
+        return empty, "", "", f"<p><b>{escape(str(exc))}</b></p>"
+    table = pd.DataFrame(_metric_rows(metrics.get(a), metrics.get(b)), columns=METRIC_COLUMNS)
+    names = {"A": f"version {a}", "B": f"version {b}"}
+    rewards = histogram(
+        {k: [s.reward for s in v if s.reward is not None] for k, v in samples.items()}
+    )
+    lengths = histogram({k: [s.response_length for s in v] for k, v in samples.items()})
+    return (
+        table,
+        histogram_html(rewards, "Reward", names),
+        histogram_html(lengths, "Response tokens", names),
+        comparison_html(pairs, a, b),
+    )
+
+
+def _chosen(
+    job_id: float | str | None, version_a: float | str | None, version_b: float | str | None
+) -> tuple[int, int, int]:
+    """(job, version A, version B), or `InvalidValue` unless all three are given."""
+    chosen = (
+        parse_id(job_id, "job"),
+        parse_id(version_a, "version A"),
+        parse_id(version_b, "version B"),
+    )
+    if None in chosen:
+        raise InvalidValue("choose a job and two versions")
+    return chosen
+
+
+def launch_compare(
+    services: Services,
+    job_id: float | str | None,
+    version_a: float | str | None,
+    version_b: float | str | None,
+    task: str | None,
+    num_prompts: float | str | None,
+    seed: float | str | None,
+    max_tokens: float | str | None,
+) -> str:
+    """Enqueue a compare job: both versions answer the same held-out prompts of a built-in
+    task (greedy). Returns a Markdown message."""
+    try:
+        job, a, b = _chosen(job_id, version_a, version_b)
+        counts = {
+            "num_prompts": parse_id(num_prompts, "prompts"),
+            "seed": parse_id(seed, "seed"),
+            "max_tokens": parse_id(max_tokens, "max tokens"),
+        }
+        if a == b:
+            raise InvalidValue("choose two different versions")
+        if task not in BUILTIN_TASKS:
+            raise InvalidValue(f"task: choose one of {', '.join(BUILTIN_TASKS)}")
+        if not counts["num_prompts"] or not counts["max_tokens"] or counts["seed"] is None:
+            raise InvalidValue("prompts and max tokens must be >= 1, and a seed is required")
+        config: dict[str, Any] = {"job_id": job, "versions": [a, b], "task": task, **counts}
+        launched = services.submit_job("compare", config)
+    except ValueError as exc:  # InvalidValue, or the queue's own validation
+        return f"**Nothing was enqueued:** {exc}"
+    return f"Compare job **#{launched.id}** is {launched.status.value}."

@@ -1,0 +1,159 @@
+"""Jobs tab: the live job table, cancellation, and one job's page (plots over versions)."""
+
+from typing import Any
+
+import pandas as pd
+
+from db import BatchInfo, InvalidValue, JobInfo, JobNotFound, VersionMetrics
+from ui.handlers.common import parse_id
+from ui.render import fmt
+from ui.services import Services
+
+JOB_LIMIT = 50
+BATCHES_SHOWN = 200
+JOB_COLUMNS = ["job", "kind", "status", "progress", "version", "reward", "tokens/s", "created"]
+SERIES_COLUMNS = ["version", "value", "series"]
+BATCH_COLUMNS = ["batch", "step", "version", "status", "samples", "reasons"]
+PLOT_SERIES = (
+    (
+        "reward mean (trained batch)",
+        "reward std (trained batch)",
+        "reward mean (samples of version)",
+    ),
+    ("mean response tokens",),
+    ("KL",),
+    ("train/infer mismatch",),
+    ("accepted batches", "rejected batches"),
+)
+
+JobPage = tuple[
+    str, dict[str, Any], pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame
+]
+
+
+def _progress(job: JobInfo) -> str:
+    if not job.total_steps:
+        return str(job.step)
+    return f"{job.step}/{job.total_steps} ({100 * job.step // job.total_steps}%)"
+
+
+def _job_row(services: Services, job: JobInfo) -> list[Any]:
+    latest = None
+    if job.current_version is not None:
+        latest = services.repository.latest_version(job.id)
+    metrics = latest.metrics if latest is not None else None
+    return [
+        job.id,
+        job.kind.value,
+        job.status.value,
+        _progress(job),
+        "—" if job.current_version is None else job.current_version,
+        fmt(metrics.reward_mean if metrics else None),
+        fmt(metrics.tokens_per_second if metrics else None),
+        job.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+    ]
+
+
+def jobs_table(services: Services) -> pd.DataFrame:
+    """The newest jobs with their status, progress, current version, reward and tokens/s."""
+    jobs = services.repository.list_jobs(limit=JOB_LIMIT)
+    return pd.DataFrame([_job_row(services, job) for job in jobs], columns=JOB_COLUMNS)
+
+
+def job_choices(services: Services) -> list[tuple[str, int]]:
+    """(label, id) of the newest jobs, for job pickers."""
+    return [
+        (f"#{job.id} {job.kind.value} ({job.status.value})", job.id)
+        for job in services.repository.list_jobs(limit=JOB_LIMIT)
+    ]
+
+
+def cancel_job(services: Services, job_id: float | str | None) -> str:
+    """Cancel a job (a queued one at once, a running one at its next step)."""
+    try:
+        chosen = parse_id(job_id, "job")
+        if chosen is None:
+            return "Choose a job to cancel."
+        job = services.cancel_job(chosen)
+    except (InvalidValue, JobNotFound) as exc:
+        return f"**Cannot cancel:** {exc}"
+    return f"Job **#{job.id}** is {job.status.value}."
+
+
+def _version_values(m: VersionMetrics) -> dict[str, float | int | None]:
+    recorded = m.recorded.metrics if m.recorded else None
+    return {
+        "reward mean (trained batch)": recorded.reward_mean if recorded else None,
+        "reward std (trained batch)": recorded.reward_std if recorded else None,
+        "reward mean (samples of version)": m.sample_reward_mean,
+        "mean response tokens": m.mean_response_length,
+        "KL": recorded.kl if recorded else None,
+        "train/infer mismatch": recorded.train_infer_mismatch if recorded else None,
+        "accepted batches": m.num_accepted_batches,
+        "rejected batches": m.num_rejected_batches,
+    }
+
+
+def version_frames(metrics: list[VersionMetrics]) -> list[pd.DataFrame]:
+    """Long-format frames over versions, one per plot (`PLOT_SERIES`). Every series of a
+    plot has a row per version, empty (NaN) where unknown: a plot keeps its colours from
+    one update to the next only if its series never change."""
+    values = {m.version: _version_values(m) for m in metrics} or {0: {}}
+    return [
+        pd.DataFrame(
+            [(version, row.get(name), name) for name in series for version, row in values.items()],
+            columns=SERIES_COLUMNS,
+        )
+        for series in PLOT_SERIES
+    ]
+
+
+def batches_table(batches: list[BatchInfo]) -> pd.DataFrame:
+    rows = [
+        [
+            b.id,
+            b.step,
+            b.policy_version,
+            b.status.value,
+            b.num_samples,
+            "; ".join(b.rejection_reasons),
+        ]
+        for b in batches
+    ]
+    return pd.DataFrame(rows, columns=BATCH_COLUMNS)
+
+
+def _summary(job: JobInfo) -> str:
+    lines = [
+        f"### Job #{job.id} · {job.kind.value} · {job.status.value}",
+        f"progress {_progress(job)} · current version "
+        f"{'—' if job.current_version is None else job.current_version} · "
+        f"attempts {job.attempts}",
+    ]
+    if job.error:
+        lines.append(f"**Error:** {job.error}")
+    return "\n\n".join(lines)
+
+
+def job_page(services: Services, job_id: float | str | None) -> JobPage:
+    """One job: a summary, its config, and plots over its versions."""
+    empty = version_frames([])
+    try:
+        chosen = parse_id(job_id, "job")
+        if chosen is None:
+            return ("Choose a job.", {}, *empty)
+        job = services.repository.get_job(chosen)
+        frames = version_frames(services.repository.version_metrics(job.id))
+    except (InvalidValue, JobNotFound) as exc:
+        return (f"**{exc}**", {}, *empty)
+    return (_summary(job), job.config, *frames)
+
+
+def job_batches(services: Services, job_id: float | str | None) -> pd.DataFrame:
+    """The job's latest rollout batches, accepted and rejected (with the reasons)."""
+    try:
+        chosen = parse_id(job_id, "job")
+        batches = [] if chosen is None else services.repository.list_batches(chosen)
+    except (InvalidValue, JobNotFound):
+        batches = []
+    return batches_table(batches[-BATCHES_SHOWN:])

@@ -1,0 +1,200 @@
+"""Launch tab: choices for the form, and turning the form into an enqueued training job."""
+
+import re
+from pathlib import Path
+from typing import Any
+
+from core_engine.rl.config import GRPOConfig
+from core_engine.rl.data import DataError, load_jsonl
+from core_engine.rl.rewards import resolve_reward
+from core_engine.rl.tasks import BUILTIN_TASKS
+from db import InvalidValue
+from ui.files import DEMO_MODEL, find_checkpoints, find_jsonl, is_under, save_upload
+from ui.handlers.common import parse_number
+from ui.services import Services
+
+TASK_SOURCE = "built-in task"
+JSONL_SOURCE = "JSONL file"
+TASK_DEFAULT_REWARD = "task default"
+BUILTIN_REWARDS = ("exact_match", "numeric_match")
+KV_STRATEGIES = ("paged", "contiguous")
+OUTPUT_DIR_PLACEHOLDER = "(chosen by the worker)"
+
+
+class InvalidLaunch(ValueError):
+    """The form has problems; nothing was enqueued."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def model_choices(services: Services) -> list[tuple[str, str]]:
+    """(label, value): the demo policy, then every checkpoint found under the model roots."""
+    return [("built-in demo policy", DEMO_MODEL)] + [
+        (str(path), str(path)) for path in find_checkpoints(services.model_roots)
+    ]
+
+
+def dataset_choices(services: Services) -> list[str]:
+    """JSONL prompt sets under the model roots and the data directory."""
+    roots = (*services.model_roots, services.data_dir)
+    return list(dict.fromkeys(str(path) for path in find_jsonl(roots)))
+
+
+def task_choices() -> list[tuple[str, str]]:
+    return [(f"{task.name}: {task.description}", task.name) for task in BUILTIN_TASKS.values()]
+
+
+def reward_choices() -> list[str]:
+    return [TASK_DEFAULT_REWARD, *BUILTIN_REWARDS]
+
+
+def upload_dataset(services: Services, file: str | None) -> tuple[list[str], str | None, str]:
+    """Keep an uploaded JSONL file in the data directory: (dataset choices, the stored path,
+    a message). An unreadable file is refused and not kept."""
+    if not file:
+        return dataset_choices(services), None, ""
+    try:
+        records = load_jsonl(file)
+    except (DataError, OSError, UnicodeDecodeError) as exc:
+        return dataset_choices(services), None, f"**Upload refused:** {exc}"
+    stored = save_upload(file, services.data_dir)
+    message = f"Stored {len(records)} records as `{stored}`."
+    return dataset_choices(services), str(stored), message
+
+
+def _number(
+    name: str, value: float | str | None, whole: bool, problems: list[str]
+) -> float | int | None:
+    """A required number of the form (a whole one if ``whole``), or None and a problem."""
+    try:
+        number = parse_number(value, name)
+    except InvalidValue as exc:
+        problems.append(str(exc))
+        return None
+    if number is None:
+        problems.append(f"{name}: required")
+        return None
+    if not whole:
+        return number
+    if number != int(number):
+        problems.append(f"{name}: a whole number is required")
+        return None
+    return int(number)
+
+
+def _check_model(services: Services, model: str | None, problems: list[str]) -> None:
+    if not model:
+        problems.append("model: choose the demo policy or a checkpoint")
+    elif model != DEMO_MODEL:
+        path = Path(model)
+        if not is_under(path, services.model_roots):
+            problems.append(f"model: {model} is not under a model root (RLWB_MODEL_ROOTS)")
+        elif not (path / "config.json").is_file():
+            problems.append(f"model: {model} has no config.json")
+
+
+def _check_data(
+    services: Services, source: str, task: str | None, data: str | None, problems: list[str]
+) -> dict[str, str]:
+    if source == TASK_SOURCE:
+        if task not in BUILTIN_TASKS:
+            problems.append(f"task: choose one of {', '.join(BUILTIN_TASKS)}")
+            return {}
+        return {"task": task}
+    if not data:
+        problems.append("data: choose or upload a JSONL file")
+        return {}
+    path = Path(data)
+    if not is_under(path, (*services.model_roots, services.data_dir)):
+        problems.append(f"data: {data} is not under a model root or the data directory")
+        return {}
+    try:
+        if not load_jsonl(path):
+            problems.append(f"data: {data} has no records")
+    except (DataError, OSError, UnicodeDecodeError) as exc:
+        problems.append(f"data: {exc}")
+    return {"data": str(path)}
+
+
+def _check_reward(reward: str | None, problems: list[str]) -> str | None:
+    spec = (reward or "").strip()
+    if spec in ("", TASK_DEFAULT_REWARD):
+        return None
+    try:
+        resolve_reward(spec)
+    except (ValueError, re.error) as exc:  # re.error: a bad regex: pattern
+        problems.append(f"reward: {exc}")
+    return spec
+
+
+def train_config(
+    services: Services,
+    model: str | None,
+    source: str,
+    task: str | None,
+    data: str | None,
+    reward: str | None,
+    steps: float | str | None,
+    batch_size: float | str | None,
+    group_size: float | str | None,
+    lr: float | str | None,
+    temperature: float | str | None,
+    top_p: float | str | None,
+    max_tokens: float | str | None,
+    max_policy_lag: float | str | None,
+    kv_strategy: str,
+    clip_eps: float | str | None,
+    kl_coef: float | str | None,
+    seed: float | str | None,
+) -> dict[str, Any]:
+    """The training job's config from the form, or `InvalidLaunch` with every problem."""
+    problems: list[str] = []
+    _check_model(services, model, problems)
+    config: dict[str, Any] = {"model": model}
+    config.update(_check_data(services, source, task, data, problems))
+    config["reward"] = _check_reward(reward, problems)
+    whole = {
+        "steps": steps,
+        "batch_size": batch_size,
+        "group_size": group_size,
+        "max_tokens": max_tokens,
+        "max_policy_lag": max_policy_lag,
+        "seed": seed,
+    }
+    real = {
+        "lr": lr,
+        "temperature": temperature,
+        "top_p": top_p,
+        "clip_eps": clip_eps,
+        "kl_coef": kl_coef,
+    }
+    config.update({name: _number(name, value, True, problems) for name, value in whole.items()})
+    config.update({name: _number(name, value, False, problems) for name, value in real.items()})
+    if kv_strategy not in KV_STRATEGIES:
+        problems.append(f"kv_strategy: choose one of {', '.join(KV_STRATEGIES)}")
+    config["kv_strategy"] = kv_strategy
+    if not problems:
+        try:
+            GRPOConfig.from_dict({**config, "output_dir": OUTPUT_DIR_PLACEHOLDER})
+        except ValueError as exc:
+            problems.extend(str(exc).removeprefix("invalid training config: ").split("; "))
+    if problems:
+        raise InvalidLaunch(problems)
+    return config
+
+
+def launch_job(services: Services, **form: Any) -> str:
+    """Validate the form (the keyword arguments of `train_config`) and enqueue a training job;
+    returns a Markdown message: the new job, or every problem found (nothing is enqueued)."""
+    try:
+        config = train_config(services, **form)
+        job = services.submit_job("train", config)
+    except InvalidLaunch as exc:
+        items = "\n".join(f"- {problem}" for problem in exc.problems)
+        return f"**Nothing was enqueued.** Fix these first:\n{items}"
+    except ValueError as exc:
+        return f"**Nothing was enqueued:** {exc}"
+    source = config.get("task") or config.get("data")
+    return f"Job **#{job.id}** is {job.status.value}: train `{config['model']}` on `{source}`."

@@ -1,0 +1,277 @@
+"""Samples tab: filtered keyset pages, one sample in full, and rejected batches."""
+
+import time
+from dataclasses import asdict
+from html import escape
+from typing import Any
+
+import pandas as pd
+
+from db import (
+    BatchInfo,
+    BatchStatus,
+    FinishReason,
+    InvalidValue,
+    NotFound,
+    SampleFilter,
+    SamplePage,
+    SampleSummary,
+)
+from db.repository.base import MAX_PAGE_SIZE
+from ui.files import tokenizer_dir
+from ui.handlers.common import parse_id, parse_number
+from ui.handlers.jobs import batches_table
+from ui.render import fmt, sample_html
+from ui.services import Services
+from ui.tokens import token_texts
+
+PAGE_SIZE = 50
+ANY = "any"
+FINISH_CHOICES = [ANY, *(reason.value for reason in FinishReason)]
+STATUS_CHOICES = [ANY, *(status.value for status in BatchStatus)]
+SNIPPET = 80
+BATCH_SCAN_PAGES = 20  # pages of MAX_PAGE_SIZE read at most to collect one batch's samples
+SAMPLE_COLUMNS = [
+    "sample",
+    "version",
+    "batch",
+    "batch status",
+    "prompt #",
+    "group",
+    "prompt",
+    "response",
+    "tokens",
+    "finish",
+    "error",
+    "reward",
+    "advantage",
+]
+
+Page = tuple[pd.DataFrame, dict[str, Any], str]
+
+
+def _snippet(text: str) -> str:
+    text = text.replace("\n", "⏎ ")
+    return text if len(text) <= SNIPPET else text[: SNIPPET - 1] + "…"
+
+
+def samples_frame(items: list[SampleSummary]) -> pd.DataFrame:
+    rows = [
+        [
+            s.id,
+            s.policy_version,
+            s.batch_id,
+            s.batch_status.value,
+            s.prompt_index,
+            s.group_index,
+            _snippet(s.prompt_text),
+            _snippet(s.response_text),
+            s.response_length,
+            s.finish_reason.value,
+            s.error_code or "",
+            fmt(s.reward),
+            fmt(s.advantage),
+        ]
+        for s in items
+    ]
+    return pd.DataFrame(rows, columns=SAMPLE_COLUMNS)
+
+
+def sample_filter(
+    job_id: float | str | None,
+    min_version: float | str | None,
+    max_version: float | str | None,
+    finish_reason: str,
+    error_code: str,
+    min_reward: float | str | None,
+    max_reward: float | str | None,
+    batch_status: str,
+    text: str,
+) -> SampleFilter:
+    """The repository filter for the form (empty fields: any); `InvalidValue` for an
+    unreadable or empty one."""
+    job = parse_id(job_id, "job")
+    if job is None:
+        raise InvalidValue("choose a job")
+    versions = parse_id(min_version, "min version"), parse_id(max_version, "max version")
+    rewards = parse_number(min_reward, "min reward"), parse_number(max_reward, "max reward")
+    if None not in versions and versions[0] > versions[1]:
+        raise InvalidValue("the version range is empty (min > max)")
+    if None not in rewards and rewards[0] > rewards[1]:
+        raise InvalidValue("the reward range is empty (min > max)")
+    return SampleFilter(
+        job_id=job,
+        min_version=versions[0],
+        max_version=versions[1],
+        finish_reason=None if finish_reason in ("", ANY) else finish_reason,
+        error_code=error_code.strip() or None,
+        min_reward=rewards[0],
+        max_reward=rewards[1],
+        batch_status=None if batch_status in ("", ANY) else batch_status,
+        text=text.strip() or None,
+    )
+
+
+def _batch_page(services: Services, job_id: int, batch: dict[str, Any]) -> SamplePage:
+    """All samples of one batch, found by scanning its status and version range newest
+    first (the repository has no batch filter)."""
+    where = SampleFilter(job_id, max_version=batch["version"], batch_status=batch["status"])
+    found: list[SampleSummary] = []
+    cursor = None
+    for _ in range(BATCH_SCAN_PAGES):
+        page = services.repository.list_samples(
+            where, cursor=cursor, limit=MAX_PAGE_SIZE, newest_first=True
+        )
+        found.extend(s for s in page.items if s.batch_id == batch["id"])
+        cursor = page.next_cursor
+        if cursor is None or len(found) >= batch["samples"]:
+            break
+    return SamplePage(sorted(found, key=lambda s: (s.prompt_index, s.group_index)), None)
+
+
+def _render(services: Services, state: dict[str, Any]) -> Page:
+    """The page ``state`` points at, with an info line; remembers the next page's cursor."""
+    start = time.perf_counter()
+    where = SampleFilter(**state["filter"])
+    if state["batch"] is not None:
+        page = _batch_page(services, where.job_id, state["batch"])
+    else:
+        page = services.repository.list_samples(
+            where,
+            cursor=state["cursors"][state["index"]],
+            limit=PAGE_SIZE,
+            newest_first=state["newest_first"],
+        )
+    cursors = state["cursors"][: state["index"] + 1]
+    if page.next_cursor is not None:
+        cursors.append(page.next_cursor)
+    state = {**state, "cursors": cursors}
+    frame = samples_frame(page.items)
+    if state["batch"] is not None:
+        batch = state["batch"]
+        where_text = f"batch {batch['id']} ({batch['status']}): {batch['reasons'] or 'no reasons'}"
+    else:
+        where_text = "more on the next page" if page.next_cursor else "last page"
+    info = (
+        f"Page {state['index'] + 1} · {len(frame)} samples · {where_text} · "
+        f"{time.perf_counter() - start:.3f} s"
+    )
+    return frame, state, info
+
+
+def _failed(message: str, state: dict[str, Any] | None = None) -> Page:
+    return samples_frame([]), state or {}, f"**{message}**"
+
+
+def search_samples(
+    services: Services,
+    job_id: float | str | None,
+    min_version: float | str | None,
+    max_version: float | str | None,
+    finish_reason: str,
+    error_code: str,
+    min_reward: float | str | None,
+    max_reward: float | str | None,
+    batch_status: str,
+    text: str,
+    newest_first: bool,
+) -> Page:
+    """The first page of the job's samples matching the filters (a keyset page of 50)."""
+    try:
+        where = sample_filter(
+            job_id,
+            min_version,
+            max_version,
+            finish_reason,
+            error_code,
+            min_reward,
+            max_reward,
+            batch_status,
+            text,
+        )
+        state = {
+            "filter": asdict(where),
+            "newest_first": bool(newest_first),
+            "cursors": [None],
+            "index": 0,
+            "batch": None,
+        }
+        return _render(services, state)
+    except (InvalidValue, NotFound) as exc:
+        return _failed(str(exc))
+
+
+def turn_page(services: Services, state: dict[str, Any] | None, step: int) -> Page:
+    """The next (``step`` 1) or previous (``step`` -1) page of the last search."""
+    if not state:
+        return _failed("Search first.")
+    index = min(max(state["index"] + step, 0), len(state["cursors"]) - 1)
+    try:
+        return _render(services, {**state, "index": index})
+    except NotFound as exc:
+        return _failed(str(exc), state)
+
+
+def _find_batch(services: Services, job_id: int, batch_id: int) -> BatchInfo | None:
+    """The job's batch ``batch_id``, looked up among the (few) rejected batches first."""
+    for status in (BatchStatus.REJECTED, BatchStatus.ACCEPTED):
+        batches = services.repository.list_batches(job_id, status=status)
+        found = next((b for b in batches if b.id == batch_id), None)
+        if found is not None:
+            return found
+    return None
+
+
+def batch_samples(services: Services, job_id: float | str | None, batch_id: float | None) -> Page:
+    """Every sample of one batch of the job (a rejected batch, typically), with its reasons."""
+    try:
+        job, chosen = parse_id(job_id, "job"), parse_id(batch_id, "batch")
+        if job is None or chosen is None:
+            return _failed("Choose a job and a batch.")
+        batch = _find_batch(services, job, chosen)
+    except (InvalidValue, NotFound) as exc:
+        return _failed(str(exc))
+    if batch is None:
+        return _failed(f"job {job} has no batch {chosen}")
+    state = {
+        "filter": asdict(SampleFilter(batch.job_id)),
+        "newest_first": True,
+        "cursors": [None],
+        "index": 0,
+        "batch": {
+            "id": batch.id,
+            "version": batch.policy_version,
+            "status": batch.status.value,
+            "samples": batch.num_samples,
+            "reasons": "; ".join(batch.rejection_reasons),
+        },
+    }
+    return _render(services, state)
+
+
+def rejected_batches(services: Services, job_id: float | str | None) -> pd.DataFrame:
+    """The job's rejected batches with their reasons."""
+    try:
+        job = parse_id(job_id, "job")
+        batches = [] if job is None else services.repository.list_batches(job, status="rejected")
+    except (InvalidValue, NotFound):
+        batches = []
+    return batches_table(batches)
+
+
+def sample_detail(services: Services, sample_id: float | str | None) -> str:
+    """One sample in full, as HTML: prompt messages, reference, coloured response tokens
+    (hover: token id and log-probs), reward, advantage, finish/error, version, cache."""
+    try:
+        chosen = parse_id(sample_id, "sample")
+        if chosen is None:
+            return "<p>Choose a sample.</p>"
+        detail = services.repository.get_sample(chosen)
+        job = services.repository.get_job(detail.job_id)
+    except (InvalidValue, NotFound) as exc:
+        return f"<p><b>{escape(str(exc))}</b></p>"
+    model = job.config.get("model")
+    texts = None
+    if isinstance(model, str):
+        texts = token_texts(detail.response_token_ids, tokenizer_dir(model, services.data_dir))
+    return sample_html(detail, texts)

@@ -1,0 +1,37 @@
+"""What the UI talks to: the repository and the job queue, injectable for tests."""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from db import JobInfo, Repository
+from ui.files import data_dir_from_env, model_roots_from_env
+
+
+@dataclass(frozen=True)
+class Services:
+    """The UI's collaborators. ``submit_job(kind, config)`` validates and enqueues a job
+    (raising `ValueError` for invalid input), ``cancel_job(job_id)`` cancels one, and
+    ``queue_overview()`` describes the workers and their tasks (see `workers.api`)."""
+
+    repository: Repository
+    submit_job: Callable[[str, dict[str, Any]], JobInfo]
+    cancel_job: Callable[[int], JobInfo]
+    queue_overview: Callable[[], dict[str, Any]]
+    model_roots: tuple[Path, ...] = field(default_factory=model_roots_from_env)
+    data_dir: Path = field(default_factory=data_dir_from_env)
+
+
+def default_services() -> Services:
+    """The real services: `workers.api` and the database the environment names
+    (``DATABASE_URL``, else the SQLite file in ``RLWB_DATA_DIR``)."""
+    from workers import api
+    from workers.storage import repository
+
+    return Services(
+        repository=repository(),
+        submit_job=api.submit_job,
+        cancel_job=api.cancel_job,
+        queue_overview=api.queue_overview,
+    )

@@ -1,0 +1,1 @@
+"""One module per tab: layout and event wiring only; the work happens in `ui.handlers`."""

@@ -1,0 +1,25 @@
+"""Queue tab: workers online, active and reserved jobs, and the equivalent Celery commands."""
+
+from functools import partial
+
+import gradio as gr
+
+from ui.handlers.queue import queue_view
+from ui.services import Services
+
+
+def build(services: Services, tab: gr.Tab) -> None:
+    """The Queue tab's components and events (inside ``tab``). Asking the workers takes a
+    broadcast round-trip, so it happens when the tab is opened or on Refresh, not on a timer."""
+    with gr.Row():
+        summary = gr.Markdown(elem_id="queue-summary")
+        refresh = gr.Button("Refresh", size="sm")
+    workers = gr.Dataframe(label="Workers", interactive=False)
+    active = gr.Dataframe(label="Active", interactive=False)
+    reserved = gr.Dataframe(label="Reserved", interactive=False)
+    commands = gr.Code(label="The same from the command line", language="shell")
+
+    outputs = [summary, workers, active, reserved, commands]
+    show = partial(queue_view, services)
+    refresh.click(show, None, outputs, api_name="queue")
+    tab.select(show, None, outputs, api_name="queue_opened")

@@ -1,0 +1,97 @@
+"""Samples tab: filters, a paginated table, rejected batches and the token-level view."""
+
+from functools import partial
+
+import gradio as gr
+
+from ui.handlers.jobs import batches_table
+from ui.handlers.samples import (
+    ANY,
+    FINISH_CHOICES,
+    STATUS_CHOICES,
+    batch_samples,
+    rejected_batches,
+    sample_detail,
+    samples_frame,
+    search_samples,
+    turn_page,
+)
+from ui.services import Services
+from ui.tabs.common import first_cell, job_picker, refresh_jobs
+
+
+def build(services: Services, tab: gr.Tab) -> gr.Dropdown:
+    """The Samples tab's components and events (inside ``tab``); returns its job picker."""
+    with gr.Row():
+        job = job_picker(services, "samples-job")
+        min_version = gr.Textbox(label="Min version", placeholder="any")
+        max_version = gr.Textbox(label="Max version", placeholder="any")
+        finish = gr.Dropdown(FINISH_CHOICES, value=ANY, label="Finish reason")
+        error_code = gr.Textbox(label="Error code", placeholder="e.g. kv_exhausted")
+    with gr.Row():
+        min_reward = gr.Textbox(label="Min reward", placeholder="any")
+        max_reward = gr.Textbox(label="Max reward", placeholder="any")
+        status = gr.Dropdown(STATUS_CHOICES, value=ANY, label="Batch")
+        text = gr.Textbox(label="Text in prompt or response", scale=2)
+        newest_first = gr.Checkbox(label="Newest first")
+    with gr.Row():
+        search = gr.Button("Search", variant="primary", elem_id="samples-search")
+        previous = gr.Button("◀ Previous", elem_id="samples-previous")
+        following = gr.Button("Next ▶", elem_id="samples-next")
+        info = gr.Markdown(elem_id="samples-info")
+    page_state = gr.State({})
+    table = gr.Dataframe(
+        samples_frame([]),
+        label="Samples (click a row to open it)",
+        interactive=False,
+        elem_id="samples-table",
+    )
+    with gr.Accordion("Rejected batches", open=False):
+        rejected = gr.Dataframe(
+            batches_table([]),
+            label="Click a batch to list its samples",
+            interactive=False,
+            elem_id="rejected",
+        )
+        batch_id = gr.Textbox(label="Batch", visible=False)
+    with gr.Row(equal_height=True):
+        sample_id = gr.Textbox(label="Sample id", elem_id="sample-id")
+        open_sample = gr.Button("Open sample", elem_id="sample-open")
+    detail = gr.HTML(elem_id="sample-detail")
+
+    filters = [
+        job,
+        min_version,
+        max_version,
+        finish,
+        error_code,
+        min_reward,
+        max_reward,
+        status,
+        text,
+        newest_first,
+    ]
+    page = [table, page_state, info]
+    show_detail = partial(sample_detail, services)
+    show_rejected = partial(rejected_batches, services)
+
+    tab.select(
+        partial(refresh_jobs, services),
+        None,
+        job,
+        api_name="samples_jobs",
+    )
+    job.change(show_rejected, job, rejected, api_name="rejected_batches")
+    search.click(partial(search_samples, services), filters, page, api_name="samples")
+    previous.click(
+        partial(turn_page, services, step=-1), page_state, page, api_name="samples_previous"
+    )
+    following.click(partial(turn_page, services, step=1), page_state, page, api_name="samples_next")
+    rejected.select(first_cell, None, batch_id, api_name="rejected_pick").then(
+        partial(batch_samples, services), [job, batch_id], page, api_name="batch_samples"
+    )
+    table.select(first_cell, None, sample_id, api_name="samples_pick").then(
+        show_detail, sample_id, detail, api_name="sample_picked"
+    )
+    open_sample.click(show_detail, sample_id, detail, api_name="sample")
+    return job

@@ -1,0 +1,32 @@
+"""Token texts for the token view, from a checkpoint's ``tokenizer.json`` (no torch)."""
+
+from functools import lru_cache
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+CONTEXT = 6  # tokens decoded before each one, so multi-token characters and spaces come out right
+
+
+@lru_cache(maxsize=8)
+def _load(path: str, _mtime_ns: int) -> Tokenizer:
+    return Tokenizer.from_file(path)
+
+
+def token_texts(token_ids: list[int], checkpoint: Path) -> list[str] | None:
+    """The text each token adds to the response (special tokens included), or None when the
+    checkpoint has no ``tokenizer.json`` (any more)."""
+    path = checkpoint / "tokenizer.json"
+    if not path.is_file():
+        return None
+    tokenizer = _load(str(path), path.stat().st_mtime_ns)
+    texts = []
+    for i, token_id in enumerate(token_ids):
+        context = token_ids[max(0, i - CONTEXT) : i]
+        before = tokenizer.decode(context, skip_special_tokens=False)
+        after = tokenizer.decode([*context, token_id], skip_special_tokens=False)
+        if after.startswith(before):
+            texts.append(after[len(before) :])
+        else:
+            texts.append(tokenizer.id_to_token(token_id) or "")
+    return texts
