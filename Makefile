@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh machine:
-#   make up    - install, then run the workbench on embedded defaults
+#   make up    - install, then run the workbench on embedded defaults (UI on 127.0.0.1:7860)
 #   make test  - install, then run the whole test suite
 PYTHON ?= python3
 VENV ?= .venv
@@ -20,9 +20,10 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 up: install
-	$(PY) -m core_engine.demo
+	$(VENV)/bin/rlwb up $(UP_ARGS)
 
-demo: up
+demo: install
+	$(PY) -m core_engine.demo
 
 test: install lint
 	$(PY) -m pytest $(PYTEST_ARGS)

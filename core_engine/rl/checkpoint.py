@@ -38,8 +38,10 @@ def save_checkpoint(
     version: int,
     step: int,
     source_dir: str | Path,
+    extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Write version `version` atomically (a temporary directory renamed into place)."""
+    """Write version `version` atomically (a temporary directory renamed into place);
+    `extra` joins the JSON trainer state."""
     final = checkpoint_dir(root, version)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -51,7 +53,7 @@ def save_checkpoint(
             shutil.copy(Path(source_dir) / name, tmp / name)
     tensors, scalars = _split_optimizer_state(optimizer.state_dict())
     save_file(tensors, tmp / "optimizer.safetensors")
-    state = {"version": version, "step": step, "optimizer": scalars}
+    state = {"version": version, "step": step, "optimizer": scalars, **(extra or {})}
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)

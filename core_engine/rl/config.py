@@ -36,6 +36,7 @@ class GRPOConfig:
     engine_batch_size: int = 128
     seed: int = 0
     resume: bool = True
+    device: str = "cpu"  # trainer and engine; both hold fp32 weights
 
     def __post_init__(self) -> None:
         problems = []

@@ -74,10 +74,11 @@ def response_logprobs(
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
     for i, s in enumerate(sequences):
         ids[i, : len(s)] = torch.tensor(s)
+    ids = ids.to(next(model.parameters()).device)
     logp = (model(ids)[:, :-1] / (temperature or 1.0)).log_softmax(-1)  # greedy: T = 1
     token_logp = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
     resp_width = max(len(r) for r in response_ids) or 1
-    mask = torch.zeros(len(sequences), resp_width, dtype=torch.bool)
+    mask = torch.zeros(len(sequences), resp_width, dtype=torch.bool, device=ids.device)
     rows = []
     for i, (p, r) in enumerate(zip(prompt_ids, response_ids, strict=True)):
         row = token_logp[i, len(p) - 1 : len(p) - 1 + len(r)]

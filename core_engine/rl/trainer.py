@@ -86,9 +86,13 @@ class GRPOTrainer:
         self.version, self.step_index = state["version"], state["step"]
         torch.manual_seed(config.seed + self.version)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model, local_files_only=True)
-        self.model = load_model(resume or config.model).train()
+        self.model = load_model(resume or config.model, torch.float32, config.device).train()
         # The KL anchor is the starting policy, also when resuming.
-        self.reference = load_model(config.model).eval() if config.kl_coef else None
+        self.reference = (
+            load_model(config.model, torch.float32, config.device).eval()
+            if config.kl_coef
+            else None
+        )
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay
         )
@@ -116,7 +120,7 @@ class GRPOTrainer:
             lambda: self.version,
             config.max_policy_lag,
         )
-        self._order = random.Random(config.seed)
+        self.batches_drawn = state.get("batches_drawn", 0)
         self._consecutive_failures = self._consecutive_filtered = 0
 
     # ----------------------------------------------------------------- the loop
@@ -131,9 +135,10 @@ class GRPOTrainer:
         return history
 
     def next_batch(self) -> dict[str, list[str]]:
-        return collate(
-            self._order.sample(self.records, min(self.config.batch_size, len(self.records)))
-        )
+        """The next prompts: a seeded draw per batch, so a resumed run continues the sequence."""
+        order = random.Random(self.config.seed * 1_000_003 + self.batches_drawn)
+        self.batches_drawn += 1
+        return collate(order.sample(self.records, min(self.config.batch_size, len(self.records))))
 
     def step(self, batch: dict[str, list[str]] | None = None) -> BatchRecord:
         """One rollout batch: either an optimizer step (version + 1) or a recorded rejection."""
@@ -198,7 +203,7 @@ class GRPOTrainer:
         )
         behaviour = torch.zeros_like(logp)
         for i, lp in enumerate(rollout.temp_logprobs):
-            behaviour[i, : len(lp)] = torch.tensor(lp)
+            behaviour[i, : len(lp)] = torch.tensor(lp, device=logp.device)
         if fresh:
             gap = (logp.detach() - behaviour).abs()[mask]
             metrics["mismatch_mean"] = float(gap.mean())
@@ -212,8 +217,8 @@ class GRPOTrainer:
         out = grpo_loss(
             logp,
             behaviour,
-            advantages.view(-1),
-            mask & sample_rows[:, None],
+            advantages.view(-1).to(logp.device),
+            mask & sample_rows[:, None].to(logp.device),
             cfg.clip_eps,
             cfg.kl_coef,
             ref,
@@ -292,6 +297,7 @@ class GRPOTrainer:
             self.version,
             self.step_index,
             self.config.model,
+            {"batches_drawn": self.batches_drawn},
         )
 
     def stats(self) -> dict[str, Any]:

@@ -157,6 +157,10 @@ def test_resume_continues_at_the_saved_version(checkpoint, tmp_path):
     for index, fields in saved[1].items():
         assert torch.equal(fields["exp_avg_sq"], restored[index]["exp_avg_sq"])
         assert torch.equal(fields["step"], restored[index]["step"])
+    straight = make_trainer(checkpoint, tmp_path / "straight", steps=5)
+    for _ in range(resumed.batches_drawn):
+        straight.next_batch()
+    assert resumed.next_batch() == straight.next_batch()  # the prompt sequence continues
     resumed.train()
     assert resumed.version == 5
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "version-00005")
