@@ -1,11 +1,14 @@
-"""``python -m ui [--host H] [--port P] [--share] [--auth user:pass]``: serve the UI.
+"""``python -m ui [--host H] [--port P] [--share] [--auth user:pass]``: migrate the database
+(``DATABASE_URL``, else the SQLite file in ``RLWB_DATA_DIR``) to the latest schema, then serve
+the UI, with jobs going to the queue through `workers.api`.
 
-The password may also come from ``RLWB_UI_AUTH`` (``user:pass``).
+The password may also come from ``RLWB_AUTH`` (``user:pass``).
 """
 
 import argparse
 import os
 
+from db import upgrade
 from ui.app import launch
 
 
@@ -27,10 +30,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--auth",
         type=parse_auth,
-        default=os.environ.get("RLWB_UI_AUTH"),  # argparse runs string defaults through type
-        help="require a login, user:pass (default: RLWB_UI_AUTH)",
+        default=os.environ.get("RLWB_AUTH"),  # argparse runs string defaults through type
+        help="require a login, user:pass (default: RLWB_AUTH)",
     )
     args = parser.parse_args(argv)
+    upgrade()
     launch(host=args.host, port=args.port, auth=args.auth, share=args.share)
 
 

@@ -7,8 +7,6 @@ from pathlib import Path
 
 MAX_DEPTH = 3
 MAX_FOUND = 200
-DEMO_MODEL = "demo"  # the built-in demo policy; the worker builds it on first use
-DEMO_POLICY_DIR = "demo-policy"  # where, under the data directory, the worker keeps it
 UPLOADS_DIR = "datasets"
 
 
@@ -74,8 +72,3 @@ def save_upload(source: str | Path, data_dir: Path) -> Path:
         number += 1
     shutil.copyfile(source, target)
     return target
-
-
-def tokenizer_dir(model: str, data_dir: Path) -> Path:
-    """The checkpoint directory whose tokenizer decodes a job's tokens."""
-    return data_dir / DEMO_POLICY_DIR if model == DEMO_MODEL else Path(model)

@@ -1,5 +1,6 @@
 """Token texts for the token view, from a checkpoint's ``tokenizer.json`` (no torch)."""
 
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 
@@ -13,11 +14,13 @@ def _load(path: str, _mtime_ns: int) -> Tokenizer:
     return Tokenizer.from_file(path)
 
 
-def token_texts(token_ids: list[int], checkpoint: Path) -> list[str] | None:
-    """The text each token adds to the response (special tokens included), or None when the
-    checkpoint has no ``tokenizer.json`` (any more)."""
-    path = checkpoint / "tokenizer.json"
-    if not path.is_file():
+def token_texts(token_ids: list[int], checkpoints: Iterable[Path]) -> list[str] | None:
+    """The text each token adds to the response (special tokens included), decoded by the
+    first of ``checkpoints`` that has a ``tokenizer.json``; None when none has one."""
+    path = next(
+        (c / "tokenizer.json" for c in checkpoints if (c / "tokenizer.json").is_file()), None
+    )
+    if path is None:
         return None
     tokenizer = _load(str(path), path.stat().st_mtime_ns)
     texts = []

@@ -67,12 +67,13 @@ def test_launch_binds_to_localhost_without_share_by_default(services, monkeypatc
 def test_the_command_line_takes_host_port_share_and_auth(monkeypatch):
     calls = []
     monkeypatch.setattr(cli, "launch", lambda **kwargs: calls.append(kwargs))
-    monkeypatch.delenv("RLWB_UI_AUTH", raising=False)
+    monkeypatch.setattr(cli, "upgrade", lambda: calls.append("upgrade"))
+    monkeypatch.delenv("RLWB_AUTH", raising=False)
     cli.main([])
-    assert calls[-1] == {"host": "127.0.0.1", "port": 7860, "auth": None, "share": False}
+    assert calls == ["upgrade", {"host": "127.0.0.1", "port": 7860, "auth": None, "share": False}]
     cli.main(["--host", "0.0.0.0", "--port", "8000", "--share", "--auth", "ann:secret"])
     assert calls[-1] == {"host": "0.0.0.0", "port": 8000, "auth": ("ann", "secret"), "share": True}
-    monkeypatch.setenv("RLWB_UI_AUTH", "bob:pw:with:colons")
+    monkeypatch.setenv("RLWB_AUTH", "bob:pw:with:colons")
     cli.main([])
     assert calls[-1]["auth"] == ("bob", "pw:with:colons")
     with pytest.raises(SystemExit):

@@ -141,6 +141,7 @@ def test_launch_watch_inspect_compare(app, tmp_path):
                 token = tokens.nth(i)
                 assert re.match(r"token id \d+ · log-prob -?\d", token.get_attribute("title"))
                 assert "hsl(" in token.get_attribute("style")
+                assert not re.fullmatch(r"⟨\d+⟩", token.inner_text())  # decoded, not ids
             expect(page.locator("#sample-detail .facts")).to_contain_text("policy version")
             tokens.first.hover()
             _shot(page, tmp_path, "sample")

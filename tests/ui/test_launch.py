@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 
-from ui.files import DEMO_MODEL
 from ui.handlers.launch import (
     JSONL_SOURCE,
     TASK_DEFAULT_REWARD,
@@ -16,6 +15,7 @@ from ui.handlers.launch import (
     model_choices,
     upload_dataset,
 )
+from workers.specs import DEMO_MODEL
 
 
 def form(**overrides: Any) -> dict[str, Any]:

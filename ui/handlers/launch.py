@@ -9,9 +9,10 @@ from core_engine.rl.data import DataError, load_jsonl
 from core_engine.rl.rewards import resolve_reward
 from core_engine.rl.tasks import BUILTIN_TASKS
 from db import InvalidValue
-from ui.files import DEMO_MODEL, find_checkpoints, find_jsonl, is_under, save_upload
+from ui.files import find_checkpoints, find_jsonl, is_under, save_upload
 from ui.handlers.common import parse_number
 from ui.services import Services
+from workers.specs import DEMO_MODEL
 
 TASK_SOURCE = "built-in task"
 JSONL_SOURCE = "JSONL file"

@@ -3,6 +3,7 @@
 import time
 from dataclasses import asdict
 from html import escape
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -12,13 +13,14 @@ from db import (
     BatchStatus,
     FinishReason,
     InvalidValue,
+    JobInfo,
     NotFound,
+    SampleDetail,
     SampleFilter,
     SamplePage,
     SampleSummary,
 )
 from db.repository.base import MAX_PAGE_SIZE
-from ui.files import tokenizer_dir
 from ui.handlers.common import parse_id, parse_number
 from ui.handlers.jobs import batches_table
 from ui.render import fmt, sample_html
@@ -270,8 +272,16 @@ def sample_detail(services: Services, sample_id: float | str | None) -> str:
         job = services.repository.get_job(detail.job_id)
     except (InvalidValue, NotFound) as exc:
         return f"<p><b>{escape(str(exc))}</b></p>"
-    model = job.config.get("model")
-    texts = None
-    if isinstance(model, str):
-        texts = token_texts(detail.response_token_ids, tokenizer_dir(model, services.data_dir))
-    return sample_html(detail, texts)
+    return sample_html(
+        detail, token_texts(detail.response_token_ids, _checkpoints(services, job, detail))
+    )
+
+
+def _checkpoints(services: Services, job: JobInfo, detail: SampleDetail) -> list[Path]:
+    """Where the sample's tokenizer may be: its version's checkpoint, the job's other
+    checkpoints, then the job's model directory."""
+    versions = sorted(
+        services.repository.list_versions(job.id), key=lambda v: v.version != detail.policy_version
+    )
+    paths = [v.checkpoint_path for v in versions] + [job.config.get("model")]
+    return [Path(path) for path in paths if isinstance(path, str)]

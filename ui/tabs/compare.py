@@ -50,12 +50,7 @@ def build(services: Services, tab: gr.Tab) -> None:
             launch = gr.Button("Launch compare job", elem_id="compare-launch")
         launched = gr.Markdown(elem_id="compare-launched")
 
-    tab.select(
-        partial(refresh_jobs, services),
-        None,
-        job,
-        api_name="compare_jobs",
-    )
+    tab.select(partial(refresh_jobs, services), None, job, api_name="compare_jobs")
     job.change(partial(_versions, services), job, [version_a, version_b], api_name="versions")
     run.click(
         partial(compare_versions, services),

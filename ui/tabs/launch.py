@@ -4,7 +4,6 @@ from functools import partial
 
 import gradio as gr
 
-from ui.files import DEMO_MODEL
 from ui.handlers.launch import (
     JSONL_SOURCE,
     KV_STRATEGIES,
@@ -18,6 +17,7 @@ from ui.handlers.launch import (
     upload_dataset,
 )
 from ui.services import Services
+from workers.specs import DEMO_MODEL
 
 
 def _show_source(source: str) -> tuple[dict, dict]:
@@ -31,6 +31,7 @@ def build(services: Services) -> None:
             model = gr.Dropdown(
                 model_choices(services),
                 value=DEMO_MODEL,
+                allow_custom_value=True,  # API callers may name any checkpoint under a root
                 label="Model",
                 info="the built-in demo policy, or a checkpoint under RLWB_MODEL_ROOTS",
                 elem_id="launch-model",
@@ -43,7 +44,11 @@ def build(services: Services) -> None:
                 )
             with gr.Group(visible=False) as data_group:
                 data = gr.Dropdown(
-                    dataset_choices(services), label="JSONL prompt set", elem_id="launch-data"
+                    dataset_choices(services),
+                    value=None,
+                    allow_custom_value=True,
+                    label="JSONL prompt set",
+                    elem_id="launch-data",
                 )
                 upload = gr.File(label="or upload a JSONL file", file_types=[".jsonl"])
                 upload_message = gr.Markdown()
@@ -102,21 +107,14 @@ def build(services: Services) -> None:
         partial(launch_job, services), inputs_kwargs=form, outputs=status, api_name="launch"
     )
     source.change(_show_source, source, [task_group, data_group], api_name="launch_source")
-    rescan.click(
-        lambda: (
-            gr.update(choices=model_choices(services)),
-            gr.update(choices=dataset_choices(services)),
-        ),
-        None,
-        [model, data],
-        api_name="launch_rescan",
-    )
+    rescan.click(partial(_rescan, services), None, [model, data], api_name="launch_rescan")
     upload.upload(
-        lambda file: _after_upload(services, file),
-        upload,
-        [data, upload_message],
-        api_name="launch_upload",
+        partial(_after_upload, services), upload, [data, upload_message], api_name="launch_upload"
     )
+
+
+def _rescan(services: Services) -> tuple[dict, dict]:
+    return gr.update(choices=model_choices(services)), gr.update(choices=dataset_choices(services))
 
 
 def _after_upload(services: Services, file: str | None) -> tuple[dict, str]:

@@ -20,8 +20,8 @@ from ui.services import Services
 from ui.tabs.common import first_cell, job_picker, refresh_jobs
 
 
-def build(services: Services, tab: gr.Tab) -> gr.Dropdown:
-    """The Samples tab's components and events (inside ``tab``); returns its job picker."""
+def build(services: Services, tab: gr.Tab) -> None:
+    """The Samples tab's components and events (inside ``tab``)."""
     with gr.Row():
         job = job_picker(services, "samples-job")
         min_version = gr.Textbox(label="Min version", placeholder="any")
@@ -75,12 +75,7 @@ def build(services: Services, tab: gr.Tab) -> gr.Dropdown:
     show_detail = partial(sample_detail, services)
     show_rejected = partial(rejected_batches, services)
 
-    tab.select(
-        partial(refresh_jobs, services),
-        None,
-        job,
-        api_name="samples_jobs",
-    )
+    tab.select(partial(refresh_jobs, services), None, job, api_name="samples_jobs")
     job.change(show_rejected, job, rejected, api_name="rejected_batches")
     search.click(partial(search_samples, services), filters, page, api_name="samples")
     previous.click(
@@ -94,4 +89,3 @@ def build(services: Services, tab: gr.Tab) -> gr.Dropdown:
         show_detail, sample_id, detail, api_name="sample_picked"
     )
     open_sample.click(show_detail, sample_id, detail, api_name="sample")
-    return job
