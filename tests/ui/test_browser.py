@@ -111,6 +111,7 @@ def test_launch_watch_inspect_compare(app, tmp_path):
                 ("launch-max-tokens", "3"),
             ):
                 page.locator(f"#{elem_id} input").fill(value)
+            page.wait_for_timeout(300)  # let the dropdown lists fade out
             _shot(page, tmp_path, "launch")
             page.locator("#launch-button").click()
             status = page.locator("#launch-status")
