@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from core_engine.rl.config import GRPOConfig
+from core_engine.rl.rewards import check_reward_spec
 from db import JobKind
 
 DEMO_MODEL = "demo"  # the built-in demo policy, built by the worker on first use
@@ -43,6 +44,11 @@ class EvalSettings:
             raise SpecError("num_prompts and max_tokens must be >= 1")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise SpecError("temperature must be >= 0 and top_p in (0, 1]")
+        if self.reward is not None:
+            try:
+                check_reward_spec(self.reward)
+            except ValueError as exc:
+                raise SpecError(str(exc)) from None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from core_engine.rl.rewards import check_reward_spec
+
 
 @dataclass(frozen=True)
 class GRPOConfig:
@@ -53,6 +55,11 @@ class GRPOConfig:
             problems.append("reject_scope must be 'batch' or 'group'")
         if self.max_policy_lag < 0 or self.checkpoint_every < 0 or self.clip_eps <= 0:
             problems.append("max_policy_lag and checkpoint_every must be >= 0, clip_eps > 0")
+        if self.reward is not None:
+            try:
+                check_reward_spec(self.reward)
+            except ValueError as exc:
+                problems.append(str(exc))
         if problems:
             raise ValueError("invalid training config: " + "; ".join(problems))
 

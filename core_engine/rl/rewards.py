@@ -52,18 +52,32 @@ def regex_reward(pattern: str) -> RewardFn:
 BUILTIN_REWARDS: dict[str, RewardFn] = {"exact_match": exact_match, "numeric_match": numeric_match}
 
 
-def resolve_reward(spec: str) -> RewardFn:
-    """`exact_match`, `numeric_match`, `regex:<pattern>` or `package.module:function`."""
+def check_reward_spec(spec: str) -> None:
+    """Refuse a malformed reward spec without importing anything (ValueError)."""
     if spec in BUILTIN_REWARDS:
-        return BUILTIN_REWARDS[spec]
+        return
     if spec.startswith("regex:"):
-        return regex_reward(spec.removeprefix("regex:"))
+        try:
+            re.compile(spec.removeprefix("regex:"))
+        except re.error as exc:
+            raise ValueError(f"reward {spec!r}: invalid regular expression ({exc})") from None
+        return
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(
             f"unknown reward {spec!r}: use one of {sorted(BUILTIN_REWARDS)}, "
             "'regex:<pattern>' or 'module:function'"
         )
+
+
+def resolve_reward(spec: str) -> RewardFn:
+    """`exact_match`, `numeric_match`, `regex:<pattern>` or `package.module:function`."""
+    check_reward_spec(spec)
+    if spec in BUILTIN_REWARDS:
+        return BUILTIN_REWARDS[spec]
+    if spec.startswith("regex:"):
+        return regex_reward(spec.removeprefix("regex:"))
+    module_name, _, attr = spec.partition(":")
     try:
         fn = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:

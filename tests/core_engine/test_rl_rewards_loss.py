@@ -21,6 +21,8 @@ def test_unknown_reward_specs_are_explained():
         resolve_reward("nope")
     with pytest.raises(ValueError, match="cannot load reward"):
         resolve_reward("no_such_module:fn")
+    with pytest.raises(ValueError, match="invalid regular expression"):
+        resolve_reward("regex:(")
 
 
 @pytest.mark.parametrize(
