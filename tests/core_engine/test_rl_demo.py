@@ -1,0 +1,73 @@
+"""The demo policy builder on a tiny budget: checkpoint format, caching, determinism, targets."""
+
+import json
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file
+
+from core_engine.model import load_model
+from core_engine.rl.demo_policy import (
+    INFO_FILE,
+    WarmupSettings,
+    build_demo_policy,
+    demo_tokenizer,
+    supervised_batch,
+)
+
+TINY = WarmupSettings(batch_size=8, eval_every=1, eval_count=16)
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+    return build_demo_policy(tmp_path_factory.mktemp("demo") / "policy", max_steps=2, settings=TINY)
+
+
+def test_checkpoint_loads_in_transformers_and_matches_our_decoder(policy):
+    hf = transformers.AutoModelForCausalLM.from_pretrained(policy).eval()
+    ours = load_model(policy)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(policy)
+    ids = tokenizer("123+456=579", return_tensors="pt", add_special_tokens=False).input_ids
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf(ids).logits, rtol=1e-4, atol=1e-4)
+    assert hf.config.tie_word_embeddings
+    assert json.loads((policy / INFO_FILE).read_text())["steps"] == 2
+    assert sum(p.numel() for p in ours.parameters()) == pytest.approx(527_000, rel=0.01)
+
+
+def test_tokenizer_renders_the_bare_prompt_and_ends_with_eos(policy):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(policy)
+    messages = [{"role": "user", "content": "123+456="}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text == "123+456="
+    assert tokenizer.eos_token == "</s>"
+    assert len(tokenizer(text, add_special_tokens=False)["input_ids"]) == len(text)
+
+
+def test_cached_checkpoint_is_reused(policy):
+    before = (policy / "model.safetensors").stat().st_mtime_ns
+    assert build_demo_policy(policy, max_steps=50, settings=TINY) == policy
+    assert (policy / "model.safetensors").stat().st_mtime_ns == before
+
+
+def test_same_seed_same_weights(policy, tmp_path):
+    again = build_demo_policy(tmp_path / "again", max_steps=2, settings=TINY)
+    first, second = load_file(policy / "model.safetensors"), load_file(again / "model.safetensors")
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_supervised_targets_are_the_answer_and_eos_only():
+    tokenizer = demo_tokenizer()
+    inputs, targets = supervised_batch([("1+2=", "3"), ("10+20=", "30")], tokenizer)
+    ids = tokenizer.convert_tokens_to_ids
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    assert inputs.tolist() == [
+        [*ids(list("1+2=3")), eos, pad, pad, pad],
+        [*ids(list("10+20=30")), eos],
+    ]
+    assert targets.tolist() == [
+        [-100] * 3 + [*ids(list("3")), eos] + [-100] * 4,
+        [-100] * 5 + [*ids(list("30")), eos, -100],
+    ]
