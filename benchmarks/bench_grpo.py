@@ -5,12 +5,14 @@ rewards), on 3-digit addition with the same hyper-parameters: 16 prompts x G=8, 
 lr 3e-4 (constant), clip 0.2, no KL, one optimizer step per rollout batch, at most 6 completion
 tokens, fp32 on one CPU thread. Ours generates with our engine and syncs weights into it after
 every step; TRL's `GRPOTrainer` generates with `transformers` `generate` on the trained model
-(no vLLM, so nothing to sync). A few warm-up steps are not timed.
+(no vLLM, so nothing to sync).
 
-Per step: generate (rollout without the reward), reward, train (log-probs, loss, backward,
-optimizer step; for TRL everything that is neither generation nor reward) and sync. Steps per
-minute count optimizer steps over the timed wall time; a batch our trainer filters (no group
-with mixed rewards) costs its generation time and counts no step.
+The machine is shared, so the two alternate step by step (one of ours after each of TRL's) and
+see the same load; the first `--warmup` steps of each are not timed. Per step: generate (the
+rollout without the reward), reward, train (log-probs, loss, backward, optimizer step; for TRL
+everything in its step that is neither generation nor reward) and sync. Steps per minute count
+optimizer steps over the summed step times; a batch our trainer filters (no group with mixed
+rewards) costs its time and counts no step.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_grpo.py --json bench_grpo.json
 """
@@ -41,14 +43,13 @@ from core_engine.rl.tasks import addition_records
 from core_engine.rl.trainer import GRPOTrainer
 
 PROMPTS, GROUP, LR, TEMPERATURE, CLIP, MAX_TOKENS = 16, 8, 3e-4, 1.0, 0.2, 6
-PARTS = ("generate_s", "reward_s", "train_s", "sync_s")
+PARTS = ("generate_s", "reward_s", "train_s", "sync_s", "step_s")
 TARGET_RATIO = 2.0  # ours / TRL, optimizer steps per minute
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=100, help="timed steps of ours")
-    parser.add_argument("--trl-steps", type=int, default=50, help="timed steps of TRL")
+    parser.add_argument("--steps", type=int, default=100, help="timed steps of each trainer")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write the results here")
@@ -69,59 +70,62 @@ def timed(fn: Callable, seconds: list[float]) -> Callable:
     return wrapper
 
 
-def summarise(steps: list[dict[str, float]], wall_s: float, optimizer_steps: int) -> dict:
-    """Median seconds per part and per step, and optimizer steps per minute of wall time."""
-    per_part = {part: statistics.median(s[part] for s in steps) for part in (*PARTS, "step_s")}
+def summarise(steps: list[dict[str, float]]) -> dict[str, Any]:
+    """Median seconds per part, and optimizer steps per minute of summed step time."""
+    optimizer_steps = sum(s["optimizer_step"] for s in steps)
+    seconds = sum(s["step_s"] for s in steps)
     return {
-        "optimizer_steps": optimizer_steps,
         "batches": len(steps),
-        "wall_s": wall_s,
-        "steps_per_min": 60 * optimizer_steps / wall_s,
-        "median_s": per_part,
+        "optimizer_steps": optimizer_steps,
+        "seconds": seconds,
+        "steps_per_min": 60 * optimizer_steps / seconds,
+        "median_s": {part: statistics.median(s[part] for s in steps) for part in PARTS},
+        "mean_s": {part: statistics.fmean(s[part] for s in steps) for part in PARTS},
     }
 
 
 # ----------------------------------------------------------------------------- ours
-def bench_ours(policy: Path, records: list[dict], args: argparse.Namespace, run_dir: Path) -> dict:
-    """Our GRPOTrainer; generate_s of its metrics includes the reward, which is timed apart."""
-    config = GRPOConfig(
-        model=str(policy),
-        output_dir=str(run_dir / "ours"),
-        task="addition",
-        steps=args.warmup + args.steps,
-        batch_size=PROMPTS,
-        group_size=GROUP,
-        lr=LR,
-        temperature=TEMPERATURE,
-        clip_eps=CLIP,
-        kl_coef=0.0,
-        max_tokens=MAX_TOKENS,
-        seed=args.seed,
-        resume=False,
-    )
-    trainer = GRPOTrainer(config, records)
-    reward_s: list[float] = []
-    trainer.runner.reward_fn = timed(trainer.runner.reward_fn, reward_s)
-    for _ in range(args.warmup):
-        trainer.step()
-    steps, accepted, start = [], 0, time.perf_counter()
-    for _ in range(args.steps):
-        reward_s.clear()
-        begin = time.perf_counter()
-        record = trainer.step()
-        step_s = time.perf_counter() - begin
-        accepted += record.status == "accepted"
+class OurSteps:
+    """Our GRPOTrainer one timed step at a time; the reward (inside its `generate_s`) is timed
+    apart by wrapping the runner's reward function."""
+
+    def __init__(self, policy: Path, records: list[dict], seed: int, run_dir: Path) -> None:
+        config = GRPOConfig(
+            model=str(policy),
+            output_dir=str(run_dir / "ours"),
+            task="addition",
+            steps=1_000_000,
+            batch_size=PROMPTS,
+            group_size=GROUP,
+            lr=LR,
+            temperature=TEMPERATURE,
+            clip_eps=CLIP,
+            kl_coef=0.0,
+            max_tokens=MAX_TOKENS,
+            seed=seed,
+            resume=False,
+        )
+        self.trainer = GRPOTrainer(config, records)
+        self.reward_s: list[float] = []
+        self.trainer.runner.reward_fn = timed(self.trainer.runner.reward_fn, self.reward_s)
+        self.steps: list[dict[str, float]] = []
+
+    def step(self) -> None:
+        self.reward_s.clear()
+        start = time.perf_counter()
+        record = self.trainer.step()
+        step_s = time.perf_counter() - start
         m = record.metrics
-        steps.append(
+        self.steps.append(
             {
-                "generate_s": m.get("generate_s", 0.0) - sum(reward_s),
-                "reward_s": sum(reward_s),
+                "generate_s": m.get("generate_s", 0.0) - sum(self.reward_s),
+                "reward_s": sum(self.reward_s),
                 "train_s": m.get("train_s", 0.0),
                 "sync_s": m.get("sync_s", 0.0),
                 "step_s": step_s,
+                "optimizer_step": float(record.status == "accepted"),
             }
         )
-    return summarise(steps, time.perf_counter() - start, accepted)
 
 
 # ----------------------------------------------------------------------------- TRL
@@ -140,18 +144,20 @@ def trl_reward(completions: list[str], answer: list[str], **_: Any) -> list[floa
     return exact_match(completions, answer, None)
 
 
-class StepClock(TrainerCallback):
-    """Keeps the wall-clock begin and end of every optimizer step."""
+class Alternate(TrainerCallback):
+    """Times each TRL optimizer step, then runs `between()` outside the timed span."""
 
-    def __init__(self) -> None:
-        self.begins: list[float] = []
-        self.ends: list[float] = []
+    def __init__(self, between: Callable[[], None]) -> None:
+        self.between = between
+        self.step_s: list[float] = []
+        self._begin = 0.0
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self.begins.append(time.perf_counter())
+        self._begin = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.ends.append(time.perf_counter())
+        self.step_s.append(time.perf_counter() - self._begin)
+        self.between()
 
 
 def trl_trainer(policy: Path, records: list[dict], args: argparse.Namespace, run_dir: Path):
@@ -174,7 +180,7 @@ def trl_trainer(policy: Path, records: list[dict], args: argparse.Namespace, run
         beta=0.0,
         epsilon=CLIP,
         loss_type="dapo",  # token-averaged over the batch, like ours
-        max_steps=args.warmup + args.trl_steps,
+        max_steps=args.warmup + args.steps,
         logging_strategy="no",
         report_to="none",
         save_strategy="no",
@@ -194,40 +200,56 @@ def trl_trainer(policy: Path, records: list[dict], args: argparse.Namespace, run
     )
 
 
-def bench_trl(policy: Path, records: list[dict], args: argparse.Namespace, run_dir: Path) -> dict:
-    """TRL's steps, with its generation and reward calls timed by wrapping them."""
-    trainer = trl_trainer(policy, records, args, run_dir)
+def run_alternating(trainer, ours: OurSteps) -> list[dict[str, float]]:
+    """TRL's training run with one of our steps after each of its steps; TRL's timed steps."""
     generate_s: list[float] = []
     reward_s: list[float] = []
     trainer._generate_single_turn = timed(trainer._generate_single_turn, generate_s)
     trainer.reward_funcs[0] = timed(trainer.reward_funcs[0], reward_s)
-    clock = StepClock()
+    clock = Alternate(ours.step)
     trainer.add_callback(clock)
     trainer.train()
-    steps = []
-    for i in range(args.warmup, len(clock.ends)):
-        step_s = clock.ends[i] - clock.begins[i]
-        steps.append(
-            {
-                "generate_s": generate_s[i],
-                "reward_s": reward_s[i],
-                "train_s": step_s - generate_s[i] - reward_s[i],
-                "sync_s": 0.0,
-                "step_s": step_s,
-            }
-        )
-    first = clock.ends[args.warmup - 1] if args.warmup else clock.begins[0]
-    return summarise(steps, clock.ends[-1] - first, len(steps))
+    return [
+        {
+            "generate_s": gen,
+            "reward_s": reward,
+            "train_s": step - gen - reward,
+            "sync_s": 0.0,
+            "step_s": step,
+            "optimizer_step": 1.0,
+        }
+        for gen, reward, step in zip(generate_s, reward_s, clock.step_s, strict=True)
+    ]
 
 
 # ----------------------------------------------------------------------------- report
 def print_table(results: dict[str, dict]) -> None:
-    print(
-        f"{'trainer':<8}" + "".join(f"{p:>11}" for p in (*PARTS, "step_s")) + f"{'steps/min':>11}"
-    )
+    print("median seconds per step")
+    print(f"{'trainer':<8}" + "".join(f"{p:>11}" for p in PARTS) + f"{'steps/min':>11}")
     for name, r in results.items():
-        parts = "".join(f"{r['median_s'][p]:>11.3f}" for p in (*PARTS, "step_s"))
+        parts = "".join(f"{r['median_s'][p]:>11.3f}" for p in PARTS)
         print(f"{name:<8}{parts}{r['steps_per_min']:>11.1f}")
+
+
+def measure(policy: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Our steps (alternating with TRL's when TRL is installed) and the ratio."""
+    records = addition_records(5000, seed=1)
+    reason = trl_missing()
+    with tempfile.TemporaryDirectory() as tmp:
+        ours = OurSteps(policy, records, args.seed, Path(tmp))
+        if reason is not None:
+            for _ in range(args.warmup + args.steps):
+                ours.step()
+            return {"ours": summarise(ours.steps[args.warmup :]), "trl_skipped": reason}
+        trl_steps = run_alternating(trl_trainer(policy, records, args, Path(tmp)), ours)
+    results = {
+        "ours": summarise(ours.steps[args.warmup :]),
+        "trl": summarise(trl_steps[args.warmup :]),
+    }
+    results["ratio_ours_over_trl"] = (
+        results["ours"]["steps_per_min"] / results["trl"]["steps_per_min"]
+    )
+    return results
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -235,23 +257,15 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     data_dir = Path(os.environ.get("RLWB_DATA_DIR", "data"))
     policy = build_demo_policy(data_dir / "demo-policy", seed=args.seed, max_minutes=8)
-    records = addition_records(5000, seed=1)
     print(f"threads {torch.get_num_threads()}, policy {policy}")
-    results: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        results["ours"] = bench_ours(policy, records, args, Path(tmp))
-        reason = trl_missing()
-        if reason is None:
-            results["trl"] = bench_trl(policy, records, args, Path(tmp))
-    print_table({k: v for k, v in results.items() if isinstance(v, dict)})
-    if reason is None:
-        ratio = results["ours"]["steps_per_min"] / results["trl"]["steps_per_min"]
-        results["ratio_ours_over_trl"] = ratio
+    results = measure(policy, args)
+    print_table({k: v for k, v in results.items() if k in ("ours", "trl")})
+    if "trl" in results:
+        ratio = results["ratio_ours_over_trl"]
         verdict = "met" if ratio >= TARGET_RATIO else "missed"
         print(f"ours / TRL steps per minute: {ratio:.2f}x (target {TARGET_RATIO}x {verdict})")
     else:
-        results["trl_skipped"] = reason
-        print(f"TRL skipped: {reason}")
+        print(f"TRL skipped: {results['trl_skipped']}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 
