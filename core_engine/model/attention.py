@@ -31,6 +31,12 @@ class AttentionMetadata:
         return self.decode_mask is not None
 
 
+def gather_slots(cache: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`cache[index]` for an index of any shape; `index_select` is several times faster than
+    advanced indexing on CPU (the same copy)."""
+    return cache.index_select(0, index.reshape(-1)).view(*index.shape, *cache.shape[1:])
+
+
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -44,8 +50,8 @@ def paged_attention(
     k_cache.index_copy_(0, meta.slot_mapping, k)
     v_cache.index_copy_(0, meta.slot_mapping, v)
     if meta.is_decode:
-        keys = k_cache[meta.gather_index].transpose(1, 2)  # [B, KVH, L, D]
-        values = v_cache[meta.gather_index].transpose(1, 2)
+        keys = gather_slots(k_cache, meta.gather_index).transpose(1, 2)  # [B, KVH, L, D]
+        values = gather_slots(v_cache, meta.gather_index).transpose(1, 2)
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2), keys, values, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True
         )
@@ -62,8 +68,8 @@ def paged_attention(
             )
         else:
             index = meta.gather_index[i, :ctx]
-            ki = k_cache[index].transpose(0, 1).unsqueeze(0)
-            vi = v_cache[index].transpose(0, 1).unsqueeze(0)
+            ki = gather_slots(k_cache, index).transpose(0, 1).unsqueeze(0)
+            vi = gather_slots(v_cache, index).transpose(0, 1).unsqueeze(0)
             mask = torch.ones(n, ctx, dtype=torch.bool, device=q.device).tril(diagonal=ctx - n)
             oi = F.scaled_dot_product_attention(
                 qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=True

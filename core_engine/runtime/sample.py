@@ -45,31 +45,56 @@ def sample(
     return_logprobs: bool = True,
 ) -> SampleOutput:
     """Sample one token per row of fp32 `logits` [B, vocab] under each row's parameters."""
-    finite = torch.isfinite(logits).all(dim=-1)
+    finite = finite_rows(logits)
     if not bool(finite.all()):
         logits = torch.where(finite[:, None], logits, torch.zeros_like(logits))
     device = logits.device
-    temps = torch.tensor([p.temperature for p in params], device=device, dtype=logits.dtype)
-    greedy = temps == 0
-    scaled = logits / torch.where(greedy, torch.ones_like(temps), temps)[:, None]
+    drawn = [i for i, p in enumerate(params) if not p.greedy]
+    if len(drawn) < len(params):
+        tokens = logits.argmax(dim=-1)
+    else:
+        tokens = torch.empty(len(params), dtype=torch.int64, device=device)
+    if not drawn and not return_logprobs:
+        return SampleOutput(tokens.tolist(), [], [], finite.tolist())
+    scaled = logits  # all greedy: T = 1, no division, the very same values
+    if drawn:
+        temps = [1.0 if p.greedy else p.temperature for p in params]
+        scaled = logits / torch.tensor(temps, device=device, dtype=logits.dtype)[:, None]
     temp_logp = scaled.log_softmax(dim=-1)
     processed_logp = temp_logp
-    if any(p.top_k > 0 or p.top_p < 1 for p in params if not p.greedy):
+    if any(params[i].top_k > 0 or params[i].top_p < 1 for i in drawn):
         top_k = torch.tensor([p.top_k for p in params], device=device)
         top_p = torch.tensor([p.top_p for p in params], device=device, dtype=logits.dtype)
         mask = truncation_mask(scaled, top_k, top_p)
         processed_logp = scaled.masked_fill(mask, float("-inf")).log_softmax(dim=-1)
-
-    tokens = logits.argmax(dim=-1)
-    if not bool(greedy.all()):
-        probs = processed_logp.exp()
-        for i, (p, gen) in enumerate(zip(params, generators, strict=True)):
-            if not p.greedy:
-                tokens[i] = torch.multinomial(probs[i], 1, generator=gen)[0]
+    if drawn:
+        rows = torch.tensor(drawn, device=device)
+        rows_logp = processed_logp if len(drawn) == len(params) else processed_logp[rows]
+        tokens[rows] = draw(rows_logp, [generators[i] for i in drawn])
     token_list = tokens.tolist()
     if not return_logprobs:
         return SampleOutput(token_list, [], [], finite.tolist())
-    rows = torch.arange(len(token_list), device=device)
-    chosen_temp = temp_logp[rows, tokens]
-    chosen = torch.where(greedy, torch.zeros_like(chosen_temp), processed_logp[rows, tokens])
+    chosen_temp = temp_logp.gather(1, tokens[:, None]).squeeze(1)
+    chosen = torch.zeros_like(chosen_temp)  # greedy: a point mass
+    if drawn:
+        chosen[rows] = processed_logp.gather(1, tokens[:, None]).squeeze(1)[rows]
     return SampleOutput(token_list, chosen.tolist(), chosen_temp.tolist(), finite.tolist())
+
+
+def finite_rows(logits: torch.Tensor) -> torch.Tensor:
+    """Rows free of NaN and +-inf: exactly those whose max and min are finite (NaN propagates
+    through both). Two reductions instead of elementwise masks over the whole vocabulary."""
+    return logits.amax(dim=-1).isfinite() & logits.amin(dim=-1).isfinite()
+
+
+def draw(logp: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """One token per row of normalised log-probs: the row's CDF (accumulated in fp64) inverted
+    at one uniform number from the row's own generator. `torch.multinomial` spends a random
+    number per vocabulary entry instead. Tokens of zero probability are never drawn."""
+    cdf = logp.exp().cumsum(dim=-1, dtype=torch.float64)
+    total = cdf[:, -1]
+    u = torch.stack(
+        [torch.rand((), dtype=torch.float64, device=logp.device, generator=g) for g in generators]
+    )
+    below_total = torch.minimum(u * total, total.nextafter(torch.zeros_like(total)))
+    return torch.searchsorted(cdf, below_total[:, None], right=True).squeeze(1)
