@@ -132,19 +132,30 @@ class InferenceScheduler(PolicyUpdates):
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         samples_per_prompt: int = 1,
     ) -> list[Task]:
-        """Tasks for each prompt (`samples_per_prompt` each, one group, seeds seed+k).
-        Invalid ones carry their admission error and finish when enqueued."""
-        if samples_per_prompt < 1:
-            raise ValueError(f"samples_per_prompt must be >= 1, got {samples_per_prompt}")
+        """Tasks for each prompt: `samples_per_prompt` of them, one group sharing the prompt.
+
+        `params` is one for all, one per prompt (sample k is seeded `seed + k`), or one per
+        sample (prompt-major; each seeded with its own `seed`). Invalid tasks carry their
+        admission error and finish when enqueued."""
+        g = samples_per_prompt
+        if g < 1:
+            raise ValueError(f"samples_per_prompt must be >= 1, got {g}")
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        if len(params) == len(prompts):
+            per_sample = [(p, k) for p in params for k in range(g)]
+        elif len(params) == len(prompts) * g:
+            per_sample = [(p, 0) for p in params]
+        else:
+            raise ValueError(
+                f"{len(prompts)} prompts x {g} samples but {len(params)} sampling params"
+            )
         tasks = []
-        for prompt, p in zip(prompts, params, strict=True):
-            group = next(self._group_ids) if samples_per_prompt > 1 else None
-            base_seed = p.seed if isinstance(p.seed, int) else self._seeds.getrandbits(62)
-            for k in range(samples_per_prompt):
+        for i, prompt in enumerate(prompts):
+            group = next(self._group_ids) if g > 1 else None
+            random_base = self._seeds.getrandbits(62)
+            for p, k in per_sample[i * g : (i + 1) * g]:
+                base_seed = p.seed if isinstance(p.seed, int) else random_base
                 task = Task(prompt_ids=list(prompt), params=p, group_id=group)
                 task.arrival_time = time.perf_counter()
                 task.error = admission_error(

@@ -29,8 +29,7 @@ def make_engine(model: CausalLM, **config) -> InferenceScheduler:
 def hf_greedy(hf, prompt: list[int], new_tokens: int) -> list[int]:
     out = hf.generate(
         torch.tensor([prompt]),
-        max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens,
+        max_new_tokens=new_tokens,  # no min_new_tokens: it would suppress the config's EOS id
         do_sample=False,
         eos_token_id=None,
         pad_token_id=0,

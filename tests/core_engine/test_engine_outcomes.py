@@ -216,8 +216,8 @@ def test_samples_per_prompt_must_be_positive(qwen2_pair):
     ours, _ = qwen2_pair
     with pytest.raises(ValueError, match="samples_per_prompt"):
         make_engine(ours).run_batch([[1]], GOOD, samples_per_prompt=0)
-    with pytest.raises(ValueError, match="2 prompts but 1 sampling params"):
-        make_engine(ours).run_batch([[1], [2]], [GOOD])
+    with pytest.raises(ValueError, match="2 prompts x 1 samples but 3 sampling params"):
+        make_engine(ours).run_batch([[1], [2]], [GOOD] * 3)
 
 
 def test_seeded_sampling_is_reproducible(qwen2_pair):

@@ -210,6 +210,22 @@ def test_group_results_equal_unshared_results_with_the_same_seeds():
     assert [r.num_cached_prompt_tokens > 0 for r in shared[:4]] == [False, True, True, True]
 
 
+def test_groups_take_one_sampling_setting_per_sample():
+    """Per-request output lengths inside a shared group (the RL-like workload)."""
+    model, _ = make_pair("qwen2")
+    engine = make_engine(model, page_size=4)
+    lengths = [3, 9, 1, 6]
+    params = [
+        SamplingParams(temperature=1.0, max_tokens=n, seed=100 + n, ignore_eos=True)
+        for n in lengths
+    ]
+    results = engine.run_batch([[5, 4, 3, 2, 1]], params, samples_per_prompt=4)
+    assert [len(r.output_ids) for r in results] == lengths
+    assert engine.stats()["prefill_tokens"] == 5  # still one prefill for the group
+    alone = make_engine(model, page_size=4).run_batch([[5, 4, 3, 2, 1]], params[1])[0]
+    assert alone.output_ids == results[1].output_ids  # each sample keeps its own seed
+
+
 def test_concurrent_generation_and_updates_stay_attributable():
     """One thread generates in a loop, another pushes new weights: for 100 rounds every
     result reproduces exactly under the weights of the version stamped on it."""
