@@ -326,6 +326,14 @@ def query_phase(repo: Repository, job_id: int, result: Result, repeats: int) -> 
     result.query_ms["page 21 of the first filter (keyset cursor)"] = median_ms(
         lambda: repo.list_samples(headline, cursor=cursor), repeats
     )
+    batch = repo.list_batches(job_id, status="rejected", limit=1)[0]
+    one_batch = SampleFilter(job_id, batch_id=batch.id)
+    result.query_ms["page of 50: one batch (batch_id)"] = median_ms(
+        lambda: repo.list_samples(one_batch), repeats
+    )
+    result.query_ms["list_batches, newest 200"] = median_ms(
+        lambda: repo.list_batches(job_id, limit=200, newest_first=True), repeats
+    )
     sample_id = repo.list_samples(SampleFilter(job_id)).items[-1].id
     result.query_ms["get_sample (with arrays)"] = median_ms(
         lambda: repo.get_sample(sample_id), repeats

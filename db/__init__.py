@@ -7,6 +7,7 @@ repo = Repository.from_url()
 
 from db.enums import BatchStatus, FinishReason, JobKind, JobStatus
 from db.errors import (
+    BatchNotFound,
     InvalidTransition,
     InvalidValue,
     JobNotFound,
@@ -30,13 +31,17 @@ from db.records import (
     SamplePage,
     SampleRecord,
     SampleSummary,
+    StepInfo,
     VersionMetrics,
 )
 from db.repository import Repository
+from db.repository.base import MAX_PAGE_SIZE
 from db.session import make_engine, resolve_url
 
 __all__ = [
+    "MAX_PAGE_SIZE",
     "BatchInfo",
+    "BatchNotFound",
     "BatchRecord",
     "BatchStatus",
     "FinishReason",
@@ -58,6 +63,7 @@ __all__ = [
     "SamplePage",
     "SampleRecord",
     "SampleSummary",
+    "StepInfo",
     "StorageError",
     "VersionConflict",
     "VersionMetrics",

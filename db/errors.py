@@ -24,6 +24,12 @@ class SampleNotFound(NotFound):
         self.sample_id = sample_id
 
 
+class BatchNotFound(NotFound):
+    def __init__(self, batch_id: int) -> None:
+        super().__init__(f"batch {batch_id} does not exist")
+        self.batch_id = batch_id
+
+
 class VersionNotFound(NotFound):
     def __init__(self, job_id: int, version: int) -> None:
         super().__init__(f"job {job_id} has no policy version {version}")

@@ -129,6 +129,7 @@ class RolloutBatch(Base):
     __tablename__ = "rollout_batches"
     __table_args__ = (
         Index("ix_rollout_batches_job_status", "job_id", "status"),
+        Index("ix_rollout_batches_job_order", "job_id", "id"),  # a job's batches in order
         Index("ix_rollout_batches_job_version", "job_id", "policy_version"),
         CheckConstraint("step >= 0", name="step_non_negative"),
         {"sqlite_autoincrement": True},
@@ -159,7 +160,7 @@ class Sample(Base):
         Index("ix_samples_job_finish_reason", "job_id", "finish_reason", "policy_version", "id"),
         Index("ix_samples_job_error_code", "job_id", "error_code", "policy_version", "id"),
         Index("ix_samples_job_reward", "job_id", "reward"),
-        Index("ix_samples_batch_id", "batch_id"),
+        Index("ix_samples_batch_version", "batch_id", "policy_version", "id"),
         CheckConstraint(
             "(finish_reason IN ('abort', 'error')) = (error_code IS NOT NULL)",
             name="error_code_iff_failed",

@@ -98,7 +98,8 @@ class BatchRecord:
 class SampleFilter:
     """Filters of `Repository.list_samples`; None means "any". Ranges are inclusive.
 
-    ``text`` is a case-insensitive substring of the prompt or the response.
+    ``text`` is a case-insensitive substring of the prompt or the response; ``batch_id``
+    keeps the samples of one rollout batch of the job.
     """
 
     job_id: int
@@ -110,6 +111,7 @@ class SampleFilter:
     max_reward: float | None = None
     batch_status: BatchStatus | str | None = None
     text: str | None = None
+    batch_id: int | None = None
 
 
 # --- results ----------------------------------------------------------------------------
@@ -155,6 +157,15 @@ class BatchInfo:
     rejection_reasons: list[str]
     num_samples: int
     created_at: datetime
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What `Repository.record_step` stored: the step's batches (in the order given) and
+    the policy version it produced, if any."""
+
+    batches: list[BatchInfo]
+    version: PolicyVersionInfo | None
 
 
 @dataclass(frozen=True)

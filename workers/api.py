@@ -56,7 +56,7 @@ def _tasks(reply: dict[str, list[dict[str, Any]]] | None) -> list[dict[str, Any]
 
 def queue_overview(timeout: float = 1.0) -> dict[str, Any]:
     """Workers online, the tasks they run (``active``) and hold (``reserved``), the job
-    counts of the database (up to 1000 each), and the equivalent ``celery`` commands.
+    counts of the database, and the equivalent ``celery`` commands.
 
     Takes about ``timeout`` seconds: workers are found by a ping, then asked until each answered.
     """
@@ -73,7 +73,7 @@ def queue_overview(timeout: float = 1.0) -> dict[str, Any]:
         "active": _tasks(active),
         "reserved": _tasks(reserved),
         "jobs": {
-            status.value: len(repo.list_jobs(limit=1000, status=status))
+            status.value: repo.count_jobs(status=status)
             for status in (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING)
         },
         "commands": COMMANDS,

@@ -1,5 +1,6 @@
 """Evaluate and compare jobs: generate on a prompt set with saved versions, store the samples
-(stamped with the evaluated version) and the metrics (a version row of the evaluation job)."""
+(stamped with the evaluated version) and the metrics (a version row of the evaluation job)
+together, so a version row means its samples are stored (a redelivered job skips it)."""
 
 import statistics
 from dataclasses import dataclass
@@ -53,9 +54,9 @@ def evaluate_target(
     settings: EvalSettings,
     worker: Settings,
     step: int,
-) -> PolicyVersionRecord:
-    """Generate with ``target`` on the prompt set, store the samples as one batch of ``step``
-    and return the version's evaluation record (not yet stored)."""
+) -> None:
+    """Generate with ``target`` on the prompt set and store the samples (as batches of
+    ``step``) with the version's evaluation record, in one transaction."""
     engine = engine_cache(worker.engine_cache_size, worker.device).get(
         target.checkpoint, target.version
     )
@@ -71,14 +72,15 @@ def evaluate_target(
     reward = resolve_reward(settings.reward or default_reward(settings.task))
     result = evaluate(engine, prompt_records(settings), reward, params, settings.seed)
     samples = sample_records(result.rollout, result.rewards)
-    for batch in split_batch(job_id, target.version, step, samples, []):
-        repo.record_batch(batch)
     metrics = PolicyMetrics(
         reward_mean=result.mean_reward,
         reward_std=statistics.pstdev(result.rewards) if result.rewards else None,
         extra={"num_prompts": float(len(result.rewards))},
     )
-    return PolicyVersionRecord(job_id, target.version, None, target.checkpoint, checksum, metrics)
+    repo.record_step(
+        split_batch(job_id, target.version, step, samples, []),
+        PolicyVersionRecord(job_id, target.version, None, target.checkpoint, checksum, metrics),
+    )
 
 
 def _recorded(repo: Repository, job_id: int, version: int) -> bool:
@@ -95,8 +97,7 @@ def run_evaluate(
         target = source_version(repo, spec.job_id, spec.version)
     if not _recorded(repo, job.id, target.version):
         control.report(0, 1)
-        record = evaluate_target(repo, job.id, target, spec.eval, settings, step=0)
-        repo.record_policy_version(record)
+        evaluate_target(repo, job.id, target, spec.eval, settings, step=0)
     control.report(1, 1, version=target.version)
     return Outcome("succeeded")
 
@@ -112,7 +113,6 @@ def run_compare(repo: Repository, job: JobInfo, settings: Settings, control: Job
         control.report(step, len(targets))
         if control.should_stop():
             return control.stopped()
-        record = evaluate_target(repo, job.id, target, spec.eval, settings, step)
-        repo.record_policy_version(record)
+        evaluate_target(repo, job.id, target, spec.eval, settings, step)
     control.report(len(targets), len(targets))
     return Outcome("succeeded")

@@ -1,5 +1,6 @@
-"""Train jobs: the GRPO loop with every batch and version written to the database as it
-happens (see `workers.checkpoints` for the write order that makes crashes harmless)."""
+"""Train jobs: the GRPO loop with every step written to the database as it happens: the
+checkpoint first, then the step's batches and version row in one transaction (see
+`workers.checkpoints` for why that makes crashes harmless)."""
 
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from core_engine.rl.trainer import (
 )
 from core_engine.weights import canonical_weights, weights_checksum
 from db import JobInfo, PolicyVersionRecord, Repository
-from workers.checkpoints import reconcile, write_version_note
+from workers.checkpoints import reconcile
 from workers.control import JobControl, Outcome
 from workers.models import resolve_model
 from workers.records import policy_metrics, trainer_batches
@@ -22,7 +23,7 @@ from workers.specs import train_config
 
 
 class Recorder:
-    """Trainer hooks that store batches and versions, in the crash-safe order."""
+    """Trainer hooks that store each step's batches and version together (`record_step`)."""
 
     def __init__(
         self, repo: Repository, job_id: int, control: JobControl, total_steps: int
@@ -36,7 +37,7 @@ class Recorder:
         self.rejected = 0
 
     def on_version(self, record: VersionRecord) -> None:
-        """The checkpoint exists: note the version beside it; its row waits for its batch."""
+        """The checkpoint exists; the version's row waits for its step's batches."""
         if record.checkpoint is None:
             raise TrainingError(f"version {record.version} has no checkpoint")
         self.pending = PolicyVersionRecord(
@@ -47,17 +48,18 @@ class Recorder:
             weights_checksum=record.checksum,
             metrics=policy_metrics(record.metrics, 1, self.rejected),
         )
-        write_version_note(self.pending)
 
     def on_batch(self, batch: BatchRecord) -> None:
+        """Store the batch, and with an accepted one the version it produced, atomically."""
         accepted = batch.status == "accepted"
         if accepted and self.pending is None:
             raise TrainingError(f"accepted batch of step {batch.step} without a new version")
-        version = self.pending.parent_version if accepted else self.trainer.version
-        for record in trainer_batches(self.job_id, version, batch):
-            self.repo.record_batch(record)
+        new_version = self.pending if accepted else None
+        batch_version = self.pending.parent_version if accepted else self.trainer.version
+        records = trainer_batches(self.job_id, batch_version, batch)
+        if records or new_version is not None:
+            self.repo.record_step(records, new_version)
         if accepted:
-            self.repo.record_policy_version(self.pending)
             self.pending, self.rejected = None, 0
         else:
             self.rejected += 1

@@ -1,23 +1,14 @@
 """Rollout batches: one batch and all its samples are written in one transaction."""
 
-from collections.abc import Callable, Sequence
-from typing import Any
-
 from sqlalchemy import insert, select
+from sqlalchemy.orm import Session
 
-from db.arrays import encode_float32, encode_int32
-from db.enums import BatchStatus, FinishReason, coerce
-from db.errors import InvalidValue
-from db.models import RolloutBatch, Sample
-from db.records import BatchInfo, BatchRecord, SampleRecord
-from db.repository.base import (
-    RepositoryBase,
-    check_finite,
-    check_json,
-    check_non_negative,
-    load_job,
-    require_active,
-)
+from db.enums import BatchStatus, coerce
+from db.errors import BatchNotFound
+from db.models import Job, RolloutBatch, Sample
+from db.records import BatchInfo, BatchRecord
+from db.repository.base import RepositoryBase, check_limit, load_job, require_active
+from db.repository.batch_rows import ValidBatch, check_batch
 from db.repository.stats import add_samples
 
 
@@ -34,131 +25,63 @@ def batch_info(row: RolloutBatch) -> BatchInfo:
     )
 
 
-def _check_array(
-    values: Sequence[Any], encode: Callable[[Sequence[Any]], bytes], field: str, length: int
-) -> None:
-    if len(values) != length:
-        raise InvalidValue(f"{field}: {len(values)} values for {length} response tokens")
-    try:
-        encode(values)
-    except InvalidValue as exc:
-        raise InvalidValue(f"{field}: {exc}") from None
-
-
-def _sample_row(sample: SampleRecord, batch: BatchRecord, where: str) -> dict[str, Any]:
-    """Validate one sample of ``batch`` and return its column values."""
-    finish = coerce(FinishReason, sample.finish_reason, f"{where}.finish_reason")
-    for name in ("prompt_text", "response_text"):
-        if not isinstance(getattr(sample, name), str):
-            raise InvalidValue(f"{where}.{name}: expected a string")
-    if finish.is_failure != (sample.error_code is not None):
-        need = "requires" if finish.is_failure else "must not have"
-        raise InvalidValue(f"{where}: finish_reason {finish.value!r} {need} an error_code")
-    if not 0 <= sample.policy_version <= batch.policy_version:
-        raise InvalidValue(
-            f"{where}.policy_version: {sample.policy_version} is outside "
-            f"0..{batch.policy_version} (the batch's version)"
-        )
-    for name in ("prompt_index", "group_index", "cached_prompt_tokens"):
-        check_non_negative(getattr(sample, name), f"{where}.{name}")
-    check_finite(sample.reward, f"{where}.reward")
-    check_finite(sample.advantage, f"{where}.advantage")
-    length = len(sample.response_token_ids)
-    _check_array(sample.response_token_ids, encode_int32, f"{where}.response_token_ids", length)
-    _check_array(sample.behaviour_logprobs, encode_float32, f"{where}.behaviour_logprobs", length)
-    if sample.temperature_logprobs is not None:
-        _check_array(
-            sample.temperature_logprobs, encode_float32, f"{where}.temperature_logprobs", length
-        )
-    if sample.prompt_messages is not None:
-        check_json(sample.prompt_messages, f"{where}.prompt_messages")
-    return {
-        "job_id": batch.job_id,
-        "policy_version": sample.policy_version,
-        "prompt_index": sample.prompt_index,
-        "group_index": sample.group_index,
-        "finish_reason": finish,
-        "error_code": sample.error_code,
-        "reward": sample.reward,
-        "advantage": sample.advantage,
-        "response_length": length,
-        "cached_prompt_tokens": sample.cached_prompt_tokens,
-        "seed": sample.seed,
-        "prompt_text": sample.prompt_text,
-        "response_text": sample.response_text,
-        "error_message": sample.error_message,
-        "reference_output": sample.reference_output,
-        "prompt_messages": sample.prompt_messages,
-        "response_token_ids": sample.response_token_ids,
-        "behaviour_logprobs": sample.behaviour_logprobs,
-        "temperature_logprobs": sample.temperature_logprobs,
-    }
-
-
-def _why_not_trainable(row: dict[str, Any]) -> str | None:
-    if row["finish_reason"].is_failure:
-        return f"finish_reason {row['finish_reason'].value!r}"
-    if row["response_length"] == 0:
-        return "an empty response"
-    if row["reward"] is None:
-        return "no reward"
-    return None
-
-
-def _validate(batch: BatchRecord) -> tuple[BatchStatus, list[dict[str, Any]]]:
-    status = coerce(BatchStatus, batch.status, "status")
-    check_non_negative(batch.policy_version, "policy_version")
-    check_non_negative(batch.step, "step")
-    if not batch.samples:
-        raise InvalidValue("a batch needs at least one sample")
-    reasons = list(batch.rejection_reasons)
-    if any(not isinstance(reason, str) or not reason for reason in reasons):
-        raise InvalidValue("rejection_reasons: each reason must be a non-empty string")
-    if status is BatchStatus.REJECTED and not reasons:
-        raise InvalidValue("a rejected batch needs at least one rejection reason")
-    if status is BatchStatus.ACCEPTED and reasons:
-        raise InvalidValue("an accepted batch has no rejection reasons")
-    rows = [_sample_row(sample, batch, f"samples[{i}]") for i, sample in enumerate(batch.samples)]
-    if status is BatchStatus.ACCEPTED:
-        for i, row in enumerate(rows):
-            why = _why_not_trainable(row)
-            if why is not None:
-                raise InvalidValue(f"samples[{i}]: an accepted batch cannot contain {why}")
-    return status, rows
+def insert_batch(session: Session, job: Job, valid: ValidBatch) -> RolloutBatch:
+    """Add a checked batch of ``job`` (locked by the caller) with its samples and totals."""
+    batch = valid.record
+    row = RolloutBatch(
+        job_id=job.id,
+        policy_version=batch.policy_version,
+        step=batch.step,
+        status=valid.status,
+        rejection_reasons=list(batch.rejection_reasons),
+        num_samples=len(valid.rows),
+    )
+    session.add(row)
+    session.flush()
+    for sample_row in valid.rows:
+        sample_row["batch_id"] = row.id
+    session.execute(insert(Sample), valid.rows)
+    add_samples(session, job.id, valid.rows)
+    return row
 
 
 class BatchesMixin(RepositoryBase):
     def record_batch(self, batch: BatchRecord) -> BatchInfo:
         """Store a batch and all its samples atomically: on any error nothing is stored."""
-        status, rows = _validate(batch)
+        valid = check_batch(batch)
         with self._write() as session:
             job = load_job(session, batch.job_id, for_update=True)
             require_active(job, "record a rollout batch")
-            row = RolloutBatch(
-                job_id=job.id,
-                policy_version=batch.policy_version,
-                step=batch.step,
-                status=status,
-                rejection_reasons=list(batch.rejection_reasons),
-                num_samples=len(rows),
-            )
-            session.add(row)
-            session.flush()
-            for sample_row in rows:
-                sample_row["batch_id"] = row.id
-            session.execute(insert(Sample), rows)
-            add_samples(session, job.id, rows)
+            return batch_info(insert_batch(session, job, valid))
+
+    def get_batch(self, batch_id: int) -> BatchInfo:
+        """One batch, or `BatchNotFound`."""
+        with self._read() as session:
+            row = session.get(RolloutBatch, batch_id)
+            if row is None:
+                raise BatchNotFound(batch_id)
             return batch_info(row)
 
     def list_batches(
-        self, job_id: int, *, status: BatchStatus | str | None = None
+        self,
+        job_id: int,
+        *,
+        status: BatchStatus | str | None = None,
+        limit: int | None = None,
+        newest_first: bool = False,
     ) -> list[BatchInfo]:
-        """The job's batches in the order they were recorded."""
+        """The job's batches in the order they were recorded (``newest_first``: reversed),
+        all of them or the first ``limit`` (1..`MAX_PAGE_SIZE`)."""
         statement = select(RolloutBatch).where(RolloutBatch.job_id == job_id)
         if status is not None:
             statement = statement.where(
                 RolloutBatch.status == coerce(BatchStatus, status, "status")
             )
+        order = RolloutBatch.id.desc() if newest_first else RolloutBatch.id
+        statement = statement.order_by(order)
+        if limit is not None:
+            check_limit(limit)
+            statement = statement.limit(limit)
         with self._read() as session:
             load_job(session, job_id)
-            return [batch_info(row) for row in session.scalars(statement.order_by(RolloutBatch.id))]
+            return [batch_info(row) for row in session.scalars(statement)]

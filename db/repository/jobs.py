@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from db.enums import JobKind, JobStatus, coerce
 from db.errors import InvalidTransition, InvalidValue
@@ -98,6 +98,18 @@ class JobsMixin(RepositoryBase):
             statement = statement.where(Job.kind == coerce(JobKind, kind, "kind"))
         with self._read() as session:
             return [job_info(job) for job in session.scalars(statement)]
+
+    def count_jobs(
+        self, status: JobStatus | str | None = None, kind: JobKind | str | None = None
+    ) -> int:
+        """How many jobs there are (of ``status`` and ``kind``, if given)."""
+        statement = select(func.count()).select_from(Job)
+        if status is not None:
+            statement = statement.where(Job.status == coerce(JobStatus, status, "status"))
+        if kind is not None:
+            statement = statement.where(Job.kind == coerce(JobKind, kind, "kind"))
+        with self._read() as session:
+            return session.scalar(statement)
 
     def set_celery_task_id(self, job_id: int, celery_task_id: str) -> JobInfo:
         """Remember the Celery task that runs the job (to revoke it while queued)."""

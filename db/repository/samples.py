@@ -43,7 +43,13 @@ def _summary(row: Any) -> SampleSummary:
 def _apply_filter(
     statement: Select[Any], where: SampleFilter, reward: ColumnElement[float] = Sample.reward
 ) -> Select[Any]:
-    conditions = [Sample.job_id == where.job_id]
+    if where.batch_id is None:
+        conditions = [Sample.job_id == where.job_id]
+    else:
+        # The batch fixes the job. Testing the job on the (joined) batch row leaves the
+        # samples' batch index as their only access path: a job-led index would read the
+        # whole job's samples to find one batch's.
+        conditions = [Sample.batch_id == where.batch_id, RolloutBatch.job_id == where.job_id]
     if where.min_version is not None:
         conditions.append(Sample.policy_version >= where.min_version)
     if where.max_version is not None:
@@ -129,10 +135,12 @@ class SamplesMixin(RepositoryBase):
         sample id), ascending or, with ``newest_first``, descending. Pass the page's
         ``next_cursor`` to get the next page; pages never repeat or skip a stored sample."""
         check_limit(limit)
-        has_reward_range = where.min_reward is not None or where.max_reward is not None
+        probe = where.batch_id is None and (
+            where.min_reward is not None or where.max_reward is not None
+        )
         with self._read() as session:
             load_job(session, where.job_id)
-            reward_index = has_reward_range and _reward_is_rare(session, where)
+            reward_index = probe and _reward_is_rare(session, where)
             statement = page_statement(where, cursor, newest_first, reward_index=reward_index)
             rows = session.execute(statement.limit(limit + 1)).all()
         items = [_summary(row) for row in rows[:limit]]

@@ -4,7 +4,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from db.errors import InvalidValue, VersionConflict, VersionNotFound
-from db.models import PolicyVersion
+from db.models import Job, PolicyVersion
 from db.records import PolicyMetrics, PolicyVersionInfo, PolicyVersionRecord
 from db.repository.base import (
     RepositoryBase,
@@ -64,6 +64,54 @@ def _has_version(session: Session, job_id: int, version: int) -> bool:
     return session.scalar(statement) is not None
 
 
+def check_version(record: PolicyVersionRecord) -> None:
+    """The checks of a version record that need no database."""
+    check_non_negative(record.version, "version")
+    if record.parent_version is not None and record.parent_version >= record.version:
+        raise InvalidValue(
+            f"parent_version: {record.parent_version} is not below version {record.version}"
+        )
+    _check_metrics(record.metrics)
+
+
+def insert_version(session: Session, job: Job, record: PolicyVersionRecord) -> PolicyVersion:
+    """Add a checked version record of ``job`` (locked by the caller) and make it current.
+
+    Raises `VersionConflict` unless the version is greater than every version the job
+    already has, and `VersionNotFound` for an unknown ``parent_version``.
+    """
+    latest = session.scalar(
+        select(func.max(PolicyVersion.version)).where(PolicyVersion.job_id == job.id)
+    )
+    if latest is not None and record.version <= latest:
+        raise VersionConflict(job.id, record.version, latest)
+    if record.parent_version is not None and not _has_version(
+        session, job.id, record.parent_version
+    ):
+        raise VersionNotFound(job.id, record.parent_version)
+    metrics = record.metrics
+    row = PolicyVersion(
+        job_id=job.id,
+        version=record.version,
+        parent_version=record.parent_version,
+        checkpoint_path=record.checkpoint_path,
+        weights_checksum=record.weights_checksum,
+        reward_mean=metrics.reward_mean,
+        reward_std=metrics.reward_std,
+        loss=metrics.loss,
+        kl=metrics.kl,
+        train_infer_mismatch=metrics.train_infer_mismatch,
+        num_accepted=metrics.num_accepted,
+        num_rejected=metrics.num_rejected,
+        tokens_per_second=metrics.tokens_per_second,
+        extra_metrics=dict(metrics.extra),
+    )
+    session.add(row)
+    session.flush()
+    job.current_version = record.version
+    return row
+
+
 class VersionsMixin(RepositoryBase):
     def record_policy_version(self, record: PolicyVersionRecord) -> PolicyVersionInfo:
         """Store a new version of a running job's policy and make it the job's current one.
@@ -71,45 +119,11 @@ class VersionsMixin(RepositoryBase):
         Raises `VersionConflict` unless the version is greater than every version the job
         already has, and `VersionNotFound` for an unknown ``parent_version``.
         """
-        check_non_negative(record.version, "version")
-        if record.parent_version is not None and record.parent_version >= record.version:
-            raise InvalidValue(
-                f"parent_version: {record.parent_version} is not below version {record.version}"
-            )
-        _check_metrics(record.metrics)
+        check_version(record)
         with self._write() as session:
             job = load_job(session, record.job_id, for_update=True)
             require_active(job, "record a policy version")
-            latest = session.scalar(
-                select(func.max(PolicyVersion.version)).where(PolicyVersion.job_id == job.id)
-            )
-            if latest is not None and record.version <= latest:
-                raise VersionConflict(job.id, record.version, latest)
-            if record.parent_version is not None and not _has_version(
-                session, job.id, record.parent_version
-            ):
-                raise VersionNotFound(job.id, record.parent_version)
-            metrics = record.metrics
-            row = PolicyVersion(
-                job_id=job.id,
-                version=record.version,
-                parent_version=record.parent_version,
-                checkpoint_path=record.checkpoint_path,
-                weights_checksum=record.weights_checksum,
-                reward_mean=metrics.reward_mean,
-                reward_std=metrics.reward_std,
-                loss=metrics.loss,
-                kl=metrics.kl,
-                train_infer_mismatch=metrics.train_infer_mismatch,
-                num_accepted=metrics.num_accepted,
-                num_rejected=metrics.num_rejected,
-                tokens_per_second=metrics.tokens_per_second,
-                extra_metrics=dict(metrics.extra),
-            )
-            session.add(row)
-            job.current_version = record.version
-            session.flush()
-            return version_info(row)
+            return version_info(insert_version(session, job, record))
 
     def latest_version(self, job_id: int) -> PolicyVersionInfo | None:
         """The job's highest recorded version, or None if it has none yet."""

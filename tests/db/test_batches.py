@@ -5,6 +5,7 @@ import pytest
 import sqlalchemy as sa
 
 from db import (
+    BatchNotFound,
     BatchStatus,
     FinishReason,
     InvalidTransition,
@@ -133,6 +134,42 @@ def test_list_batches_in_order_with_status_filter(repo: Repository) -> None:
         repo.list_batches(job.id, status="filtered")
     with pytest.raises(JobNotFound):
         repo.list_batches(job.id + 100)
+
+
+def test_list_batches_newest_first_with_a_limit(repo: Repository) -> None:
+    job = running_job(repo)
+    batches = [
+        repo.record_batch(make_batch(job.id, [make_sample()], step=step, **rejected))
+        for step, rejected in enumerate([{}, {"status": "rejected", "reasons": ("x",)}, {}, {}, {}])
+    ]
+    assert repo.list_batches(job.id, limit=2) == batches[:2]
+    assert repo.list_batches(job.id, newest_first=True) == batches[::-1]
+    assert repo.list_batches(job.id, limit=3, newest_first=True) == batches[:1:-1]
+    assert repo.list_batches(job.id, status="accepted", limit=1, newest_first=True) == [batches[4]]
+    assert repo.list_batches(job.id, status="rejected", limit=5) == [batches[1]]
+    for limit in (0, -1, 1001):
+        with pytest.raises(InvalidValue, match=f"limit: {limit} is outside 1..1000"):
+            repo.list_batches(job.id, limit=limit)
+
+
+def test_get_batch(repo: Repository) -> None:
+    job = running_job(repo)
+    accepted = repo.record_batch(make_batch(job.id, [make_sample()], step=0))
+    rejected = repo.record_batch(
+        make_batch(
+            job.id,
+            [make_sample(), make_sample(0, 1)],
+            step=1,
+            status="rejected",
+            reasons=("nan reward",),
+        )
+    )
+    assert repo.get_batch(accepted.id) == accepted
+    assert repo.get_batch(rejected.id) == rejected
+    assert (rejected.num_samples, rejected.rejection_reasons) == (2, ["nan reward"])
+    with pytest.raises(BatchNotFound, match=f"batch {rejected.id + 1} does not exist") as raised:
+        repo.get_batch(rejected.id + 1)
+    assert raised.value.batch_id == rejected.id + 1
 
 
 INVALID_BATCHES = [

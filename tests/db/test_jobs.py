@@ -43,10 +43,26 @@ def test_list_jobs_newest_first_with_filters(repo: Repository) -> None:
     assert [job.id for job in repo.list_jobs(kind="compare")] == [compare.id]
 
 
+def test_count_jobs_by_status_and_kind(repo: Repository) -> None:
+    assert repo.count_jobs() == 0
+    jobs = [repo.create_job(kind, {}) for kind in ("train", "train", "evaluate", "compare")]
+    repo.mark_running(jobs[0].id)
+    repo.mark_running(jobs[2].id)
+    repo.request_cancel(jobs[3].id)
+    assert repo.count_jobs() == 4
+    assert repo.count_jobs(status="running") == 2
+    assert repo.count_jobs(status=JobStatus.QUEUED) == 1
+    assert repo.count_jobs(kind="train") == 2
+    assert repo.count_jobs(status="running", kind=JobKind.TRAIN) == 1
+    assert repo.count_jobs(status="cancelled", kind="train") == 0
+
+
 @pytest.mark.parametrize(
     ("call", "match"),
     [
         (lambda repo: repo.create_job("finetune", {}), "kind: 'finetune' is not one of"),
+        (lambda repo: repo.count_jobs(status="paused"), "status: 'paused'"),
+        (lambda repo: repo.count_jobs(kind="finetune"), "kind: 'finetune'"),
         (lambda repo: repo.create_job("train", ["not", "a", "dict"]), "JSON object"),
         (lambda repo: repo.create_job("train", {"x": float("nan")}), "not storable as JSON"),
         (lambda repo: repo.create_job("train", {"x": object()}), "not storable as JSON"),

@@ -49,6 +49,29 @@ def test_downgrade_to_base_and_upgrade_again(empty_database_url: URL) -> None:
     assert _differences(empty_database_url) == []
 
 
+def _indexes(url: URL, table: str) -> dict[str, list[str]]:
+    engine = make_engine(url)
+    indexes = {i["name"]: i["column_names"] for i in sa.inspect(engine).get_indexes(table)}
+    engine.dispose()
+    return indexes
+
+
+def test_downgrade_0002_restores_the_batch_index(empty_database_url: URL) -> None:
+    upgrade(empty_database_url)
+    assert _indexes(empty_database_url, "samples")["ix_samples_batch_version"] == [
+        "batch_id",
+        "policy_version",
+        "id",
+    ]
+    downgrade(empty_database_url, "0001")
+    samples = _indexes(empty_database_url, "samples")
+    assert samples["ix_samples_batch_id"] == ["batch_id"]
+    assert "ix_samples_batch_version" not in samples
+    assert "ix_rollout_batches_job_order" not in _indexes(empty_database_url, "rollout_batches")
+    upgrade(empty_database_url)
+    assert _differences(empty_database_url) == []
+
+
 def test_command_line_upgrades_the_database_url(empty_database_url: URL, monkeypatch) -> None:
     monkeypatch.setenv("DATABASE_URL", empty_database_url.render_as_string(hide_password=False))
     main(["upgrade"])

@@ -3,6 +3,7 @@ from dataclasses import dataclass
 import pytest
 
 from db import (
+    MAX_PAGE_SIZE,
     FinishReason,
     InvalidValue,
     JobNotFound,
@@ -11,6 +12,7 @@ from db import (
     SampleNotFound,
     SampleSummary,
 )
+from db.repository.samples import page_statement
 
 from .helpers import make_batch, make_sample, running_job
 
@@ -165,7 +167,11 @@ def test_newest_first(repo: Repository, data: Dataset) -> None:
     ("call", "error", "match"),
     [
         (lambda r, d: r.list_samples(SampleFilter(d.job_id), limit=0), InvalidValue, "limit"),
-        (lambda r, d: r.list_samples(SampleFilter(d.job_id), limit=1001), InvalidValue, "limit"),
+        (
+            lambda r, d: r.list_samples(SampleFilter(d.job_id), limit=MAX_PAGE_SIZE + 1),
+            InvalidValue,
+            f"limit: {MAX_PAGE_SIZE + 1} is outside 1..{MAX_PAGE_SIZE}",
+        ),
         (
             lambda r, d: r.list_samples(SampleFilter(d.job_id, finish_reason="eos")),
             InvalidValue,
@@ -238,3 +244,66 @@ def test_compare_matches_text_even_when_indexes_differ(repo: Repository) -> None
     (by_text,) = repo.compare_versions(job.id, 0, 1)
     assert [s.prompt_index for s in by_text.samples_a + by_text.samples_b] == [3, 8]
     assert repo.compare_versions(job.id, 0, 1, match_on="prompt_index") == []
+
+
+def _batch_ids(repo: Repository, job_id: int) -> list[int]:
+    return [b.id for b in repo.list_batches(job_id)]
+
+
+def test_batch_filter_lists_one_batch(repo: Repository, data: Dataset) -> None:
+    v0, v1, v2 = _batch_ids(repo, data.job_id)
+    assert _keys(repo.list_samples(SampleFilter(data.job_id, batch_id=v1)).items) == [
+        (1, 0, 0),
+        (1, 1, 0),
+    ]
+    where = SampleFilter(data.job_id, batch_id=v2, min_reward=0.5, text="what is 2")
+    assert _keys(repo.list_samples(where).items) == [(2, 2, 0), (2, 2, 1)]
+    assert _ids(repo, SampleFilter(data.job_id, batch_id=v0, finish_reason="length")) == [
+        data.ids[1],
+        data.ids[3],
+    ]
+    assert _ids(repo, SampleFilter(data.job_id, batch_id=v0, batch_status="rejected")) == []
+    (other,) = _batch_ids(repo, data.other_job_id)
+    assert _ids(repo, SampleFilter(data.job_id, batch_id=other)) == []  # another job's batch
+    assert _ids(repo, SampleFilter(data.job_id, batch_id=other + 1000)) == []
+
+
+def test_batch_filter_pages_in_page_order(repo: Repository, data: Dataset) -> None:
+    """A stale sample in a batch is listed with its version, as in any page."""
+    job_id = data.job_id
+    batch = repo.record_batch(
+        make_batch(
+            job_id,
+            [make_sample(p, 0, version=v) for p, v in ((0, 2), (1, 0), (2, 2), (3, 1))],
+            version=2,
+            step=3,
+        )
+    )
+    where = SampleFilter(job_id, batch_id=batch.id)
+    first = repo.list_samples(where, limit=3)
+    rest = repo.list_samples(where, cursor=first.next_cursor, limit=3)
+    assert [s.prompt_index for s in first.items + rest.items] == [1, 3, 0, 2]
+    assert rest.next_cursor is None and {s.batch_id for s in first.items} == {batch.id}
+    newest = repo.list_samples(where, newest_first=True).items
+    assert [s.prompt_index for s in newest] == [2, 0, 3, 1]
+
+
+def test_batch_filter_reads_the_batch_index(repo: Repository, data: Dataset) -> None:
+    """Whatever else is filtered, a batch's page is read through its batch index (a job-led
+    index would read the whole job)."""
+    batch_id = _batch_ids(repo, data.job_id)[0]
+    sqlite = repo.engine.dialect.name == "sqlite"
+    explain = "EXPLAIN QUERY PLAN " if sqlite else "EXPLAIN "
+    for fields in ({}, {"finish_reason": "stop"}, {"error_code": "x"}, {"min_reward": 0.5}):
+        where = SampleFilter(data.job_id, batch_id=batch_id, **fields)
+        for newest_first in (False, True):
+            statement = page_statement(where, "0:0", newest_first).limit(51)
+            sql = statement.compile(repo.engine, compile_kwargs={"literal_binds": True})
+            with repo.engine.connect() as connection:
+                if not sqlite:
+                    connection.exec_driver_sql("SET LOCAL enable_seqscan = off")
+                plan = " ".join(
+                    str(row[-1]) for row in connection.exec_driver_sql(f"{explain}{sql}")
+                )
+            assert "ix_samples_batch_version" in plan, (fields, plan)
+            assert "ix_samples_job" not in plan, (fields, plan)

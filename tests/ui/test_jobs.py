@@ -3,6 +3,7 @@ the workers."""
 
 import dataclasses
 
+from ui.handlers import jobs as jobs_module
 from ui.handlers.jobs import PLOT_SERIES, cancel_job, job_batches, job_page, jobs_table
 from ui.handlers.queue import queue_view
 
@@ -48,6 +49,15 @@ def test_batches_list_rejections_with_their_reasons(services, job):
     rejected = table[table["status"] == "rejected"].iloc[0]
     assert rejected["reasons"] == "sample 1: error/kv_exhausted: no free KV pages"
     assert job_batches(services, None).empty and job_batches(services, 999).empty
+
+
+def test_batches_show_the_latest_in_recorded_order(services, world, job, monkeypatch):
+    monkeypatch.setattr(jobs_module, "BATCHES_SHOWN", 2)
+    every = world["repo"].list_batches(job.id)
+    assert len(every) == 5
+    table = job_batches(services, job.id)
+    assert table["batch"].tolist() == [b.id for b in every[-2:]]
+    assert table["step"].tolist() == [2, 3]
 
 
 def test_cancel_a_queued_job(services, world):

@@ -111,6 +111,33 @@ def test_a_rejected_batch_lists_its_samples_and_reasons(services, job):
     assert rejected_batches(services, None).empty
 
 
+def test_a_large_batch_is_paged_through_the_batch_filter(services, world, job, monkeypatch):
+    monkeypatch.setattr(samples_module, "PAGE_SIZE", 5)
+    accepted = world["repo"].list_batches(job.id, status="accepted", limit=1)[0]
+    table, state, info = batch_samples(services, job.id, accepted.id)
+    seen = table["sample"].tolist()
+    assert f"batch {accepted.id} (accepted): no reasons · more on the next page" in info
+    while "more on the next page" in info:
+        table, state, info = turn_page(services, state, 1)
+        seen += table["sample"].tolist()
+    assert info.startswith("Page 3 · 2 samples")
+    where = SampleFilter(job.id, min_version=0, max_version=0)
+    expected = [s.id for s in world["repo"].list_samples(where).items if s.batch_id == accepted.id]
+    assert seen == expected and len(seen) == accepted.num_samples == len(PROMPTS) * GROUP
+
+
+def test_a_batch_of_another_job_is_not_shown(services, world, job):
+    other = world["repo"].create_job("train", {"model": "demo", "task": "always7"})
+    try:
+        accepted = world["repo"].list_batches(job.id, limit=1)[0]
+        table, state, info = batch_samples(services, other.id, accepted.id)
+        assert table.empty and state == {}
+        assert info == f"**job {other.id} has no batch {accepted.id}**"
+        assert "Choose a job and a batch." in batch_samples(services, job.id, None)[2]
+    finally:
+        world["repo"].delete_job(other.id)
+
+
 def test_the_detail_colours_each_token_with_its_logprob(services, world, job):
     table, _, _ = search(services, job.id, text="12", max_version=0)
     html = sample_detail(services, table["sample"].iloc[0])

@@ -1,8 +1,10 @@
 """`workers.api` with eager tasks (Celery glue only: no broker, no serialisation)."""
 
 import pytest
+from sqlalchemy import insert
 
 from db import JobStatus
+from db.models import Job
 from tests.workers.helpers import train_config
 from workers import api, tasks
 from workers.app import app
@@ -76,3 +78,13 @@ def test_a_warm_shutdown_hands_the_job_back_to_the_queue(eager, repo, tiny_model
     shutting_down[0] = False
     assert tasks.train.apply(args=[job.id], task_id="task-3").get()["status"] == "succeeded"
     assert repo.get_job(job.id).attempts == 2
+
+
+def test_queue_overview_counts_every_job(eager, repo):
+    """More jobs than any list page holds are still counted."""
+    queued = [{"kind": "train", "status": "queued", "config": {}} for _ in range(1002)]
+    with repo.engine.begin() as connection:
+        connection.execute(insert(Job), queued)
+    repo.mark_running(repo.list_jobs(limit=1)[0].id)
+    overview = api.queue_overview(timeout=0.2)
+    assert overview["jobs"] == {"queued": 1001, "running": 1, "cancelling": 0}

@@ -4,15 +4,15 @@ A kill is simulated by a `BaseException` raised inside a repository write (nothi
 it, as nothing survives SIGKILL); running the job again is the redelivery.
 """
 
-import json
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from db import JobStatus
-from tests.workers.helpers import assert_consistent, train_config
-from workers import checkpoints, training
+from tests.workers.helpers import assert_consistent, samples_in_db, train_config
 from workers.jobs import run_job
 
 STEPS = 4
@@ -50,37 +50,66 @@ def job(repo, tiny_model):
     return repo.create_job("train", train_config(tiny_model, steps=STEPS), total_steps=STEPS)
 
 
-def test_killed_before_the_batch_committed_redoes_the_step(repo, settings, job, monkeypatch):
-    kill_once(monkeypatch, repo, "record_batch", lambda batch: batch.step == 2)
-    run_killed_then_resumed(repo, settings, job.id)
-    assert_consistent(repo, job.id, STEPS, SAMPLES)
+@contextmanager
+def killed_at_statement(repo, prefix, occurrence):
+    """Expect the worker to be killed as it sends the ``occurrence``-th statement starting
+    with ``prefix`` (inside a transaction: what it wrote before is never committed)."""
+    seen = []
+
+    def kill(connection, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith(prefix.upper()):
+            seen.append(statement)
+            if len(seen) == occurrence:
+                raise Killed
+
+    sa.event.listen(repo.engine, "before_cursor_execute", kill)
+    try:
+        with pytest.raises(Killed):
+            yield
+    finally:
+        sa.event.remove(repo.engine, "before_cursor_execute", kill)
 
 
-def test_killed_between_batch_and_version_rederives_the_version(repo, settings, job, monkeypatch):
-    kill_once(monkeypatch, repo, "record_policy_version", lambda record: record.version == 3)
+def checkpoint(settings, job_id, version):
+    return settings.jobs_dir / str(job_id) / f"version-{version:05d}"
+
+
+def test_killed_after_the_checkpoint_before_the_step_redoes_the_step(
+    repo, settings, job, monkeypatch
+):
+    kill_once(monkeypatch, repo, "record_step", lambda b, version: version and version.version == 3)
     with pytest.raises(Killed):
         run_job(repo, job.id, settings)
-    note = json.loads(
-        (settings.jobs_dir / str(job.id) / "version-00003" / checkpoints.NOTE_FILE).read_text()
-    )
+    assert checkpoint(settings, job.id, 3).is_dir()  # written, but its step never was
+    assert repo.latest_version(job.id).version == 2
+    assert [b.step for b in repo.list_batches(job.id)] == [0, 1]
     assert run_job(repo, job.id, settings).status == "succeeded"
     assert_consistent(repo, job.id, STEPS, SAMPLES)
-    v3 = repo.list_versions(job.id)[3]
-    assert v3.weights_checksum == note["weights_checksum"]
-    assert v3.metrics.loss == note["metrics"]["loss"]
 
 
-def test_killed_after_the_checkpoint_before_its_note(repo, settings, job, monkeypatch):
-    kill_once(monkeypatch, training, "write_version_note", lambda record: record.version == 2)
+def test_killed_inside_the_step_transaction_keeps_nothing_of_the_step(repo, settings, job):
+    """Killed as the version row is written, after the step's batch and samples were sent."""
+    with killed_at_statement(repo, "INSERT INTO policy_versions", occurrence=3):  # version 2
+        run_job(repo, job.id, settings)
+    assert repo.latest_version(job.id).version == 1
+    assert [b.step for b in repo.list_batches(job.id)] == [0]
+    assert samples_in_db(repo, job.id) == SAMPLES
+    assert run_job(repo, job.id, settings).status == "succeeded"
+    assert_consistent(repo, job.id, STEPS, SAMPLES)
+
+
+def test_killed_after_the_step_committed_resumes_after_it(repo, settings, job, monkeypatch):
+    kill_once(monkeypatch, repo, "update_progress", lambda job_id, step, total: step == 2)
     run_killed_then_resumed(repo, settings, job.id)
     assert_consistent(repo, job.id, STEPS, SAMPLES)
+    assert len(repo.list_batches(job.id)) == STEPS  # no step was redone
 
 
 def test_an_interrupted_checkpoint_rename_is_finished(repo, settings, job, monkeypatch):
-    kill_once(monkeypatch, repo, "record_policy_version", lambda record: record.version == 2)
+    kill_once(monkeypatch, repo, "update_progress", lambda job_id, step, total: step == 2)
     with pytest.raises(Killed):
         run_job(repo, job.id, settings)
-    final = settings.jobs_dir / str(job.id) / "version-00002"
+    final = checkpoint(settings, job.id, 2)
     final.rename(final.with_name("version-00002.tmp"))  # died between rmtree and rename
     assert run_job(repo, job.id, settings).status == "succeeded"
     assert_consistent(repo, job.id, STEPS, SAMPLES)
@@ -97,10 +126,24 @@ def test_checkpoints_of_another_run_are_refused(repo, settings, tiny_model, tmp_
 
 
 def test_a_recorded_version_without_its_checkpoint_is_refused(repo, settings, job, monkeypatch):
-    kill_once(monkeypatch, repo, "record_batch", lambda batch: batch.step == 2)
+    kill_once(monkeypatch, repo, "record_step", lambda b, version: version and version.version == 3)
     with pytest.raises(Killed):
         run_job(repo, job.id, settings)
     for path in Path(settings.jobs_dir / str(job.id)).glob("version-*"):
         shutil.rmtree(path)
     assert run_job(repo, job.id, settings).status == "failed"
     assert "checkpoint of recorded version 2 is missing" in repo.get_job(job.id).error
+
+
+def test_an_evaluation_killed_inside_its_write_stores_its_samples_once(repo, settings, tiny_model):
+    train = repo.create_job("train", train_config(tiny_model, steps=1))
+    run_job(repo, train.id, settings)
+    config = {"job_id": train.id, "version": 1, "task": "always7", "num_prompts": 3}
+    job = repo.create_job("evaluate", config)
+    with killed_at_statement(repo, "INSERT INTO policy_versions", occurrence=1):
+        run_job(repo, job.id, settings)
+    assert repo.list_batches(job.id) == [] and repo.list_versions(job.id) == []
+    assert run_job(repo, job.id, settings).status == "succeeded"
+    [batch] = repo.list_batches(job.id)
+    assert batch.num_samples == samples_in_db(repo, job.id) == 3
+    assert [v.version for v in repo.list_versions(job.id)] == [1]

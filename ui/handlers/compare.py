@@ -7,8 +7,7 @@ from typing import Any
 import pandas as pd
 
 from core_engine.rl.tasks import BUILTIN_TASKS
-from db import InvalidValue, NotFound, SampleFilter, SampleSummary, VersionMetrics
-from db.repository.base import MAX_PAGE_SIZE
+from db import MAX_PAGE_SIZE, InvalidValue, NotFound, SampleFilter, SampleSummary, VersionMetrics
 from ui.handlers.common import parse_id
 from ui.render import comparison_html, fmt, histogram_html
 from ui.services import Services

@@ -4,7 +4,7 @@ from typing import Any
 
 import pandas as pd
 
-from db import BatchInfo, InvalidValue, JobInfo, JobNotFound, VersionMetrics
+from db import BatchInfo, BatchStatus, InvalidValue, JobInfo, JobNotFound, VersionMetrics
 from ui.handlers.common import parse_id
 from ui.render import fmt
 from ui.services import Services
@@ -149,11 +149,21 @@ def job_page(services: Services, job_id: float | str | None) -> JobPage:
     return (_summary(job), job.config, *frames)
 
 
+def latest_batches(
+    services: Services, job_id: int, status: BatchStatus | None = None
+) -> list[BatchInfo]:
+    """The job's newest `BATCHES_SHOWN` batches (of ``status``, if given), oldest first."""
+    newest = services.repository.list_batches(
+        job_id, status=status, limit=BATCHES_SHOWN, newest_first=True
+    )
+    return newest[::-1]
+
+
 def job_batches(services: Services, job_id: float | str | None) -> pd.DataFrame:
     """The job's latest rollout batches, accepted and rejected (with the reasons)."""
     try:
         chosen = parse_id(job_id, "job")
-        batches = [] if chosen is None else services.repository.list_batches(chosen)
+        batches = [] if chosen is None else latest_batches(services, chosen)
     except (InvalidValue, JobNotFound):
         batches = []
-    return batches_table(batches[-BATCHES_SHOWN:])
+    return batches_table(batches)

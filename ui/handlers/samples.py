@@ -10,6 +10,7 @@ import pandas as pd
 
 from db import (
     BatchInfo,
+    BatchNotFound,
     BatchStatus,
     FinishReason,
     InvalidValue,
@@ -17,12 +18,10 @@ from db import (
     NotFound,
     SampleDetail,
     SampleFilter,
-    SamplePage,
     SampleSummary,
 )
-from db.repository.base import MAX_PAGE_SIZE
 from ui.handlers.common import parse_id, parse_number
-from ui.handlers.jobs import batches_table
+from ui.handlers.jobs import batches_table, latest_batches
 from ui.render import fmt, sample_html
 from ui.services import Services
 from ui.tokens import token_texts
@@ -32,7 +31,6 @@ ANY = "any"
 FINISH_CHOICES = [ANY, *(reason.value for reason in FinishReason)]
 STATUS_CHOICES = [ANY, *(status.value for status in BatchStatus)]
 SNIPPET = 80
-BATCH_SCAN_PAGES = 20  # pages of MAX_PAGE_SIZE read at most to collect one batch's samples
 SAMPLE_COLUMNS = [
     "sample",
     "version",
@@ -114,46 +112,27 @@ def sample_filter(
     )
 
 
-def _batch_page(services: Services, job_id: int, batch: dict[str, Any]) -> SamplePage:
-    """All samples of one batch, found by scanning its status and version range newest
-    first (the repository has no batch filter)."""
-    where = SampleFilter(job_id, max_version=batch["version"], batch_status=batch["status"])
-    found: list[SampleSummary] = []
-    cursor = None
-    for _ in range(BATCH_SCAN_PAGES):
-        page = services.repository.list_samples(
-            where, cursor=cursor, limit=MAX_PAGE_SIZE, newest_first=True
-        )
-        found.extend(s for s in page.items if s.batch_id == batch["id"])
-        cursor = page.next_cursor
-        if cursor is None or len(found) >= batch["samples"]:
-            break
-    return SamplePage(sorted(found, key=lambda s: (s.prompt_index, s.group_index)), None)
-
-
 def _render(services: Services, state: dict[str, Any]) -> Page:
     """The page ``state`` points at, with an info line; remembers the next page's cursor."""
     start = time.perf_counter()
-    where = SampleFilter(**state["filter"])
-    if state["batch"] is not None:
-        page = _batch_page(services, where.job_id, state["batch"])
-    else:
-        page = services.repository.list_samples(
-            where,
-            cursor=state["cursors"][state["index"]],
-            limit=PAGE_SIZE,
-            newest_first=state["newest_first"],
-        )
+    page = services.repository.list_samples(
+        SampleFilter(**state["filter"]),
+        cursor=state["cursors"][state["index"]],
+        limit=PAGE_SIZE,
+        newest_first=state["newest_first"],
+    )
     cursors = state["cursors"][: state["index"] + 1]
     if page.next_cursor is not None:
         cursors.append(page.next_cursor)
     state = {**state, "cursors": cursors}
     frame = samples_frame(page.items)
+    where_text = "more on the next page" if page.next_cursor else "last page"
     if state["batch"] is not None:
         batch = state["batch"]
-        where_text = f"batch {batch['id']} ({batch['status']}): {batch['reasons'] or 'no reasons'}"
-    else:
-        where_text = "more on the next page" if page.next_cursor else "last page"
+        where_text = (
+            f"batch {batch['id']} ({batch['status']}): {batch['reasons'] or 'no reasons'} · "
+            f"{where_text}"
+        )
     info = (
         f"Page {state['index'] + 1} · {len(frame)} samples · {where_text} · "
         f"{time.perf_counter() - start:.3f} s"
@@ -214,48 +193,46 @@ def turn_page(services: Services, state: dict[str, Any] | None, step: int) -> Pa
         return _failed(str(exc), state)
 
 
-def _find_batch(services: Services, job_id: int, batch_id: int) -> BatchInfo | None:
-    """The job's batch ``batch_id``, looked up among the (few) rejected batches first."""
-    for status in (BatchStatus.REJECTED, BatchStatus.ACCEPTED):
-        batches = services.repository.list_batches(job_id, status=status)
-        found = next((b for b in batches if b.id == batch_id), None)
-        if found is not None:
-            return found
-    return None
+def _job_batch(services: Services, job_id: int, batch_id: int) -> BatchInfo | None:
+    """Batch ``batch_id`` if it belongs to job ``job_id``."""
+    try:
+        batch = services.repository.get_batch(batch_id)
+    except BatchNotFound:
+        return None
+    return batch if batch.job_id == job_id else None
 
 
 def batch_samples(services: Services, job_id: float | str | None, batch_id: float | None) -> Page:
-    """Every sample of one batch of the job (a rejected batch, typically), with its reasons."""
+    """The samples of one batch of the job (a rejected batch, typically), page by page, with
+    its reasons."""
     try:
         job, chosen = parse_id(job_id, "job"), parse_id(batch_id, "batch")
         if job is None or chosen is None:
             return _failed("Choose a job and a batch.")
-        batch = _find_batch(services, job, chosen)
+        batch = _job_batch(services, job, chosen)
+        if batch is None:
+            return _failed(f"job {job} has no batch {chosen}")
+        state = {
+            "filter": asdict(SampleFilter(job, batch_id=batch.id)),
+            "newest_first": False,
+            "cursors": [None],
+            "index": 0,
+            "batch": {
+                "id": batch.id,
+                "status": batch.status.value,
+                "reasons": "; ".join(batch.rejection_reasons),
+            },
+        }
+        return _render(services, state)
     except (InvalidValue, NotFound) as exc:
         return _failed(str(exc))
-    if batch is None:
-        return _failed(f"job {job} has no batch {chosen}")
-    state = {
-        "filter": asdict(SampleFilter(batch.job_id)),
-        "newest_first": True,
-        "cursors": [None],
-        "index": 0,
-        "batch": {
-            "id": batch.id,
-            "version": batch.policy_version,
-            "status": batch.status.value,
-            "samples": batch.num_samples,
-            "reasons": "; ".join(batch.rejection_reasons),
-        },
-    }
-    return _render(services, state)
 
 
 def rejected_batches(services: Services, job_id: float | str | None) -> pd.DataFrame:
-    """The job's rejected batches with their reasons."""
+    """The job's latest rejected batches with their reasons."""
     try:
         job = parse_id(job_id, "job")
-        batches = [] if job is None else services.repository.list_batches(job, status="rejected")
+        batches = [] if job is None else latest_batches(services, job, BatchStatus.REJECTED)
     except (InvalidValue, NotFound):
         batches = []
     return batches_table(batches)
