@@ -81,6 +81,15 @@ class AllocationStrategy(abc.ABC):
     def check_integrity(self, states: Iterable[TaskCacheState]) -> None:
         """Assert free + in use + cached == total and every slot is owned exactly once."""
 
+    def _check_request_slots(self, states: Iterable[TaskCacheState]) -> list[TaskCacheState]:
+        """Every request slot is either free or owned by exactly one live state."""
+        states = list(states)
+        owned = [s.req_slot for s in states]
+        assert len(owned) == len(set(owned)), "a request slot is owned twice"
+        assert not set(owned) & self.req_pool.free_slots, "an owned request slot is also free"
+        assert len(owned) + self.req_pool.num_free == self.req_pool.max_requests
+        return states
+
 
 class ContiguousStrategy(AllocationStrategy):
     """Each request slot owns a fixed region of `max_seq_len` token slots; no prefix reuse."""
@@ -129,11 +138,7 @@ class ContiguousStrategy(AllocationStrategy):
         return {"pages_used": used, "pages_free": self.req_pool.num_free, "pages_cached": 0}
 
     def check_integrity(self, states):
-        states = list(states)
-        owned = [s.req_slot for s in states]
-        assert len(owned) == len(set(owned)), "a request slot is owned twice"
-        assert not set(owned) & self.req_pool.free_slots, "an owned request slot is also free"
-        assert len(owned) + self.req_pool.num_free == self.req_pool.max_requests
+        states = self._check_request_slots(states)
         for s in states:
             assert 0 <= s.num_slots <= self.req_pool.max_seq_len
 
@@ -246,11 +251,7 @@ class PagedStrategy(AllocationStrategy):
         }
 
     def check_integrity(self, states):
-        states = list(states)
-        owned = [s.req_slot for s in states]
-        assert len(owned) == len(set(owned)), "a request slot is owned twice"
-        assert not set(owned) & self.req_pool.free_slots, "an owned request slot is also free"
-        assert len(owned) + self.req_pool.num_free == self.req_pool.max_requests
+        states = self._check_request_slots(states)
         refs = [0] * self.num_pages
         for s in states:
             assert len(s.pages) == self.pages_for(s.num_slots), "pages do not cover the slots"
