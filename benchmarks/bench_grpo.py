@@ -224,10 +224,11 @@ def run_alternating(trainer, ours: OurSteps) -> list[dict[str, float]]:
 
 # ----------------------------------------------------------------------------- report
 def print_table(results: dict[str, dict]) -> None:
-    print("median seconds per step")
-    print(f"{'trainer':<8}" + "".join(f"{p:>11}" for p in PARTS) + f"{'steps/min':>11}")
+    print("median milliseconds per step")
+    names = [p.removesuffix("_s") for p in PARTS]
+    print(f"{'trainer':<8}" + "".join(f"{n:>10}" for n in names) + f"{'steps/min':>11}")
     for name, r in results.items():
-        parts = "".join(f"{r['median_s'][p]:>11.3f}" for p in PARTS)
+        parts = "".join(f"{1000 * r['median_s'][p]:>10.2f}" for p in PARTS)
         print(f"{name:<8}{parts}{r['steps_per_min']:>11.1f}")
 
 
