@@ -121,7 +121,7 @@ def run(trainer: GRPOTrainer, minutes: float, eval_every: int) -> list[Point]:
 def minutes_to_gain(curve: list[Point], gain: float) -> float | None:
     """Wall minutes until the moving average first stood `gain` above the start, if it did."""
     base = curve[0].accuracy
-    return next((p.minutes for p in curve if p.moving_average - base >= gain), None)
+    return next((round(p.minutes, 2) for p in curve if p.moving_average - base >= gain), None)
 
 
 def summary(curve: list[Point]) -> dict[str, float | None]:
