@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -143,6 +144,7 @@ class RolloutRunner:
         self.trainer_version = trainer_version
         self.max_policy_lag = max_policy_lag
         self._last: tuple[tuple, RolloutResult] | None = None
+        self.reward_seconds = 0.0  # time the last fresh rollout spent in the reward function
 
     def __call__(
         self, batch: Mapping[str, Sequence[str]], seed: int = 0
@@ -157,11 +159,13 @@ class RolloutRunner:
         check_policy_lag(raw.policy_version, version, self.max_policy_lag)
         refs = [raw.references[raw.group_of(i)] for i in range(raw.num_samples)]
         prompts = [raw.prompts[raw.group_of(i)] for i in range(raw.num_samples)]
+        start = time.perf_counter()
         try:
             rewards = score(self.reward_fn, raw.completions, refs, prompts)
         except RewardError as exc:
             exc.rollout = raw
             raise
+        self.reward_seconds = time.perf_counter() - start
         result = RolloutResult(**vars(raw), rewards=rewards)
         self._last = (key, result)
         return result, True

@@ -149,7 +149,8 @@ class GRPOTrainer:
             result, fresh = self.runner(batch, seed)
         except RewardError as exc:
             return self._reject(getattr(exc, "rollout", None), [str(exc)], {})
-        timings = {"generate_s": time.perf_counter() - start}
+        reward_s = self.runner.reward_seconds if fresh else 0.0
+        timings = {"generate_s": time.perf_counter() - start - reward_s, "reward_s": reward_s}
         keep, reasons = self._screen(result)
         if not keep:
             return self._reject(result, reasons, timings)
@@ -197,13 +198,16 @@ class GRPOTrainer:
             reasons = [*reasons, "filtered: no trainable group (all have zero reward variance)"]
             return self._reject(rollout, reasons, {**timings, **metrics}, failure=False)
         start = time.perf_counter()
-        prompts = [rollout.prompt_ids[rollout.group_of(i)] for i in range(rollout.num_samples)]
-        logp, mask = response_logprobs(
-            self.model, prompts, rollout.response_ids, rollout.temperature
-        )
+        # Only trainable samples are scored: the others have no weight in the loss. The
+        # train/infer mismatch is therefore measured on the samples trained on.
+        rows = sample_rows.nonzero().squeeze(1).tolist()
+        prompts = [rollout.prompt_ids[rollout.group_of(i)] for i in rows]
+        responses = [rollout.response_ids[i] for i in rows]
+        logp, mask = response_logprobs(self.model, prompts, responses, rollout.temperature)
         behaviour = torch.zeros_like(logp)
-        for i, lp in enumerate(rollout.temp_logprobs):
-            behaviour[i, : len(lp)] = torch.tensor(lp, device=logp.device)
+        for j, i in enumerate(rows):
+            lp = rollout.temp_logprobs[i]
+            behaviour[j, : len(lp)] = torch.tensor(lp, device=logp.device)
         if fresh:
             gap = (logp.detach() - behaviour).abs()[mask]
             metrics["mismatch_mean"] = float(gap.mean())
@@ -211,14 +215,12 @@ class GRPOTrainer:
         ref = None
         if self.reference is not None:
             with torch.no_grad():
-                ref, _ = response_logprobs(
-                    self.reference, prompts, rollout.response_ids, rollout.temperature
-                )
+                ref, _ = response_logprobs(self.reference, prompts, responses, rollout.temperature)
         out = grpo_loss(
             logp,
             behaviour,
-            advantages.view(-1).to(logp.device),
-            mask & sample_rows[:, None].to(logp.device),
+            advantages.view(-1)[rows].to(logp.device),
+            mask,
             cfg.clip_eps,
             cfg.kl_coef,
             ref,
