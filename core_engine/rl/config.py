@@ -33,6 +33,7 @@ class GRPOConfig:
     reject_scope: str = "batch"  # "batch" or "group"
     max_consecutive_rejections: int = 5
     max_policy_lag: int = 0
+    updates_per_batch: int = 1  # optimizer steps per batch of prompts (rollout reuse)
     checkpoint_every: int = 0  # 0: only the last version
     kv_strategy: str = "paged"
     engine_batch_size: int = 128
@@ -44,7 +45,14 @@ class GRPOConfig:
         problems = []
         if (self.task is None) == (self.data is None):
             problems.append("give exactly one of 'task' or 'data'")
-        for name in ("steps", "batch_size", "group_size", "max_tokens", "engine_batch_size"):
+        for name in (
+            "steps",
+            "batch_size",
+            "group_size",
+            "max_tokens",
+            "engine_batch_size",
+            "updates_per_batch",
+        ):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")
         if self.lr <= 0:

@@ -125,12 +125,19 @@ class GRPOTrainer:
 
     # ----------------------------------------------------------------- the loop
     def train(self) -> list[BatchRecord]:
-        """Run until `config.steps` optimizer steps are done (or `should_stop`)."""
+        """Run until `config.steps` optimizer steps are done (or `should_stop`). Each batch of
+        prompts serves `updates_per_batch` steps; after the first, its rollout is reused while
+        within `max_policy_lag` versions (`rollout_fresh` = 0), else generated again."""
         history = []
         while self.step_index < self.config.steps:
-            if self.stalled or (self.hooks.should_stop and self.hooks.should_stop()):
-                break
-            history.append(self.step())
+            batch = self.next_batch()
+            for _ in range(self.config.updates_per_batch):
+                if self.stalled or (self.hooks.should_stop and self.hooks.should_stop()):
+                    self.save()
+                    return history
+                history.append(self.step(batch))
+                if self.step_index >= self.config.steps:
+                    break
         self.save()
         return history
 

@@ -169,6 +169,31 @@ def test_resume_continues_at_the_saved_version(checkpoint, tmp_path):
         assert torch.allclose(hf(ids).logits, resumed.model.eval()(ids), atol=1e-5)
 
 
+def test_rollouts_are_reused_within_the_lag_bound(checkpoint, tmp_path):
+    batches = []
+    trainer = make_trainer(
+        checkpoint,
+        tmp_path,
+        TrainerHooks(on_batch=batches.append),
+        steps=4,
+        updates_per_batch=2,
+        max_policy_lag=1,
+    )
+    trainer.train()
+    accepted = [b for b in batches if b.status == "accepted"]
+    assert trainer.version == 4
+    fresh = [b.metrics["rollout_fresh"] for b in accepted]
+    versions = [b.rollout.policy_version for b in accepted]
+    assert fresh == [1.0, 0.0, 1.0, 0.0] and versions == [0, 0, 2, 2]
+    assert accepted[1].rollout is accepted[0].rollout  # the same samples, one version older
+    # With a lag bound of 0 the second update of a batch regenerates on-policy.
+    strict = make_trainer(checkpoint, tmp_path / "strict", steps=2, updates_per_batch=2)
+    records = []
+    strict.hooks.on_batch = records.append
+    strict.train()
+    assert [r.rollout.policy_version for r in records if r.status == "accepted"] == [0, 1]
+
+
 def test_lag_bound_refuses_future_and_stale_rollouts(checkpoint, tmp_path):
     check_policy_lag(3, 3, 0)
     check_policy_lag(2, 3, 1)

@@ -64,6 +64,7 @@ def test_a_valid_form_enqueues_a_train_job(services, world):
         "max_tokens": 3,
         "max_policy_lag": 0,
         "seed": 0,
+        "updates_per_batch": 1,
         "lr": 3e-3,
         "temperature": 1.0,
         "top_p": 1.0,

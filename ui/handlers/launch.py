@@ -149,6 +149,7 @@ def train_config(
     clip_eps: float | str | None,
     kl_coef: float | str | None,
     seed: float | str | None,
+    updates_per_batch: float | str | None = 1,
 ) -> dict[str, Any]:
     """The training job's config from the form, or `InvalidLaunch` with every problem."""
     problems: list[str] = []
@@ -163,6 +164,7 @@ def train_config(
         "max_tokens": max_tokens,
         "max_policy_lag": max_policy_lag,
         "seed": seed,
+        "updates_per_batch": updates_per_batch,
     }
     real = {
         "lr": lr,

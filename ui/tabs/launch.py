@@ -81,6 +81,9 @@ def build(services: Services) -> None:
                 clip_eps = gr.Number(0.2, label="Clip ε")
                 kl_coef = gr.Number(0.0, label="KL coefficient")
                 seed = gr.Number(0, label="Seed", precision=0)
+                updates_per_batch = gr.Number(
+                    1, label="Updates per batch (reuse within the lag)", precision=0
+                )
             launch = gr.Button("Launch", variant="primary", elem_id="launch-button")
             status = gr.Markdown(elem_id="launch-status")
 
@@ -102,6 +105,7 @@ def build(services: Services) -> None:
         "clip_eps": clip_eps,
         "kl_coef": kl_coef,
         "seed": seed,
+        "updates_per_batch": updates_per_batch,
     }
     launch.click(
         partial(launch_job, services), inputs_kwargs=form, outputs=status, api_name="launch"
