@@ -3,7 +3,7 @@
 import gradio as gr
 
 from ui.services import Services, default_services
-from ui.tabs import compare, jobs, queue, samples
+from ui.tabs import compare, jobs, playground, queue, samples
 from ui.tabs import launch as launch_tab
 
 TITLE = "RL Workbench"
@@ -22,6 +22,8 @@ def build_app(services: Services) -> gr.Blocks:
                 samples.build(services, samples_tab)
             with gr.Tab("Compare", id="compare") as compare_tab:
                 compare.build(services, compare_tab)
+            with gr.Tab("Playground", id="playground") as playground_tab:
+                playground.build(services, playground_tab)
             with gr.Tab("Queue", id="queue") as queue_tab:
                 queue.build(services, queue_tab)
     return demo

@@ -38,6 +38,11 @@ API_NAMES = {
     "versions",
     "compare",
     "launch_compare",
+    "playground_jobs",
+    "playground_versions",
+    "playground_send",
+    "playground_submit",
+    "playground_clear",
     "queue",
     "queue_opened",
 }

@@ -1,0 +1,44 @@
+"""Playground tab: pick a job's saved version and chat with it through our engine."""
+
+from functools import partial
+
+import gradio as gr
+
+from ui.handlers.playground import clear, saved_versions, send
+from ui.services import Services
+from ui.tabs.common import job_picker, refresh_jobs
+
+
+def _versions(services: Services, job_id: int | None) -> dict:
+    """The version picker for a job: its saved versions, the newest chosen."""
+    versions = saved_versions(services, job_id)
+    return gr.update(choices=versions, value=versions[-1] if versions else None)
+
+
+def build(services: Services, tab: gr.Tab) -> None:
+    """The Playground tab's components and events (inside ``tab``)."""
+    with gr.Row():
+        job = job_picker(services, "playground-job")
+        version = gr.Dropdown(
+            [], allow_custom_value=True, label="Version", elem_id="playground-version"
+        )
+        temperature = gr.Number(0.0, label="Temperature", minimum=0, elem_id="playground-temp")
+        max_tokens = gr.Number(64, label="Max tokens", precision=0, elem_id="playground-max")
+        seed = gr.Number(0, label="Seed", precision=0, elem_id="playground-seed")
+    system = gr.Textbox(label="System prompt (optional)", lines=1, elem_id="playground-system")
+    chat = gr.Chatbot([], label="Chat", elem_id="playground-chat")
+    with gr.Row():
+        message = gr.Textbox(label="Message", lines=2, scale=4, elem_id="playground-message")
+        with gr.Column(scale=1):
+            send_button = gr.Button("Send", variant="primary", elem_id="playground-send")
+            clear_button = gr.Button("Clear", elem_id="playground-clear")
+    facts = gr.Markdown(elem_id="playground-facts")
+    tokens = gr.HTML(elem_id="playground-tokens")
+
+    outputs = [chat, tokens, facts, message]
+    tab.select(partial(refresh_jobs, services), None, job, api_name="playground_jobs")
+    job.change(partial(_versions, services), job, version, api_name="playground_versions")
+    inputs = [job, version, system, message, chat, temperature, max_tokens, seed]
+    send_button.click(partial(send, services), inputs, outputs, api_name="playground_send")
+    message.submit(partial(send, services), inputs, outputs, api_name="playground_submit")
+    clear_button.click(clear, None, outputs, api_name="playground_clear")
