@@ -246,7 +246,8 @@ class InferenceScheduler(PolicyUpdates):
         else:
             tasks = self._schedule_decode()
             if not tasks:
-                self._fail_unschedulable_head()
+                if admit_fresh:
+                    self._fail_unschedulable_head()
                 return
             out = self.executor.execute_decode(tasks, return_logprobs)
             for task in tasks:
@@ -255,19 +256,19 @@ class InferenceScheduler(PolicyUpdates):
 
     def _schedule_prefill(self, admit_fresh: bool) -> tuple[list[Task], list[tuple[Task, Task]]]:
         """Admit waiting tasks (FIFO) while request slots, pages and the token budget allow.
-        Untouched samples of the same group right behind an admitted task become its forks."""
+        Untouched samples of the same group right behind an admitted task become its forks.
+        Without `admit_fresh` (the update drain) only started tasks are resumed, no fork."""
         batch: list[Task] = []
         forks: list[tuple[Task, Task]] = []
         budget = self.config.max_prefill_tokens
         free_slots = self.config.max_batch_size - len(self.running)
-        while self.waiting and free_slots > 0:
-            task = self.waiting[0]
-            if (batch and task.num_tokens > budget) or not (admit_fresh or task.output_ids):
+        while free_slots > 0 and (task := self._next_waiting(admit_fresh)) is not None:
+            if batch and task.num_tokens > budget:
                 break
             cached = self.cache.allocate(task.task_id, task.all_ids, self.version)
             if cached is None:
                 break
-            self.waiting.popleft()
+            self.waiting.remove(task)
             free_slots -= 1
             budget -= task.num_tokens - cached
             self.metrics.on_prefill(task.num_tokens - cached)
@@ -276,12 +277,22 @@ class InferenceScheduler(PolicyUpdates):
                 task.num_cached_prompt_tokens = cached
             self._admit(task)
             batch.append(task)
-            while self.waiting and free_slots > 0 and _is_fresh_sibling(self.waiting[0], task):
+            while (
+                admit_fresh
+                and self.waiting
+                and free_slots > 0
+                and _is_fresh_sibling(self.waiting[0], task)
+            ):
                 child = self.waiting.popleft()
                 self._in_step.append(child)  # failed with the step if the prefill raises
                 forks.append((child, task))
                 free_slots -= 1
         return batch, forks
+
+    def _next_waiting(self, admit_fresh: bool) -> Task | None:
+        if admit_fresh:
+            return self.waiting[0] if self.waiting else None
+        return next((t for t in self.waiting if t.output_ids), None)
 
     def _fork(self, child: Task, leader: Task) -> bool:
         """Share the leader's prompt KV with a group sibling; requeue it when out of room."""

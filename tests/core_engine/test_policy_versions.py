@@ -142,6 +142,26 @@ def test_drain_mode_finishes_started_requests_under_the_old_version(engine):
     assert queued[0].policy_version == 1
 
 
+def test_drain_resumes_preempted_requests_behind_a_fresh_one(engine):
+    """A preempted request is finished under the old version even when a request that has
+    not started sits ahead of it; the fresh one waits for the new version."""
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    started = engine.make_tasks([[1, 2, 3]], params)
+    engine.enqueue(started)
+    engine.step()
+    engine.step()
+    engine._preempt(started[0])  # as the pool does when it runs out of pages
+    fresh = engine.make_tasks([[4, 5, 6]], params)
+    engine.waiting.appendleft(fresh[0])  # e.g. a group sample requeued after a failed fork
+    engine.update_weights(perturbed(engine.model, 8), 1)
+    assert started[0].finished and started[0].policy_version == 0
+    assert started[0].finish_reason == FinishReason.LENGTH and len(started[0].output_ids) == 8
+    assert not fresh[0].finished and fresh[0].output_ids == []
+    while not fresh[0].finished:
+        engine.step()
+    assert fresh[0].policy_version == 1 and fresh[0].finish_reason == FinishReason.LENGTH
+
+
 def test_abort_mode_ends_started_requests_with_policy_updated(engine):
     started = engine.make_tasks([[1, 2, 3]], GREEDY)
     engine.enqueue(started)
