@@ -3,7 +3,7 @@
 Recipe (RL notes, appendix): a character vocabulary (digits, `+`, `=` and the special tokens: 19
 tokens), hidden 128, 2 layers, 4 heads, MLP 512, tied embeddings (527k parameters); supervised
 teacher forcing on `a+b=sum</s>` (loss on the answer and EOS only), AdamW lr 3e-3 (beta2 0.98),
-batch 256, stopped once greedy held-out accuracy reaches ~15-20% twice in a row. From much lower,
+batch 256, stopped as soon as greedy held-out accuracy first reaches ~15-20%. From much lower,
 GRPO barely learns (almost no group has mixed rewards); from much higher there is little left
 for it to show.
 """
@@ -173,9 +173,8 @@ def warm_up(
     settings: WarmupSettings,
     log: Callable[[str], None] | None = None,
 ) -> WarmupResult:
-    """Supervised steps until held-out greedy accuracy reaches the target on two evaluations in
-    a row (one lucky evaluation left a policy GRPO could not lift), evaluated every
-    `settings.eval_every` steps through our engine, or until a budget runs out."""
+    """Supervised steps until held-out greedy accuracy first reaches the target, evaluated
+    every `settings.eval_every` steps through our engine, or until a budget runs out."""
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=settings.lr, betas=(0.9, settings.beta2), weight_decay=0.0
     )
@@ -183,8 +182,7 @@ def warm_up(
     problems = problem_stream(seed, {r["input"] for r in heldout})
     engine = eval_engine(model, tokenizer, settings.eval_count)
     start, step, accuracy, loss = time.perf_counter(), 0, 0.0, float("nan")
-    streak = 0  # consecutive evaluations at or above the target
-    while streak < 2:
+    while accuracy < target_accuracy:
         minutes = (time.perf_counter() - start) / 60
         if minutes >= max_minutes or (max_steps is not None and step >= max_steps):
             break
@@ -194,7 +192,6 @@ def warm_up(
         if step % settings.eval_every == 0 or step == max_steps:
             engine.update_weights(canonical_weights(model), step)
             accuracy = greedy_accuracy(engine, heldout)
-            streak = streak + 1 if accuracy >= target_accuracy else 0
             if log:
                 log(f"warm-up step {step}: loss {loss:.3f}, held-out accuracy {accuracy:.3f}")
     return WarmupResult(step, loss, accuracy, round(time.perf_counter() - start, 1))
@@ -209,10 +206,10 @@ def build_demo_policy(
     settings: WarmupSettings | None = None,
     log: Callable[[str], None] | None = None,
 ) -> Path:
-    """Warm up the demo policy until held-out greedy accuracy reaches `target_accuracy` on two
-    evaluations in a row (or the step / time budget runs out) and save it to `path`;
-    `demo_policy.json` there says how it went. Reuses an existing checkpoint at `path`.
-    Deterministic for a seed when stopped by accuracy or `max_steps` (not by time)."""
+    """Warm up the demo policy until held-out greedy accuracy first reaches `target_accuracy`
+    (or the step / time budget runs out) and save it to `path`; `demo_policy.json` there says
+    how it went. Reuses an existing checkpoint at `path`. Deterministic for a seed when stopped
+    by accuracy or `max_steps` (not by time)."""
     path = Path(path)
     if (path / "config.json").is_file():
         return path
