@@ -4,8 +4,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from core_engine.rl.records import StepRecord
 from core_engine.rl.rollout import RawRollout
-from core_engine.rl.trainer import BatchRecord as TrainerBatch
 from db import BatchRecord, BatchStatus, FinishReason, PolicyMetrics, SampleRecord
 
 _RECORDED_METRICS = {
@@ -92,17 +92,30 @@ def split_batch(
     return batches
 
 
-def trainer_batches(job_id: int, version: int, batch: TrainerBatch) -> list[BatchRecord]:
-    """The storage batches of one trainer batch (none if it has no rollout to store)."""
-    if batch.rollout is None:
+def trainer_batches(job_id: int, version: int, step: StepRecord) -> list[BatchRecord]:
+    """The storage batches of one trainer step, as the trainer decided it: an accepted step
+    gives an accepted batch of its trained groups plus a rejected batch of its rejected groups;
+    a rejected step one rejected batch (none if it has no rollout to store)."""
+    if step.rollout is None:
         return []
     samples = sample_records(
-        batch.rollout, getattr(batch.rollout, "rewards", None) or None, batch.advantages
+        step.rollout, getattr(step.rollout, "rewards", None) or None, step.advantages
     )
-    if batch.status == "accepted":
-        return split_batch(job_id, version, batch.step, samples, batch.reasons)
-    reasons = list(batch.reasons) or ["rejected"]
-    return [BatchRecord(job_id, version, batch.step, BatchStatus.REJECTED, samples, reasons)]
+    if step.version is None:
+        reasons = list(step.reasons) or ["rejected"]
+        return [BatchRecord(job_id, version, step.step, BatchStatus.REJECTED, samples, reasons)]
+    group = step.rollout.group_of
+    good = [s for i, s in enumerate(samples) if group(i) not in step.rejected_groups]
+    bad = [
+        replace(s, advantage=None)
+        for i, s in enumerate(samples)
+        if group(i) in step.rejected_groups
+    ]
+    batches = [BatchRecord(job_id, version, step.step, BatchStatus.ACCEPTED, good)]
+    if bad:
+        reasons = [why for _, why in sorted(step.rejected_groups.items())]
+        batches.append(BatchRecord(job_id, version, step.step, BatchStatus.REJECTED, bad, reasons))
+    return batches
 
 
 def policy_metrics(

@@ -4,14 +4,9 @@ checkpoint first, then the step's batches and version row in one transaction (se
 
 from pathlib import Path
 
+from core_engine.rl.records import StepRecord, StopReason, TrainerHooks
 from core_engine.rl.tasks import training_records
-from core_engine.rl.trainer import (
-    BatchRecord,
-    GRPOTrainer,
-    TrainerHooks,
-    TrainingError,
-    VersionRecord,
-)
+from core_engine.rl.trainer import GRPOTrainer, TrainingError
 from core_engine.weights import canonical_weights, weights_checksum
 from db import JobInfo, PolicyVersionRecord, Repository
 from workers.checkpoints import reconcile
@@ -23,7 +18,8 @@ from workers.specs import train_config
 
 
 class Recorder:
-    """Trainer hooks that store each step's batches and version together (`record_step`)."""
+    """The trainer's step hook: stores each step's batches and its version together
+    (`record_step`), as the trainer decided them."""
 
     def __init__(
         self, repo: Repository, job_id: int, control: JobControl, total_steps: int
@@ -33,42 +29,32 @@ class Recorder:
         self.control = control
         self.total_steps = total_steps
         self.trainer: GRPOTrainer | None = None
-        self.pending: PolicyVersionRecord | None = None
         self.rejected = 0
 
-    def on_version(self, record: VersionRecord) -> None:
-        """The checkpoint exists; the version's row waits for its step's batches."""
-        if record.checkpoint is None:
-            raise TrainingError(f"version {record.version} has no checkpoint")
-        self.pending = PolicyVersionRecord(
-            job_id=self.job_id,
-            version=record.version,
-            parent_version=record.parent,
-            checkpoint_path=record.checkpoint,
-            weights_checksum=record.checksum,
-            metrics=policy_metrics(record.metrics, 1, self.rejected),
-        )
-
-    def on_batch(self, batch: BatchRecord) -> None:
-        """Store the batch, and with an accepted one the version it produced, atomically."""
-        accepted = batch.status == "accepted"
-        if accepted and self.pending is None:
-            raise TrainingError(f"accepted batch of step {batch.step} without a new version")
-        new_version = self.pending if accepted else None
-        batch_version = self.pending.parent_version if accepted else self.trainer.version
-        records = trainer_batches(self.job_id, batch_version, batch)
+    def on_step(self, step: StepRecord) -> None:
+        new_version = None
+        if step.version is not None:
+            if step.version.checkpoint is None:
+                raise TrainingError(f"version {step.version.version} has no checkpoint")
+            new_version = PolicyVersionRecord(
+                job_id=self.job_id,
+                version=step.version.version,
+                parent_version=step.version.parent,
+                checkpoint_path=step.version.checkpoint,
+                weights_checksum=step.version.checksum,
+                metrics=policy_metrics(step.version.metrics, 1, self.rejected),
+            )
+        batch_version = self.trainer.version if new_version is None else step.version.parent
+        records = trainer_batches(self.job_id, batch_version, step)
         if records or new_version is not None:
             self.repo.record_step(records, new_version)
-        if accepted:
-            self.pending, self.rejected = None, 0
-        else:
-            self.rejected += 1
+        self.rejected = 0 if new_version is not None else self.rejected + 1
         self.control.report(
             self.trainer.step_index,
             self.total_steps,
             version=self.trainer.version,
-            batch=batch.status,
-            reward_mean=batch.metrics.get("reward_mean"),
+            batch=step.status,
+            reward_mean=step.metrics.get("reward_mean"),
         )
 
 
@@ -82,11 +68,12 @@ def run_training(
 ) -> Outcome:
     """Run (or resume) a train job until its steps are done, it is stopped, or it fails."""
     model = resolve_model(job.config["model"], settings)
-    config = train_config({**job.config, "model": model}, str(output_dir(job, settings)))
+    values = {"device": settings.device, **job.config, "model": model}
+    config = train_config(values, str(output_dir(job, settings)))
     reconcile(repo, job.id, config.output_dir)
     records = training_records(config.task, config.data, seed=config.seed)
     recorder = Recorder(repo, job.id, control, config.steps)
-    hooks = TrainerHooks(recorder.on_batch, recorder.on_version, control.should_stop)
+    hooks = TrainerHooks(recorder.on_step, control.should_stop)
     trainer = recorder.trainer = GRPOTrainer(config, records, hooks)
     if trainer.version == 0 and repo.latest_version(job.id) is None:
         weights = canonical_weights(trainer.model)
@@ -95,12 +82,12 @@ def run_training(
         )
     control.report(trainer.step_index, config.steps, version=trainer.version)
     try:
-        trainer.train()
+        reason = trainer.train()
     except TrainingError as exc:
         return Outcome("failed", f"training stopped: {exc}")
-    if trainer.step_index >= config.steps:
+    if reason is StopReason.DONE:
         return Outcome("succeeded")
-    if control.should_stop():
+    if reason is StopReason.STOPPED:
         return control.stopped()
     return Outcome(
         "failed",

@@ -40,6 +40,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     sliding_window: int | None = None
     architecture: str = "LlamaForCausalLM"
+    pad_token_id: int | None = None  # its embedding row gets no gradient, as in transformers
 
     @classmethod
     def from_hf(cls, hf_config: Any) -> ModelConfig:
@@ -81,6 +82,7 @@ class ModelConfig:
             tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
             sliding_window=window,
             architecture=arch,
+            pad_token_id=_padding_index(hf_config),
         )
 
     @property
@@ -106,6 +108,12 @@ class ModelConfig:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
         return torch.where(medium, smoothed, scaled)
+
+
+def _padding_index(hf_config: Any) -> int | None:
+    """`pad_token_id` when it names a row of the embedding (transformers' `padding_idx`)."""
+    pad = getattr(hf_config, "pad_token_id", None)
+    return pad if isinstance(pad, int) and 0 <= pad < hf_config.vocab_size else None
 
 
 def _architecture_of(hf_config: Any) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from core_engine.model.attention import AttentionMetadata, paged_attention
 from core_engine.model.config import ModelConfig
@@ -72,6 +73,28 @@ class Attention(nn.Module):
         )
         return self.o_proj(out.transpose(1, 2).flatten(-2))
 
+    def forward_packed(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, seq_lens: list[int]
+    ) -> torch.Tensor:
+        """Causal attention within each of the sequences packed back to back in x: [T, hidden]
+        (no padding; no token attends across a sequence boundary)."""
+        q, k, v = (t.transpose(0, 1) for t in self._qkv(x, cos, sin))  # [heads, T, D]
+        outs, start = [], 0
+        for length in seq_lens:
+            span = slice(start, start + length)
+            outs.append(
+                F.scaled_dot_product_attention(
+                    q[:, span],
+                    k[:, span],
+                    v[:, span],
+                    is_causal=True,
+                    scale=self.scale,
+                    enable_gqa=True,
+                )
+            )
+            start += length
+        return self.o_proj(torch.cat(outs, dim=1).transpose(0, 1).flatten(-2))
+
     def forward_engine(
         self,
         x: torch.Tensor,
@@ -106,12 +129,14 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, kv=None, meta=None) -> torch.Tensor:
+    def forward(self, x, cos, sin, kv=None, meta=None, seq_lens=None) -> torch.Tensor:
         h = self.input_layernorm(x)
-        if meta is None:
-            h = self.self_attn(h, cos, sin)
-        else:
+        if meta is not None:
             h = self.self_attn.forward_engine(h, cos, sin, kv, meta)
+        elif seq_lens is not None:
+            h = self.self_attn.forward_packed(h, cos, sin, seq_lens)
+        else:
+            h = self.self_attn(h, cos, sin)
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -119,7 +144,7 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, cfg.pad_token_id)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -134,11 +159,19 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        self.reset_rope()
+
+    def reset_rope(self) -> None:
+        """(Re)compute the RoPE tables on the model's device and in its dtype (also after
+        `to_empty`, which leaves buffers uninitialised)."""
+        cfg, like = self.config, self.lm_head.weight
         positions = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
         freqs = torch.outer(positions, cfg.inv_freq())
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("rope_cos", emb.cos(), persistent=False)
-        self.register_buffer("rope_sin", emb.sin(), persistent=False)
+        emb = torch.cat((freqs, freqs), dim=-1).to(like.device)
+        self.rope_cos = emb.cos().to(like.dtype)
+        self.rope_sin = emb.sin().to(like.dtype)
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
         cos = self.rope_cos[positions].to(dtype).unsqueeze(-2)
@@ -156,6 +189,23 @@ class CausalLM(nn.Module):
         for layer in self.model.layers:
             x = layer(x, cos, sin)
         return self.lm_head(self.model.norm(x)).float()
+
+    def hidden_states_packed(
+        self, input_ids: torch.Tensor, seq_lens: list[int], checkpointing: bool = False
+    ) -> torch.Tensor:
+        """Final (normed) hidden states of sequences packed back to back: input_ids [T] ->
+        [T, hidden]. Each sequence starts at position 0; the LM head is left to the caller, so
+        logits are only ever computed where they are needed. `checkpointing` recomputes each
+        layer in the backward instead of keeping its activations."""
+        x = self.model.embed_tokens(input_ids)
+        positions = torch.cat([torch.arange(n, device=input_ids.device) for n in seq_lens])
+        cos, sin = self._rope(positions, x.dtype)
+        for layer in self.model.layers:
+            if checkpointing and torch.is_grad_enabled():
+                x = checkpoint(layer, x, cos, sin, None, None, seq_lens, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, seq_lens=seq_lens)
+        return self.model.norm(x)
 
     def forward_engine(
         self,

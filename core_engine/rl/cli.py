@@ -8,11 +8,12 @@ import sys
 from tqdm import tqdm
 
 from core_engine.rl.config import GRPOConfig
+from core_engine.rl.records import StepRecord, TrainerHooks
 from core_engine.rl.tasks import training_records
-from core_engine.rl.trainer import BatchRecord, GRPOTrainer, TrainerHooks, TrainingError
+from core_engine.rl.trainer import GRPOTrainer, TrainingError
 
 
-def _line(record: BatchRecord, version: int) -> str:
+def _line(record: StepRecord, version: int) -> str:
     m = record.metrics
     if record.status == "rejected":
         return f"step {record.step:4d} REJECTED: {'; '.join(record.reasons[:2])}"
@@ -36,19 +37,19 @@ def main(argv: list[str] | None = None) -> int:
     bar = tqdm(total=config.steps, desc="GRPO", unit="step")
     trainer: GRPOTrainer | None = None
 
-    def on_batch(record: BatchRecord) -> None:
+    def on_step(record: StepRecord) -> None:
         bar.write(_line(record, trainer.version))
         if record.status == "accepted":
             bar.update(1)
 
-    trainer = GRPOTrainer(config, records, TrainerHooks(on_batch=on_batch))
+    trainer = GRPOTrainer(config, records, TrainerHooks(on_step=on_step))
     bar.update(trainer.step_index)
     try:
-        trainer.train()
+        reason = trainer.train()
     except TrainingError as exc:
         print(f"training stopped: {exc}", file=sys.stderr)
         return 1
     finally:
         bar.close()
-    print(f"done: version {trainer.version}, checkpoints in {config.output_dir}")
+    print(f"{reason.value}: version {trainer.version}, checkpoints in {config.output_dir}")
     return 0

@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from core_engine.rl.rewards import check_reward_spec
+
+ENGINE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICE_TYPES = ("cpu", "cuda")
+
+
+def torch_device_type(device: str) -> str:
+    """'cpu', 'cuda' or 'cuda:N' -> its type; anything else is refused (syntax only: whether
+    the device exists is checked where the job runs)."""
+    kind, _, index = str(device).partition(":")
+    if kind not in DEVICE_TYPES or (index and not (kind == "cuda" and index.isdigit())):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    return kind
 
 
 @dataclass(frozen=True)
@@ -35,11 +48,18 @@ class GRPOConfig:
     max_policy_lag: int = 0
     updates_per_batch: int = 1  # optimizer steps per batch of prompts (rollout reuse)
     checkpoint_every: int = 0  # 0: only the last version
+    keep_last: int = 3  # versions whose weights are kept (0: all); optimizer state: newest only
+    keep_every: int = 25  # ... plus every version that is a multiple of this (0: none)
     kv_strategy: str = "paged"
     engine_batch_size: int = 128
     seed: int = 0
     resume: bool = True
-    device: str = "cpu"  # trainer and engine; both hold fp32 weights
+    device: str = "cpu"  # trainer and engine
+    engine_dtype: str = "auto"  # float32 | bfloat16 | float16 | auto (bf16 on CUDA, else fp32)
+    tis_cap: float | None = None  # truncated IS cap; None: 2.0 when the engine dtype is not fp32
+    max_tokens_per_micro_batch: int = 8192  # prompt + response tokens per training forward
+    logit_chunk_rows: int = 256  # rows x vocabulary the log-softmax holds at once
+    gradient_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         problems = []
@@ -52,6 +72,8 @@ class GRPOConfig:
             "max_tokens",
             "engine_batch_size",
             "updates_per_batch",
+            "max_tokens_per_micro_batch",
+            "logit_chunk_rows",
         ):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")
@@ -63,6 +85,21 @@ class GRPOConfig:
             problems.append("reject_scope must be 'batch' or 'group'")
         if self.max_policy_lag < 0 or self.checkpoint_every < 0 or self.clip_eps <= 0:
             problems.append("max_policy_lag and checkpoint_every must be >= 0, clip_eps > 0")
+        if self.keep_last < 0 or self.keep_every < 0:
+            problems.append("keep_last and keep_every must be >= 0")
+        if self.engine_dtype not in ENGINE_DTYPES:
+            problems.append(f"engine_dtype must be one of {sorted(ENGINE_DTYPES)}")
+        if self.tis_cap is not None and not (math.isfinite(self.tis_cap) and self.tis_cap >= 0):
+            problems.append("tis_cap must be a finite number >= 0 (0 turns it off)")
+        if self.max_tokens >= self.max_tokens_per_micro_batch:
+            problems.append(
+                f"max_tokens_per_micro_batch ({self.max_tokens_per_micro_batch}) cannot hold one "
+                f"sample: a prompt plus max_tokens ({self.max_tokens}) needs more"
+            )
+        try:
+            torch_device_type(self.device)
+        except ValueError as exc:
+            problems.append(str(exc))
         if self.reward is not None:
             try:
                 check_reward_spec(self.reward)

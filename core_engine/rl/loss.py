@@ -19,9 +19,13 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Te
 
 @dataclass(frozen=True)
 class LossOutput:
+    """The loss and its statistics. With a `normaliser` shared by the micro-batches of a step,
+    `loss`, `kl` and the two fractions add up over micro-batches to the whole step's values."""
+
     loss: torch.Tensor
     kl: float
-    clip_fraction: float
+    clip_fraction: float  # tokens where the clip is active (TRL's clip_ratio/region_mean)
+    ratio_outside_fraction: float  # tokens with |ratio - 1| > clip_eps, clipped or not
     ratio_max: float
 
 
@@ -33,55 +37,41 @@ def grpo_loss(
     clip_eps: float = 0.2,
     kl_coef: float = 0.0,
     ref_logp: torch.Tensor | None = None,
+    normaliser: float | None = None,
+    tis_weights: torch.Tensor | None = None,
 ) -> LossOutput:
     """Token-level PPO-clip objective with importance ratio pi_theta / pi_behaviour.
 
     All tensors are [N, T] over response positions (`mask` selects real tokens), except
     `advantages` [N]. The optional KL to a frozen reference uses the k3 estimator
-    exp(ref - logp) - (ref - logp) - 1. Averaged over all response tokens of the batch.
+    exp(ref - logp) - (ref - logp) - 1. Sums are divided by `normaliser` (default: the tokens
+    of this call), so micro-batches of one step pass the step's token count. `tis_weights`
+    (truncated importance weights, no gradient) scale each token's surrogate. Masked positions
+    are zeroed before any exponent: whatever they hold cannot turn the loss into NaN.
     """
-    mask = mask.float()
-    tokens = mask.sum().clamp(min=1.0)
-    ratio = torch.exp(logp - behaviour_logp)
+    mask = mask.bool()
+    weight = mask.float()
+    tokens = float(normaliser) if normaliser is not None else max(float(weight.sum()), 1.0)
+    log_ratio = torch.where(mask, logp - behaviour_logp, torch.zeros_like(logp))
+    ratio = torch.exp(log_ratio)
     adv = advantages[:, None]
-    surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
-    loss = -(surrogate * mask).sum() / tokens
-    kl = torch.zeros(())
+    clipped_ratio = ratio.clamp(1 - clip_eps, 1 + clip_eps)
+    surrogate = torch.minimum(ratio * adv, clipped_ratio * adv)
+    if tis_weights is not None:
+        surrogate = surrogate * torch.where(mask, tis_weights, torch.zeros_like(tis_weights))
+    loss = -(surrogate * weight).sum() / tokens
+    kl = torch.zeros((), device=logp.device)
     if ref_logp is not None and kl_coef:
-        delta = ref_logp - logp
-        kl = ((torch.exp(delta) - delta - 1) * mask).sum() / tokens
+        delta = torch.where(mask, ref_logp - logp, torch.zeros_like(logp))
+        kl = ((torch.exp(delta) - delta - 1) * weight).sum() / tokens
         loss = loss + kl_coef * kl
-    clipped = ((ratio - 1).abs() > clip_eps).float()
+    ratio = ratio.detach()
+    active = ((ratio < 1 - clip_eps) & (adv < 0)) | ((ratio > 1 + clip_eps) & (adv > 0))
+    outside = (ratio - 1).abs() > clip_eps
     return LossOutput(
         loss=loss,
         kl=float(kl.detach()),
-        clip_fraction=float((clipped * mask).sum() / tokens),
-        ratio_max=float((ratio.detach() * mask).max()) if mask.any() else 1.0,
+        clip_fraction=float((active & mask).sum()) / tokens,
+        ratio_outside_fraction=float((outside & mask).sum()) / tokens,
+        ratio_max=float(ratio[mask].max()) if mask.any() else 1.0,
     )
-
-
-def response_logprobs(
-    model: torch.nn.Module,
-    prompt_ids: list[list[int]],
-    response_ids: list[list[int]],
-    temperature: float,
-    pad_id: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """log-softmax(logits / T) of each response token under `model` (teacher forcing).
-    Returns ([N, T_resp] log-probs, [N, T_resp] mask), right-padded."""
-    sequences = [p + r for p, r in zip(prompt_ids, response_ids, strict=True)]
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    for i, s in enumerate(sequences):
-        ids[i, : len(s)] = torch.tensor(s)
-    ids = ids.to(next(model.parameters()).device)
-    logp = (model(ids)[:, :-1] / (temperature or 1.0)).log_softmax(-1)  # greedy: T = 1
-    token_logp = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
-    resp_width = max(len(r) for r in response_ids) or 1
-    mask = torch.zeros(len(sequences), resp_width, dtype=torch.bool, device=ids.device)
-    rows = []
-    for i, (p, r) in enumerate(zip(prompt_ids, response_ids, strict=True)):
-        row = token_logp[i, len(p) - 1 : len(p) - 1 + len(r)]
-        rows.append(torch.nn.functional.pad(row, (0, resp_width - len(r))))
-        mask[i, : len(r)] = True
-    return torch.stack(rows), mask

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from core_engine.rl.data import batch_rows, instruction_to_messages
 from core_engine.rl.rewards import RewardError, RewardFn, score
 from core_engine.scheduler import InferenceScheduler
-from core_engine.task import SamplingParams, TaskError
+from core_engine.task import ErrorCode, SamplingParams, TaskError
 
 
 class StaleRolloutError(RuntimeError):
@@ -49,6 +49,41 @@ class RawRollout:
 class RolloutResult(RawRollout):
     rewards: list[float] = field(default_factory=list)
 
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON values (floats round-trip exactly), for a checkpoint to resume from."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, values: dict[str, Any]) -> RolloutResult:
+        errors = [
+            None if e is None else TaskError(ErrorCode(e["code"]), e["message"])
+            for e in values["errors"]
+        ]
+        return cls(**{**values, "errors": errors})
+
+
+def render_prompt(tokenizer: Any, messages: list[dict]) -> str:
+    """The chat template with the generation prompt: the text the engine is given."""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def encode_prompt(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of a rendered prompt (the template already holds the special tokens)."""
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def longest_prompt(tokenizer: Any, records: Sequence[Mapping[str, str]]) -> int:
+    """Tokens of the longest rendered prompt among `records` (sizes the engine and the
+    trainer's micro-batches before anything runs)."""
+    return max(
+        len(encode_prompt(tokenizer, render_prompt(tokenizer, _prompt_messages(row))))
+        for row in records
+    )
+
+
+def _prompt_messages(row: Mapping[str, str]) -> list[dict]:
+    return instruction_to_messages(row.get("instruction", ""), row.get("input", ""))
+
 
 class RolloutGenerator:
     """Renders prompts with the chat template and delegates all generation to `run_batch`."""
@@ -78,17 +113,13 @@ class RolloutGenerator:
             messages = self._instruction_to_messages(
                 row.get("instruction", ""), row.get("input", "")
             )
-            text = self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
+            text = render_prompt(self.tokenizer, messages)
             prepared.append((messages, text, row.get("output", "")))
         return prepared
 
     def generate(self, batch: Mapping[str, Sequence[str]], seed: int) -> RawRollout:
         prepared = self._prepare_prompts(batch)
-        prompt_ids = [
-            self.tokenizer(text, add_special_tokens=False)["input_ids"] for _, text, _ in prepared
-        ]
+        prompt_ids = [encode_prompt(self.tokenizer, text) for _, text, _ in prepared]
         g = self.group_size
         params = [replace(self.params, seed=seed + i * g) for i in range(len(prepared))]
         results = self.engine.run_batch(prompt_ids, params, samples_per_prompt=g)
@@ -146,10 +177,23 @@ class RolloutRunner:
         self._last: tuple[tuple, RolloutResult] | None = None
         self.reward_seconds = 0.0  # time the last fresh rollout spent in the reward function
 
+    @staticmethod
+    def _key(batch: Mapping[str, Sequence[str]]) -> tuple:
+        return tuple((k, tuple(v)) for k, v in sorted(batch.items()))
+
+    @property
+    def last(self) -> RolloutResult | None:
+        """The rollout kept for reuse (None: nothing kept)."""
+        return None if self._last is None else self._last[1]
+
+    def keep(self, batch: Mapping[str, Sequence[str]], result: RolloutResult) -> None:
+        """Keep `result` as the rollout of `batch` (a resumed run restores its saved one)."""
+        self._last = (self._key(batch), result)
+
     def __call__(
         self, batch: Mapping[str, Sequence[str]], seed: int = 0
     ) -> tuple[RolloutResult, bool]:
-        key = tuple((k, tuple(v)) for k, v in sorted(batch.items()))
+        key = self._key(batch)
         version = self.trainer_version()
         if self._last is not None and self._last[0] == key:
             cached = self._last[1]

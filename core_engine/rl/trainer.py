@@ -2,72 +2,56 @@
 publish the next version to the engine and verify its acknowledgement.
 
 Invariants exercised here: versions rise by exactly one per optimizer step; every rollout used
-at version v was generated within `max_policy_lag`; a rejected batch never reaches the loss or
-the optimizer; generation never starts before the engine acknowledged the trainer's version
-with the trainer's checksum.
+at version v was generated within `max_policy_lag`; a rejected batch (or a step whose loss or
+gradients are not finite) never reaches the optimizer; generation never starts before the
+engine acknowledged the trainer's version with the trainer's checksum. A run stopped anywhere
+and resumed from its checkpoint continues exactly as if it had not stopped.
 """
 
 from __future__ import annotations
 
-import copy
+import math
 import random
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoTokenizer
 
+from core_engine.engine import load_engine, resolve_device
 from core_engine.model import load_model
 from core_engine.rl.checkpoint import (
     latest_checkpoint,
     load_optimizer_state,
+    prune_checkpoints,
+    read_pending_rollout,
     read_trainer_state,
     save_checkpoint,
 )
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data import collate
-from core_engine.rl.loss import group_advantages, grpo_loss, response_logprobs
+from core_engine.rl.loss import group_advantages
+from core_engine.rl.records import StepRecord, StopReason, TrainerHooks, VersionRecord
 from core_engine.rl.rewards import RewardError, resolve_reward
-from core_engine.rl.rollout import RawRollout, RolloutGenerator, RolloutResult, RolloutRunner
+from core_engine.rl.rollout import (
+    RolloutGenerator,
+    RolloutResult,
+    RolloutRunner,
+    longest_prompt,
+)
+from core_engine.rl.screen import screen_groups
 from core_engine.rl.tasks import default_reward
-from core_engine.scheduler import EngineConfig, InferenceScheduler
+from core_engine.rl.update import TrainSample, UpdateSettings, accumulate_gradients
+from core_engine.scheduler import EngineConfig
 from core_engine.task import SamplingParams
 from core_engine.weights import canonical_weights, weights_checksum
+
+DEFAULT_TIS_CAP = 2.0
 
 
 class TrainingError(RuntimeError):
     """The run cannot continue (too many rejected batches, a failed weight sync)."""
-
-
-@dataclass
-class BatchRecord:
-    """One rollout batch and what became of it (what the queue worker stores)."""
-
-    step: int
-    status: str  # "accepted" | "rejected"
-    reasons: list[str]
-    rollout: RawRollout | None
-    advantages: list[float] | None
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class VersionRecord:
-    version: int
-    parent: int
-    checksum: str
-    metrics: dict[str, float]
-    checkpoint: str | None = None
-
-
-@dataclass
-class TrainerHooks:
-    on_batch: Callable[[BatchRecord], None] | None = None
-    on_version: Callable[[VersionRecord], None] | None = None
-    should_stop: Callable[[], bool] | None = None
 
 
 class GRPOTrainer:
@@ -81,37 +65,46 @@ class GRPOTrainer:
         self.records = records
         self.hooks = hooks or TrainerHooks()
         self.output_dir = Path(config.output_dir)
+        self.device = resolve_device(config.device)
         resume = latest_checkpoint(self.output_dir) if config.resume else None
         state = read_trainer_state(resume) if resume else {"version": 0, "step": 0}
         self.version, self.step_index = state["version"], state["step"]
+        self.batches_drawn = state.get("batches_drawn", 0)
+        self.updates_done = state.get("updates_done", 0)  # of the current batch
         torch.manual_seed(config.seed + self.version)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model, local_files_only=True)
-        self.model = load_model(resume or config.model, torch.float32, config.device).train()
+        self.max_seq_len = longest_prompt(self.tokenizer, records) + config.max_tokens
+        if self.max_seq_len > config.max_tokens_per_micro_batch:
+            raise ValueError(
+                f"max_tokens_per_micro_batch={config.max_tokens_per_micro_batch} cannot hold "
+                f"the longest sample: prompt + max_tokens = {self.max_seq_len} tokens"
+            )
+        self.model = load_model(resume or config.model, torch.float32, self.device).train()
         # The KL anchor is the starting policy, also when resuming.
         self.reference = (
-            load_model(config.model, torch.float32, config.device).eval()
-            if config.kl_coef
-            else None
+            load_model(config.model, torch.float32, self.device).eval() if config.kl_coef else None
         )
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay
         )
         if resume:
             load_optimizer_state(self.optimizer, resume)
-        self.engine = InferenceScheduler(
-            copy.deepcopy(self.model).eval(),
+        self.engine = load_engine(
+            self.model,
             EngineConfig(
                 max_batch_size=config.engine_batch_size,
+                max_seq_len=self.max_seq_len,
                 kv_strategy=config.kv_strategy,
-                eos_token_ids=(self.tokenizer.eos_token_id,),
             ),
-            self.tokenizer,
+            tokenizer=self.tokenizer,
+            checkpoint=config.model,
+            device=self.device,
+            dtype=config.engine_dtype,
             policy_version=self.version,
         )
+        self.update_settings = self._update_settings()
         params = SamplingParams(
-            temperature=config.temperature,
-            top_p=config.top_p,
-            max_tokens=config.max_tokens,
+            temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens
         )
         generator = RolloutGenerator(self.engine, params, config.group_size, self.tokenizer)
         self.runner = RolloutRunner(
@@ -120,34 +113,66 @@ class GRPOTrainer:
             lambda: self.version,
             config.max_policy_lag,
         )
-        self.batches_drawn = state.get("batches_drawn", 0)
+        self._old_logprobs: tuple[RolloutResult, dict[int, list[float]]] | None = None
+        pending = read_pending_rollout(resume) if resume else None
+        if pending is not None:
+            rollout = RolloutResult.from_json(pending["rollout"])
+            self.runner.keep(self._draw(self.batches_drawn - 1), rollout)
+            old = {int(k): v for k, v in pending["old_logprobs"].items()}
+            self._old_logprobs = (rollout, old)
         self._consecutive_failures = self._consecutive_filtered = 0
 
-    # ----------------------------------------------------------------- the loop
-    def train(self) -> list[BatchRecord]:
-        """Run until `config.steps` optimizer steps are done (or `should_stop`). Each batch of
-        prompts serves `updates_per_batch` steps; after the first, its rollout is reused while
-        within `max_policy_lag` versions (`rollout_fresh` = 0), else generated again."""
-        history = []
-        while self.step_index < self.config.steps:
-            batch = self.next_batch()
-            for _ in range(self.config.updates_per_batch):
-                if self.stalled or (self.hooks.should_stop and self.hooks.should_stop()):
-                    self.save()
-                    return history
-                history.append(self.step(batch))
-                if self.step_index >= self.config.steps:
-                    break
-        self.save()
-        return history
+    def _update_settings(self) -> UpdateSettings:
+        cfg = self.config
+        engine_dtype = self.engine.model.lm_head.weight.dtype
+        tis_cap = cfg.tis_cap
+        if tis_cap is None:
+            tis_cap = DEFAULT_TIS_CAP if engine_dtype != torch.float32 else 0.0
+        low_precision = engine_dtype != torch.float32
+        autocast = engine_dtype if self.device.type == "cuda" and low_precision else None
+        return UpdateSettings(
+            temperature=cfg.temperature,
+            clip_eps=cfg.clip_eps,
+            kl_coef=cfg.kl_coef,
+            max_tokens=cfg.max_tokens_per_micro_batch,
+            chunk_rows=cfg.logit_chunk_rows,
+            checkpointing=cfg.gradient_checkpointing,
+            tis_cap=tis_cap,
+            autocast=autocast,
+        )
 
-    def next_batch(self) -> dict[str, list[str]]:
-        """The next prompts: a seeded draw per batch, so a resumed run continues the sequence."""
-        order = random.Random(self.config.seed * 1_000_003 + self.batches_drawn)
-        self.batches_drawn += 1
+    # ----------------------------------------------------------------- the loop
+    def train(self) -> StopReason:
+        """Run until `config.steps` optimizer steps are done, `should_stop`, or stalled. Each
+        batch of prompts serves `updates_per_batch` steps; after the first, its rollout is
+        reused while within `max_policy_lag` versions (`rollout_fresh` = 0), else generated
+        again. A stop between two updates of a batch resumes inside that batch."""
+        reason = StopReason.DONE
+        while self.step_index < self.config.steps:
+            if self.stalled:
+                reason = StopReason.STALLED
+                break
+            if self.hooks.should_stop and self.hooks.should_stop():
+                reason = StopReason.STOPPED
+                break
+            if self.updates_done == 0:
+                self.batches_drawn += 1
+            self.step(self._draw(self.batches_drawn - 1))
+            self.updates_done = (self.updates_done + 1) % self.config.updates_per_batch
+        self.save()
+        return reason
+
+    def _draw(self, index: int) -> dict[str, list[str]]:
+        """Batch `index` of the prompt sequence: a seeded draw, so a resumed run continues it."""
+        order = random.Random(self.config.seed * 1_000_003 + index)
         return collate(order.sample(self.records, min(self.config.batch_size, len(self.records))))
 
-    def step(self, batch: dict[str, list[str]] | None = None) -> BatchRecord:
+    def next_batch(self) -> dict[str, list[str]]:
+        """The next batch of prompts, drawn for a step taken outside `train`."""
+        self.batches_drawn += 1
+        return self._draw(self.batches_drawn - 1)
+
+    def step(self, batch: dict[str, list[str]] | None = None) -> StepRecord:
         """One rollout batch: either an optimizer step (version + 1) or a recorded rejection."""
         batch = batch or self.next_batch()
         seed = self.config.seed * 1_000_003 + self.step_index * 10_007
@@ -158,106 +183,113 @@ class GRPOTrainer:
             return self._reject(getattr(exc, "rollout", None), [str(exc)], {})
         reward_s = self.runner.reward_seconds if fresh else 0.0
         timings = {"generate_s": time.perf_counter() - start - reward_s, "reward_s": reward_s}
-        keep, reasons = self._screen(result)
-        if not keep:
-            return self._reject(result, reasons, timings)
-        return self._optimise(result, keep, fresh, reasons, timings)
+        screened = screen_groups(result, self.config.reject_scope)
+        if screened.rejected_all:
+            return self._reject(result, screened.reasons, timings, screened.rejected)
+        return self._optimise(result, screened.rejected, fresh, screened.reasons, timings)
 
-    def _screen(self, rollout: RolloutResult) -> tuple[list[int], list[str]]:
-        """Groups that may be trained on, and why the others may not."""
-        bad_groups: dict[int, str] = {}
-        for i, (reason, error, ids) in enumerate(
-            zip(rollout.finish_reasons, rollout.errors, rollout.response_ids, strict=True)
-        ):
-            problem = None
-            if reason in ("error", "abort"):
-                problem = f"sample {i}: {reason}/{error.code.value}: {error.message}"
-            elif not ids:
-                problem = f"sample {i}: empty response"
-            if problem:
-                bad_groups.setdefault(rollout.group_of(i), problem)
-        groups = range(len(rollout.prompt_ids))
-        if bad_groups and self.config.reject_scope == "batch":
-            return [], list(bad_groups.values())
-        return [g for g in groups if g not in bad_groups], list(bad_groups.values())
-
-    def _optimise(self, rollout, keep, fresh, reasons, timings) -> BatchRecord:
+    def _optimise(self, rollout, rejected, fresh, reasons, timings) -> StepRecord:
         cfg, g = self.config, rollout.group_size
         rewards = torch.tensor(rollout.rewards).view(-1, g)
         advantages, zero_var = group_advantages(rewards)
-        trainable = torch.zeros(len(rewards), dtype=torch.bool)
-        trainable[keep] = True
+        trainable = torch.ones(len(rewards), dtype=torch.bool)
+        trainable[list(rejected)] = False
         if cfg.drop_zero_variance_groups:
             trainable &= ~zero_var
-        sample_rows = trainable.repeat_interleave(g)
+        rows = trainable.repeat_interleave(g).nonzero().squeeze(1).tolist()
+        lengths = [len(r) for r in rollout.response_ids]
         metrics = {
             "reward_mean": float(rewards.mean()),
             "reward_std": float(rewards.std(unbiased=False)),
-            "response_length": sum(map(len, rollout.response_ids)) / rollout.num_samples,
+            "response_length": sum(lengths) / rollout.num_samples,
             "zero_variance_groups": int(zero_var.sum()),
             "rollout_version": rollout.policy_version,
             "rollout_fresh": float(fresh),
+            "tokens_per_s": sum(lengths) / max(timings["generate_s"], 1e-9),
         }
-        metrics["tokens_per_s"] = sum(map(len, rollout.response_ids)) / max(
-            timings["generate_s"], 1e-9
-        )
-        if not bool(sample_rows.any()):
+        if not rows:
             reasons = [*reasons, "filtered: no trainable group (all have zero reward variance)"]
-            return self._reject(rollout, reasons, {**timings, **metrics}, failure=False)
+            return self._reject(rollout, reasons, {**timings, **metrics}, rejected, failure=False)
         start = time.perf_counter()
         # Only trainable samples are scored: the others have no weight in the loss. The
         # train/infer mismatch is therefore measured on the samples trained on.
-        rows = sample_rows.nonzero().squeeze(1).tolist()
-        prompts = [rollout.prompt_ids[rollout.group_of(i)] for i in rows]
-        responses = [rollout.response_ids[i] for i in rows]
-        logp, mask = response_logprobs(self.model, prompts, responses, rollout.temperature)
-        behaviour = torch.zeros_like(logp)
-        for j, i in enumerate(rows):
-            lp = rollout.temp_logprobs[i]
-            behaviour[j, : len(lp)] = torch.tensor(lp, device=logp.device)
-        if fresh:
-            gap = (logp.detach() - behaviour).abs()[mask]
-            metrics["mismatch_mean"] = float(gap.mean())
-            metrics["mismatch_max"] = float(gap.max())
-        ref = None
-        if self.reference is not None:
-            with torch.no_grad():
-                ref, _ = response_logprobs(self.reference, prompts, responses, rollout.temperature)
-        out = grpo_loss(
-            logp,
-            behaviour,
-            advantages.view(-1)[rows].to(logp.device),
-            mask,
-            cfg.clip_eps,
-            cfg.kl_coef,
-            ref,
-        )
+        old = self._known_old_logprobs(rollout, fresh)
+        flat_advantages = advantages.view(-1)
+        samples = [
+            TrainSample(
+                rollout.prompt_ids[rollout.group_of(i)],
+                rollout.response_ids[i],
+                rollout.temp_logprobs[i],
+                float(flat_advantages[i]),
+                old.get(i),
+            )
+            for i in rows
+        ]
         self.optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-        self.optimizer.step()
-        metrics.update(loss=float(out.loss.detach()), kl=out.kl, clip_fraction=out.clip_fraction)
-        timings["train_s"] = time.perf_counter() - start
-        timings["sync_s"] = self._publish_next_version(metrics)
-        self._consecutive_failures = self._consecutive_filtered = 0
-        record = BatchRecord(
-            self.step_index - 1,
-            "accepted",
-            reasons,
-            rollout,
-            advantages.view(-1).tolist(),
-            {**metrics, **timings},
+        update = accumulate_gradients(self.model, samples, self.update_settings, self.reference)
+        grad_norm = float(
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
         )
-        if self.hooks.on_batch:
-            self.hooks.on_batch(record)
+        if not (update.finite and math.isfinite(grad_norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            why = f"non_finite: loss {update.loss} / gradient norm {grad_norm}; step not taken"
+            return self._reject(rollout, [*reasons, why], {**timings, **metrics}, rejected)
+        self.optimizer.step()
+        if fresh:
+            self._old_logprobs = (rollout, dict(zip(rows, update.logprobs, strict=True)))
+            gap = [
+                abs(a - b)
+                for i, lp in zip(rows, update.logprobs, strict=True)
+                for a, b in zip(lp, rollout.temp_logprobs[i], strict=True)
+            ]
+            metrics.update(mismatch_mean=sum(gap) / len(gap), mismatch_max=max(gap))
+        metrics.update(
+            loss=update.loss,
+            kl=update.kl,
+            clip_fraction=update.clip_fraction,
+            ratio_outside_fraction=update.ratio_outside_fraction,
+            ratio_max=update.ratio_max,
+            grad_norm=grad_norm,
+            micro_batches=update.micro_batches,
+        )
+        if update.tis_weight_mean is not None:
+            metrics.update(
+                tis_weight_mean=update.tis_weight_mean,
+                tis_truncated_fraction=update.tis_truncated_fraction,
+            )
+        timings["train_s"] = time.perf_counter() - start
+        trained = dict(zip(rows, update.logprobs, strict=True))
+        version = self._publish_next_version({**metrics, **timings}, timings)
+        self._consecutive_failures = self._consecutive_filtered = 0
+        record = StepRecord(
+            step=self.step_index - 1,
+            rollout=rollout,
+            version=version,
+            reasons=reasons,
+            rejected_groups=rejected,
+            advantages=flat_advantages.tolist(),
+            trainer_logprobs=[trained.get(i) for i in range(rollout.num_samples)],
+            metrics={**metrics, **timings},
+        )
+        self._emit(record)
+        if cfg.keep_last or cfg.keep_every:
+            prune_checkpoints(self.output_dir, cfg.keep_last, cfg.keep_every)
         return record
 
-    def _publish_next_version(self, metrics: dict[str, float]) -> float:
+    def _known_old_logprobs(self, rollout: RolloutResult, fresh: bool) -> dict[int, list[float]]:
+        """The trainer's log-probs at the rollout's version, kept from its first update (none
+        for a fresh rollout: they come from this update's own forward)."""
+        if fresh or self._old_logprobs is None or self._old_logprobs[0] is not rollout:
+            return {}
+        return self._old_logprobs[1]
+
+    def _publish_next_version(self, metrics: dict[str, float], timings) -> VersionRecord:
         """version + 1, pushed to the engine; its ack must match the trainer's weights."""
         start = time.perf_counter()
         parent, self.version = self.version, self.version + 1
         self.step_index += 1
-        weights = {k: v.detach() for k, v in canonical_weights(self.model).items()}
+        engine_dtype = self.engine.model.lm_head.weight.dtype
+        weights = {k: v.detach().to(engine_dtype) for k, v in canonical_weights(self.model).items()}
         ack = self.engine.update_weights(weights, self.version)
         expected = weights_checksum(weights)
         if ack.version != self.version or ack.checksum != expected:
@@ -265,22 +297,25 @@ class GRPOTrainer:
                 f"weight sync failed: engine acknowledged version {ack.version} "
                 f"checksum {ack.checksum[:12]}, trainer has {self.version} {expected[:12]}"
             )
+        timings["sync_s"] = time.perf_counter() - start
         checkpoint = None
         every = self.config.checkpoint_every
         if every and self.version % every == 0:
-            checkpoint = str(self.save())
-        if self.hooks.on_version:
-            self.hooks.on_version(
-                VersionRecord(self.version, parent, expected, dict(metrics), checkpoint)
-            )
-        return time.perf_counter() - start
+            checkpoint = str(self.save(updates_done=self.updates_done + 1))
+        return VersionRecord(self.version, parent, expected, dict(metrics), checkpoint)
 
-    def _reject(self, rollout, reasons, metrics, failure: bool = True) -> BatchRecord:
+    def _reject(self, rollout, reasons, metrics, rejected=None, failure=True) -> StepRecord:
         """Record a batch that is never trained on. Too many failed batches in a row stop the
         run with an error; too many without any learning signal end it (`stalled`)."""
-        record = BatchRecord(self.step_index, "rejected", reasons, rollout, None, dict(metrics))
-        if self.hooks.on_batch:
-            self.hooks.on_batch(record)
+        record = StepRecord(
+            step=self.step_index,
+            rollout=rollout,
+            version=None,
+            reasons=list(reasons),
+            rejected_groups=dict(rejected or {}),
+            metrics=dict(metrics),
+        )
+        self._emit(record)
         limit = self.config.max_consecutive_rejections
         if failure:
             self._consecutive_failures += 1
@@ -293,12 +328,25 @@ class GRPOTrainer:
             self._consecutive_filtered += 1
         return record
 
+    def _emit(self, record: StepRecord) -> None:
+        if self.hooks.on_step:
+            self.hooks.on_step(record)
+
     @property
     def stalled(self) -> bool:
         """No batch has had reward variance for a while: nothing left to learn from."""
         return self._consecutive_filtered > self.config.max_consecutive_rejections
 
-    def save(self) -> Path:
+    def save(self, updates_done: int | None = None) -> Path:
+        """Checkpoint the current version; between two updates of one batch, with the rollout
+        the next update reuses, so a resumed run continues exactly."""
+        done = self.updates_done if updates_done is None else updates_done
+        done %= self.config.updates_per_batch
+        pending = None
+        if done and self.runner.last is not None:
+            kept = self._old_logprobs
+            old = kept[1] if kept is not None and kept[0] is self.runner.last else {}
+            pending = {"rollout": self.runner.last.to_json(), "old_logprobs": old}
         return save_checkpoint(
             self.output_dir,
             self.model,
@@ -306,7 +354,8 @@ class GRPOTrainer:
             self.version,
             self.step_index,
             self.config.model,
-            {"batches_drawn": self.batches_drawn},
+            {"batches_drawn": self.batches_drawn, "updates_done": done},
+            pending,
         )
 
     def stats(self) -> dict[str, Any]:

@@ -7,10 +7,11 @@ import torch
 import transformers
 
 from core_engine.rl.config import GRPOConfig
+from core_engine.rl.records import TrainerHooks
 from core_engine.rl.rewards import RewardError
 from core_engine.rl.rollout import RolloutRunner, StaleRolloutError, check_policy_lag
 from core_engine.rl.tasks import training_records
-from core_engine.rl.trainer import GRPOTrainer, TrainerHooks, TrainingError
+from core_engine.rl.trainer import GRPOTrainer, TrainingError
 from core_engine.toy import save_tiny_checkpoint
 from core_engine.weights import canonical_weights, weights_checksum
 
@@ -49,11 +50,11 @@ def snapshot(trainer):
 
 
 def test_versions_rise_by_one_per_step_and_acks_match(checkpoint, tmp_path):
-    batches, versions = [], []
-    hooks = TrainerHooks(on_batch=batches.append, on_version=versions.append)
-    trainer = make_trainer(checkpoint, tmp_path, hooks, steps=4)
+    batches = []
+    trainer = make_trainer(checkpoint, tmp_path, TrainerHooks(on_step=batches.append), steps=4)
     trainer.train()
     accepted = [b for b in batches if b.status == "accepted"]
+    versions = [b.version for b in accepted]
     assert trainer.version == len(accepted) == 4
     assert [v.version for v in versions] == [1, 2, 3, 4]
     assert [v.parent for v in versions] == [0, 1, 2, 3]
@@ -70,7 +71,7 @@ def test_reward_rises_on_a_trivially_learnable_task(checkpoint, tmp_path):
     trainer = make_trainer(
         checkpoint,
         tmp_path,
-        TrainerHooks(on_batch=batches.append),
+        TrainerHooks(on_step=batches.append),
         steps=12,
         batch_size=8,
         group_size=8,
@@ -83,7 +84,7 @@ def test_reward_rises_on_a_trivially_learnable_task(checkpoint, tmp_path):
 
 def test_rejected_batch_never_reaches_the_loss_or_optimizer(checkpoint, tmp_path):
     batches = []
-    trainer = make_trainer(checkpoint, tmp_path, TrainerHooks(on_batch=batches.append))
+    trainer = make_trainer(checkpoint, tmp_path, TrainerHooks(on_step=batches.append))
     trainer.step()  # one real step so the optimizer has state
     before = snapshot(trainer)
     version = trainer.version
@@ -174,7 +175,7 @@ def test_rollouts_are_reused_within_the_lag_bound(checkpoint, tmp_path):
     trainer = make_trainer(
         checkpoint,
         tmp_path,
-        TrainerHooks(on_batch=batches.append),
+        TrainerHooks(on_step=batches.append),
         steps=4,
         updates_per_batch=2,
         max_policy_lag=1,
@@ -189,7 +190,7 @@ def test_rollouts_are_reused_within_the_lag_bound(checkpoint, tmp_path):
     # With a lag bound of 0 the second update of a batch regenerates on-policy.
     strict = make_trainer(checkpoint, tmp_path / "strict", steps=2, updates_per_batch=2)
     records = []
-    strict.hooks.on_batch = records.append
+    strict.hooks.on_step = records.append
     strict.train()
     assert [r.rollout.policy_version for r in records if r.status == "accepted"] == [0, 1]
 

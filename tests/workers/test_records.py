@@ -2,8 +2,8 @@
 
 import math
 
+from core_engine.rl.records import StepRecord, VersionRecord
 from core_engine.rl.rollout import RolloutResult
-from core_engine.rl.trainer import BatchRecord as TrainerBatch
 from core_engine.task import ErrorCode, TaskError
 from db import BatchStatus
 from workers.records import policy_metrics, sample_records, trainer_batches
@@ -42,11 +42,12 @@ def test_samples_are_indexed_by_prompt_and_group_position():
 
 def test_a_group_rejection_inside_an_accepted_batch_is_stored_as_its_own_rejected_batch():
     failed = TaskError(ErrorCode.KV_EXHAUSTED, "no pages")
-    batch = TrainerBatch(
+    batch = StepRecord(
         step=3,
-        status="accepted",
-        reasons=["sample 2: error/kv_exhausted: no pages"],
         rollout=rollout(errors=(None, None, failed, None)),
+        version=VersionRecord(4, 3, "c" * 64, {}),
+        reasons=["sample 2: error/kv_exhausted: no pages"],
+        rejected_groups={1: "sample 2: error/kv_exhausted: no pages"},
         advantages=[1.0, -1.0, 0.0, 0.0],
     )
     accepted, rejected = trainer_batches(7, 3, batch)
@@ -60,10 +61,11 @@ def test_a_group_rejection_inside_an_accepted_batch_is_stored_as_its_own_rejecte
 
 
 def test_a_rejected_batch_keeps_its_samples_and_reasons_and_one_without_rollout_is_dropped():
-    batch = TrainerBatch(3, "rejected", ["reward function raised"], rollout(), None)
+    batch = StepRecord(3, rollout(), None, ["reward function raised"])
     [stored] = trainer_batches(7, 3, batch)
     assert stored.status is BatchStatus.REJECTED and len(stored.samples) == 4
-    assert trainer_batches(7, 3, TrainerBatch(3, "rejected", ["stale"], None, None)) == []
+    assert stored.rejection_reasons == ["reward function raised"]
+    assert trainer_batches(7, 3, StepRecord(3, None, None, ["stale"])) == []
 
 
 def test_policy_metrics_name_the_known_ones_and_keep_the_rest_as_extra():

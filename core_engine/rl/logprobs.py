@@ -1,0 +1,98 @@
+"""Token log-probs for training: packed sequences, the LM head only where a response token is
+predicted, and a log-softmax that never holds more than `chunk_rows` x vocabulary at once, in
+the forward and in the backward."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from core_engine.model import CausalLM
+
+
+class _SelectiveLogSoftmax(torch.autograd.Function):
+    """log_softmax(hidden @ weight.T / temperature)[row, target] by chunks of rows.
+
+    The backward recomputes each chunk's logits instead of keeping them: the largest
+    vocabulary-wide tensor alive at any time is [chunk_rows, vocab] (fp32)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, chunk_rows):
+        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        for start in range(0, hidden.shape[0], chunk_rows):
+            rows = slice(start, start + chunk_rows)
+            logits = _chunk_logits(hidden[rows], weight, temperature)
+            picked = logits.gather(1, targets[rows, None]).squeeze(1)
+            out[rows] = picked - torch.logsumexp(logits, dim=-1)
+        ctx.save_for_backward(hidden, weight, targets)
+        ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        hidden, weight, targets = ctx.saved_tensors
+        grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        for start in range(0, hidden.shape[0], ctx.chunk_rows):
+            rows = slice(start, start + ctx.chunk_rows)
+            h = hidden[rows]
+            # d logp[target] / d logits = onehot(target) - softmax, scaled by 1 / T.
+            grad_logits = _chunk_logits(h, weight, ctx.temperature).softmax(-1)
+            grad_logits.neg_().scatter_add_(
+                1, targets[rows, None], torch.ones_like(grad_logits[:, :1])
+            )
+            grad_logits.mul_(grad_out[rows, None] / ctx.temperature)
+            if grad_hidden is not None:
+                grad_hidden[rows] = (grad_logits @ weight.float()).to(hidden.dtype)
+            if grad_weight is not None:
+                grad_weight.add_((grad_logits.T @ h.float()).to(weight.dtype))
+        return grad_hidden, grad_weight, None, None, None
+
+
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    """fp32 logits of a chunk of rows, also under autocast."""
+    with torch.autocast(hidden.device.type, enabled=False):
+        return (hidden.float() @ weight.float().T) / temperature
+
+
+def selective_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_rows: int = 256,
+) -> torch.Tensor:
+    """[N] log-probs of `targets` [N] under logits `hidden` [N, H] @ `weight` [V, H]^T / T."""
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    return _SelectiveLogSoftmax.apply(hidden, weight, targets, temperature or 1.0, chunk_rows)
+
+
+def packed_response_logprobs(
+    model: CausalLM,
+    prompt_ids: Sequence[Sequence[int]],
+    response_ids: Sequence[Sequence[int]],
+    temperature: float,
+    chunk_rows: int = 256,
+    checkpointing: bool = False,
+) -> list[torch.Tensor]:
+    """log-softmax(logits / T) of every response token (teacher forcing), one [len(response)]
+    tensor per sample. The samples are packed into one padding-free sequence; greedy
+    (T = 0) scores at T = 1."""
+    if not all(prompt_ids):
+        raise ValueError("every sample needs a non-empty prompt to be scored")
+    device = model.lm_head.weight.device
+    sequences = [[*p, *r] for p, r in zip(prompt_ids, response_ids, strict=True)]
+    ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long, device=device)
+    rows, offset = [], 0
+    for prompt, response in zip(prompt_ids, response_ids, strict=True):
+        start = offset + len(prompt) - 1  # the position that predicts the first response token
+        rows.append(torch.arange(start, start + len(response)))
+        offset += len(prompt) + len(response)
+    index = torch.cat(rows).to(device)
+    hidden = model.hidden_states_packed(ids, [len(s) for s in sequences], checkpointing)
+    logp = selective_logprobs(
+        hidden[index], model.lm_head.weight, ids[index + 1], temperature, chunk_rows
+    )
+    return list(logp.split([len(r) for r in response_ids]))

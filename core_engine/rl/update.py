@@ -1,0 +1,170 @@
+"""One policy-gradient update over a step's samples, in token-budgeted micro-batches.
+
+Samples are packed (no padding) into micro-batches of at most `max_tokens` prompt + response
+tokens; every micro-batch's loss is divided by the whole step's token count, so accumulating
+their gradients gives exactly the gradient of the step's loss. Advantages come in computed for
+the whole step. Nothing here steps the optimizer: the caller checks the result is finite first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from core_engine.model import CausalLM
+from core_engine.rl.logprobs import packed_response_logprobs
+from core_engine.rl.loss import grpo_loss
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    prompt: list[int]
+    response: list[int]
+    behaviour: list[float]  # the engine's temperature-only log-probs of `response`
+    advantage: float
+    old: list[float] | None = None  # the trainer's log-probs at the rollout's version, if known
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.response)
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    temperature: float
+    clip_eps: float
+    kl_coef: float
+    max_tokens: int  # per micro-batch, prompt + response
+    chunk_rows: int  # rows x vocabulary held at once by the log-softmax
+    checkpointing: bool = False
+    tis_cap: float = 0.0  # truncated importance sampling: 0 = off
+    autocast: torch.dtype | None = None
+
+
+@dataclass
+class UpdateResult:
+    loss: float
+    kl: float
+    clip_fraction: float
+    ratio_outside_fraction: float
+    ratio_max: float
+    micro_batches: int
+    logprobs: list[list[float]]  # the trainer's log-probs, before this update
+    tis_weight_mean: float | None = None
+    tis_truncated_fraction: float | None = None
+
+    @property
+    def finite(self) -> bool:
+        return math.isfinite(self.loss) and all(
+            math.isfinite(v) for row in self.logprobs for v in row
+        )
+
+
+def pack_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Indices in order, packed greedily so that no micro-batch exceeds `max_tokens`."""
+    batches: list[list[int]] = []
+    used = max_tokens + 1
+    for index, length in enumerate(lengths):
+        if length > max_tokens:
+            raise ValueError(
+                f"sample {index} has {length} tokens, over max_tokens_per_micro_batch={max_tokens}"
+            )
+        if used + length > max_tokens:
+            batches.append([])
+            used = 0
+        batches[-1].append(index)
+        used += length
+    return batches
+
+
+def accumulate_gradients(
+    model: CausalLM,
+    samples: Sequence[TrainSample],
+    settings: UpdateSettings,
+    reference: CausalLM | None = None,
+) -> UpdateResult:
+    """Backward of the step's GRPO loss into `model`'s .grad, one micro-batch at a time."""
+    normaliser = float(sum(len(s.response) for s in samples)) or 1.0
+    totals = dict(loss=0.0, kl=0.0, clip_fraction=0.0, ratio_outside_fraction=0.0)
+    ratio_max, tis_sum, tis_truncated = 1.0, 0.0, 0.0
+    logprobs: list[list[float]] = [[] for _ in samples]
+    micro_batches = pack_micro_batches([s.num_tokens for s in samples], settings.max_tokens)
+    for indices in micro_batches:
+        part = [samples[i] for i in indices]
+        logp = _score(model, part, settings)
+        for i, row in zip(indices, logp, strict=True):
+            logprobs[i] = row.detach().tolist()
+        ref = None
+        if reference is not None and settings.kl_coef:
+            with torch.no_grad():
+                ref = _padded(_score(reference, part, settings))
+        behaviour = _padded([_tensor(s.behaviour, logp[0]) for s in part])
+        old = _padded(
+            [
+                row.detach() if s.old is None else _tensor(s.old, row)
+                for s, row in zip(part, logp, strict=True)
+            ]
+        )
+        mask = _padded([torch.ones_like(row, dtype=torch.bool) for row in logp])
+        tis = None
+        if settings.tis_cap:
+            raw = torch.exp(torch.where(mask, old - behaviour, torch.zeros_like(old)))
+            tis = raw.clamp(max=settings.tis_cap)
+            tis_sum += float(tis[mask].sum())
+            tis_truncated += float((raw[mask] > settings.tis_cap).sum())
+        advantages = torch.tensor([s.advantage for s in part], device=behaviour.device)
+        out = grpo_loss(
+            _padded(logp),
+            old if settings.tis_cap else behaviour,
+            advantages,
+            mask,
+            settings.clip_eps,
+            settings.kl_coef,
+            ref,
+            normaliser,
+            tis,
+        )
+        out.loss.backward()
+        totals["loss"] += float(out.loss.detach())
+        totals["kl"] += out.kl
+        totals["clip_fraction"] += out.clip_fraction
+        totals["ratio_outside_fraction"] += out.ratio_outside_fraction
+        ratio_max = max(ratio_max, out.ratio_max)
+    result = UpdateResult(
+        **totals, ratio_max=ratio_max, micro_batches=len(micro_batches), logprobs=logprobs
+    )
+    if settings.tis_cap:
+        result.tis_weight_mean = tis_sum / normaliser
+        result.tis_truncated_fraction = tis_truncated / normaliser
+    return result
+
+
+def _score(model: CausalLM, part: Sequence[TrainSample], settings: UpdateSettings):
+    device_type = model.lm_head.weight.device.type
+    autocast = (
+        torch.autocast(device_type, dtype=settings.autocast)
+        if settings.autocast is not None
+        else contextlib.nullcontext()
+    )
+    with autocast:
+        return packed_response_logprobs(
+            model,
+            [s.prompt for s in part],
+            [s.response for s in part],
+            settings.temperature,
+            settings.chunk_rows,
+            settings.checkpointing and model.training,
+        )
+
+
+def _tensor(values: Sequence[float], like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32, device=like.device)
+
+
+def _padded(rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    return pad_sequence(list(rows), batch_first=True)
