@@ -65,8 +65,9 @@ def engine_model(model: CausalLM, dtype: torch.dtype, device: torch.device) -> C
     with torch.device("meta"):
         copy = CausalLM(model.config)
     copy = copy.to(dtype).to_empty(device=device)
-    load_state(copy, model.state_dict())
+    copy.tie_weights()
     copy.reset_rope()
+    load_state(copy, model.state_dict())
     return copy.eval()
 
 

@@ -157,11 +157,16 @@ class CausalLM(nn.Module):
         self.config = cfg
         self.model = DecoderModel(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.tie_weights()
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
         self.reset_rope()
+
+    def tie_weights(self) -> None:
+        """The LM head reads the embedding matrix when the config ties them (again after
+        `to_empty`, which gives every module a parameter of its own)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
 
     def reset_rope(self) -> None:
         """(Re)compute the RoPE tables on the model's device and in its dtype (also after

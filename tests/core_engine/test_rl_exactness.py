@@ -12,7 +12,7 @@ from core_engine.rl.trainer import TrainingError
 from core_engine.weights import canonical_weights, weights_checksum
 
 from .reference import make_pair
-from .test_rl_trainer import checkpoint, make_trainer  # noqa: F401  (fixture)
+from .test_rl_trainer import make_trainer
 
 
 def run(checkpoint, root, steps, stop_at=None, **overrides):
@@ -63,7 +63,7 @@ def test_a_warm_stop_and_resume_equals_an_uninterrupted_run(checkpoint, tmp_path
 def test_the_steps_limit_inside_a_batch_resumes_inside_it(checkpoint, tmp_path):
     overrides = {"updates_per_batch": 2, "max_policy_lag": 1}
     straight, straight_prompts, _ = run(checkpoint, tmp_path / "a", 4, **overrides)
-    first, first_prompts, _ = run(checkpoint, tmp_path / "b", 3, **overrides)
+    _, first_prompts, _ = run(checkpoint, tmp_path / "b", 3, **overrides)
     resumed, resumed_prompts, _ = run(checkpoint, tmp_path / "b", 4, **overrides)
     order = first_prompts + resumed_prompts
     assert order == straight_prompts

@@ -12,13 +12,7 @@ from core_engine.rl.rewards import RewardError
 from core_engine.rl.rollout import RolloutRunner, StaleRolloutError, check_policy_lag
 from core_engine.rl.tasks import training_records
 from core_engine.rl.trainer import GRPOTrainer, TrainingError
-from core_engine.toy import save_tiny_checkpoint
 from core_engine.weights import canonical_weights, weights_checksum
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return save_tiny_checkpoint(tmp_path_factory.mktemp("policy"), alphabet="0123456789?=+")
 
 
 def make_config(checkpoint, tmp_path, **overrides):
