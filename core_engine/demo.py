@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from core_engine.engine import load_engine
 from core_engine.scheduler import EngineConfig, InferenceScheduler
 from core_engine.task import SamplingParams
 from core_engine.toy import save_tiny_checkpoint
@@ -37,9 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     data_dir = Path(os.environ.get("RLWB_DATA_DIR", "data"))
     model_path = args.model or demo_checkpoint(data_dir)
-    engine = InferenceScheduler.from_pretrained(
-        str(model_path), EngineConfig(kv_strategy=args.kv_strategy, max_batch_size=16)
-    )
+    engine = load_engine(model_path, EngineConfig(kv_strategy=args.kv_strategy, max_batch_size=16))
     tok = engine.tokenizer
     prompts = [
         tok(

@@ -5,10 +5,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-import torch
-from transformers import AutoTokenizer
-
-from core_engine.model import checkpoint_eos_ids, load_model
+from core_engine.engine import load_engine
 from core_engine.scheduler import EngineConfig, InferenceScheduler
 
 MAX_BATCH_SIZE = 64
@@ -25,7 +22,7 @@ class EngineCache:
         self.loads = 0
 
     def get(self, checkpoint: str, version: int) -> InferenceScheduler:
-        """An engine serving ``checkpoint`` stamped as policy ``version`` (fp32)."""
+        """An engine serving ``checkpoint`` stamped as policy ``version``."""
         key = (str(Path(checkpoint).resolve()), version)
         with self._lock:
             engine = self._engines.pop(key, None)
@@ -38,13 +35,8 @@ class EngineCache:
 
     def _load(self, path: str, version: int) -> InferenceScheduler:
         self.loads += 1
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        eos = set(checkpoint_eos_ids(path))
-        if tokenizer.eos_token_id is not None:
-            eos.add(tokenizer.eos_token_id)
-        config = EngineConfig(max_batch_size=MAX_BATCH_SIZE, eos_token_ids=tuple(sorted(eos)))
-        model = load_model(path, torch.float32, self.device)
-        return InferenceScheduler(model, config, tokenizer, policy_version=version)
+        config = EngineConfig(max_batch_size=MAX_BATCH_SIZE)
+        return load_engine(path, config, device=self.device, policy_version=version)
 
 
 _cache: EngineCache | None = None

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 import transformers
 from safetensors.torch import save_file
 
+from core_engine.engine import load_engine
 from core_engine.model import CausalLM, build_model, load_state
 from core_engine.rl.evaluate import evaluate
 from core_engine.rl.rewards import exact_match
@@ -82,8 +83,8 @@ def heldout_records(count: int = 1000) -> list[dict[str, str]]:
 
 def eval_engine(model: CausalLM, tokenizer, batch_size: int = 1000) -> InferenceScheduler:
     """An engine serving a copy of `model`, for greedy evaluation."""
-    config = EngineConfig(max_batch_size=batch_size, eos_token_ids=(tokenizer.eos_token_id,))
-    return InferenceScheduler(copy.deepcopy(model).eval(), config, tokenizer)
+    config = EngineConfig(max_batch_size=batch_size)
+    return load_engine(copy.deepcopy(model).eval(), config, tokenizer=tokenizer)
 
 
 def greedy_accuracy(engine: InferenceScheduler, records: Sequence[dict[str, str]]) -> float:
