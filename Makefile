@@ -9,7 +9,7 @@ export GRADIO_ANALYTICS_ENABLED := False
 export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: install up demo test lint format bench
+.PHONY: install up demo test lint format bench gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,3 +38,7 @@ format: install
 
 bench: install
 	$(PY) benchmarks/bench_engine.py
+
+# On a machine with a CUDA device: the CUDA-only tests (graphs, bf16 engine, trainer on device).
+gpu-check: install
+	$(PY) -m pytest -m cuda -v tests/core_engine

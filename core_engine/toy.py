@@ -89,7 +89,7 @@ def save_tiny_checkpoint(
     import torch
 
     tokenizer = char_tokenizer(alphabet)
-    config = tiny_config(arch, vocab_size=len(tokenizer), **overrides)
+    config = tiny_config(arch, **{"vocab_size": len(tokenizer), **overrides})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config)
     path = Path(path)

@@ -203,3 +203,22 @@ def test_one_end_of_sequence_rule_with_two_eos_ids(tmp_path):
 
     trainer = GRPOTrainer(config, training_records("always7", None, count=8))
     assert trainer.engine.eos_token_ids == engine.eos_token_ids
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_training_on_cuda_with_a_bf16_engine(checkpoint, tmp_path):
+    """The GPU path end to end: trainer (fp32 master weights, bf16 autocast) and a bf16 engine
+    on the device, truncated IS on, versions acknowledged."""
+    records = []
+    trainer = make_trainer(
+        checkpoint, tmp_path, device="cuda", steps=3, drop_zero_variance_groups=False
+    )
+    trainer.hooks.on_step = records.append
+    trainer.train()
+    assert trainer.model.lm_head.weight.device.type == "cuda"
+    assert trainer.engine.model.lm_head.weight.dtype == torch.bfloat16
+    assert trainer.update_settings.autocast == torch.bfloat16
+    assert trainer.version == trainer.engine.version == 3
+    for record in records:
+        assert record.metrics["mismatch_max"] < 0.5 and "tis_weight_mean" in record.metrics

@@ -1,0 +1,129 @@
+"""Two GRPO steps of a Qwen2.5-0.5B-shaped policy through the queue, on CPU, with its memory.
+
+The checkpoint has Qwen2.5-0.5B's real configuration (151,936-token vocabulary, 24 layers,
+hidden 896, GQA 14/2, tied embeddings; 494M parameters) with random weights, built locally. A
+`rlwb worker` process (embedded broker, SQLite) runs a train job submitted through
+`workers.api` exactly as the UI submits one; the worker's peak RSS (VmHWM) is read from /proc
+when the job has finished. Target: within 8 GB.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_real_shape.py [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere
+
+QWEN25_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    vocab_size=151_936,
+    initializer_range=0.02,
+)
+JOB = dict(
+    task="addition",
+    steps=2,
+    batch_size=2,
+    group_size=4,
+    max_tokens=32,
+    lr=1e-6,
+    drop_zero_variance_groups=False,  # random weights: every group has reward 0
+    logit_chunk_rows=64,
+    max_tokens_per_micro_batch=512,
+)
+TARGET_GB = 8.0
+
+
+def build_checkpoint(path: Path) -> Path:
+    from core_engine.toy import save_tiny_checkpoint
+
+    if not (path / "config.json").is_file():
+        save_tiny_checkpoint(path, arch="qwen2", alphabet="0123456789+=?", **QWEN25_05B)
+    return path
+
+
+def peak_rss_gb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 2**20
+    raise RuntimeError("no VmHWM")
+
+
+def run_job(root: Path, model: Path) -> dict:
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{root / 'rlwb.db'}",
+        "RLWB_DATA_DIR": str(root / "data"),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT),
+    }
+    env.pop("REDIS_URL", None)
+    os.environ.update({k: env[k] for k in ("DATABASE_URL", "RLWB_DATA_DIR")})
+    from db import Repository, upgrade
+    from workers import api
+
+    upgrade(env["DATABASE_URL"])
+    repo = Repository.from_url(env["DATABASE_URL"])
+    log = open(root / "worker.log", "w")  # noqa: SIM115  (closed below)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "workers", "worker", "-n", "shape@%h"],
+        env=env,
+        cwd=root,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        start = time.perf_counter()
+        job = api.submit_job("train", {**JOB, "model": str(model)})
+        while not repo.get_job(job.id).status.is_terminal:
+            if worker.poll() is not None:
+                raise RuntimeError(f"the worker exited; see {root / 'worker.log'}")
+            time.sleep(2)
+        seconds = time.perf_counter() - start
+        peak = peak_rss_gb(worker.pid)
+    finally:
+        worker.terminate()
+        worker.wait(60)
+        log.close()
+    final = repo.get_job(job.id)
+    return {
+        "status": final.status.value,
+        "error": final.error,
+        "versions": [v.version for v in repo.list_versions(job.id)],
+        "seconds": seconds,
+        "peak_rss_gb": peak,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--keep", type=Path, help="work in this directory and keep it")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.keep or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        model = build_checkpoint(root / "qwen2.5-0.5b-shape")
+        result = run_job(root, model)
+    print(f"job {result['status']} {result['error'] or ''}".strip())
+    print(f"versions stored: {result['versions']}; {result['seconds']:.0f} s for the job")
+    verdict = "met" if result["peak_rss_gb"] <= TARGET_GB else "MISSED"
+    print(f"worker peak RSS: {result['peak_rss_gb']:.2f} GiB (target <= {TARGET_GB} GB: {verdict})")
+
+
+if __name__ == "__main__":
+    main()
