@@ -220,5 +220,5 @@ def test_training_on_cuda_with_a_bf16_engine(checkpoint, tmp_path):
     assert trainer.engine.model.lm_head.weight.dtype == torch.bfloat16
     assert trainer.update_settings.autocast == torch.bfloat16
     assert trainer.version == trainer.engine.version == 3
-    for record in records:
+    for record in (r for r in records if r.version is not None):
         assert record.metrics["mismatch_max"] < 0.5 and "tis_weight_mean" in record.metrics
