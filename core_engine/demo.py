@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from core_engine.engine import load_engine
+from core_engine.prompts import chat_prompt_ids
 from core_engine.scheduler import EngineConfig, InferenceScheduler
 from core_engine.task import SamplingParams
 from core_engine.toy import save_tiny_checkpoint
@@ -40,14 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     model_path = args.model or demo_checkpoint(data_dir)
     engine = load_engine(model_path, EngineConfig(kv_strategy=args.kv_strategy, max_batch_size=16))
     tok = engine.tokenizer
-    prompts = [
-        tok(
-            tok.apply_chat_template(
-                [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
-            )
-        )["input_ids"]
-        for p in PROMPTS
-    ]
+    prompts = [chat_prompt_ids(tok, [{"role": "user", "content": p}]) for p in PROMPTS]
     print(f"model {model_path} | KV {args.kv_strategy} | policy version {engine.version}")
     params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=args.max_tokens, seed=0)
     _run(engine, prompts, params, samples_per_prompt=1)

@@ -29,8 +29,9 @@ class Settings:
     def from_env(cls) -> "Settings":
         """``RLWB_DATA_DIR`` (default ``./data``), ``REDIS_URL``, ``RLWB_VISIBILITY_TIMEOUT``
         (seconds, default one day: longer than the longest job), ``RLWB_MAX_ATTEMPTS``
-        (starts of one job, default 3), ``RLWB_DEVICE`` (the trainer and every engine of this worker's jobs, default cpu),
-        ``RLWB_ENGINE_CACHE`` (warm engines kept per worker, default 2)."""
+        (starts of one job, default 3), ``RLWB_DEVICE`` (the trainer and every engine of
+        this worker's jobs, default cpu), ``RLWB_ENGINE_CACHE`` (warm engines kept per
+        worker, default 2)."""
         env = os.environ
         return cls(
             data_dir=Path(env.get("RLWB_DATA_DIR") or "data").absolute(),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import tomllib
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +122,3 @@ class GRPOConfig:
         text = path.read_text()
         values = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
         return cls.from_dict(values)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)

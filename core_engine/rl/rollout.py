@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from core_engine.prompts import chat_prompt_ids, encode_prompt, render_prompt
 from core_engine.rl.data import batch_rows, instruction_to_messages
 from core_engine.rl.rewards import RewardError, RewardFn, score
 from core_engine.scheduler import InferenceScheduler
@@ -62,23 +63,10 @@ class RolloutResult(RawRollout):
         return cls(**{**values, "errors": errors})
 
 
-def render_prompt(tokenizer: Any, messages: list[dict]) -> str:
-    """The chat template with the generation prompt: the text the engine is given."""
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-
-def encode_prompt(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of a rendered prompt (the template already holds the special tokens)."""
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
 def longest_prompt(tokenizer: Any, records: Sequence[Mapping[str, str]]) -> int:
     """Tokens of the longest rendered prompt among `records` (sizes the engine and the
     trainer's micro-batches before anything runs)."""
-    return max(
-        len(encode_prompt(tokenizer, render_prompt(tokenizer, _prompt_messages(row))))
-        for row in records
-    )
+    return max(len(chat_prompt_ids(tokenizer, _prompt_messages(row))) for row in records)
 
 
 def _prompt_messages(row: Mapping[str, str]) -> list[dict]:
