@@ -78,22 +78,24 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """Causal attention within each of the sequences packed back to back in x: [T, hidden]
         (no padding; no token attends across a sequence boundary)."""
-        q, k, v = (t.transpose(0, 1) for t in self._qkv(x, cos, sin))  # [heads, T, D]
+        # [1, heads, T, D]: 4-D inputs take the fused (flash) kernel, also on the CPU, so no
+        # [T, T] score matrix is ever held.
+        q, k, v = (t.transpose(0, 1)[None] for t in self._qkv(x, cos, sin))
         outs, start = [], 0
         for length in seq_lens:
             span = slice(start, start + length)
             outs.append(
                 F.scaled_dot_product_attention(
-                    q[:, span],
-                    k[:, span],
-                    v[:, span],
+                    q[:, :, span],
+                    k[:, :, span],
+                    v[:, :, span],
                     is_causal=True,
                     scale=self.scale,
                     enable_gqa=True,
                 )
             )
             start += length
-        return self.o_proj(torch.cat(outs, dim=1).transpose(0, 1).flatten(-2))
+        return self.o_proj(torch.cat(outs, dim=2)[0].transpose(0, 1).flatten(-2))
 
     def forward_engine(
         self,
