@@ -171,12 +171,12 @@ def _run_grouped(engine: InferenceScheduler, job: Job, logprobs: bool) -> list[G
     """`samples_per_prompt=G` with per-sample lengths: `run_batch` takes one `SamplingParams`
     per prompt, so the tasks are made, given their own `max_tokens`, then stepped."""
     params = [_sampling(job, max(job.lengths), i * job.group) for i in range(len(job.prompts))]
-    tasks = engine.make_tasks(job.prompts, params, samples_per_prompt=job.group)
+    tasks = engine.make_tasks(job.prompts, params, job.group, return_logprobs=logprobs)
     for task, length in zip(tasks, job.lengths, strict=True):
         task.params = replace(task.params, max_tokens=length)
     engine.enqueue(tasks)
     while not all(t.finished for t in tasks):
-        engine.step(logprobs)
+        engine.step()
     return [GenerationResult.from_task(t) for t in tasks]
 
 

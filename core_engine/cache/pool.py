@@ -118,6 +118,12 @@ class TaskCacheManager:
     def publish(self, task_id: int, token_ids: Sequence[int], version: int) -> None:
         self.pool.strategy.publish(self.states[task_id], token_ids, version)
 
+    def unpublish(self, task_id: int) -> None:
+        """Withdraw a task's pages from the prefix cache (their K/V may be unusable)."""
+        state = self.states.get(task_id)
+        if state is not None:
+            self.pool.strategy.unpublish(state)
+
     def free(
         self, task_id: int, computed_ids: Sequence[int] = (), version: int | None = None
     ) -> None:

@@ -7,10 +7,12 @@ import re
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
+import transformers
 import uvicorn
 
 from core_engine.network import create_app
@@ -19,6 +21,8 @@ from core_engine.network.detok import IncrementalText
 from core_engine.scheduler import EngineConfig, InferenceScheduler
 from core_engine.task import SamplingParams
 from core_engine.toy import save_tiny_checkpoint
+
+from .reference import hf_logprobs
 
 MODEL = "tiny"
 CONTEXT = 4096
@@ -31,13 +35,15 @@ class Served:
     engine: InferenceScheduler
     url: str
     client: openai.OpenAI
+    path: Path
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     path = save_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), max_position_embeddings=CONTEXT)
     engine = InferenceScheduler.from_pretrained(str(path), EngineConfig(max_batch_size=8))
-    config = uvicorn.Config(create_app(engine, MODEL), host="127.0.0.1", port=0, log_level="error")
+    app = create_app(engine, MODEL)
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
     thread.start()
@@ -48,12 +54,12 @@ def served(tmp_path_factory):
     port = server.servers[0].sockets[0].getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
-    yield Served(engine, url, client)
+    yield Served(engine, url, client, path)
     client.close()
     server.should_exit = True
     thread.join(timeout=30)
     assert not thread.is_alive()
-    assert not engine.loop.running, "shutdown must stop the serving loop"
+    assert not app.state.serving_loop.running, "shutdown must stop the serving loop"
     assert engine.is_idle()
 
 
@@ -80,7 +86,7 @@ def test_completion_length_usage_and_version(served):
     assert extra(choice, "policy_version") == served.engine.version
 
 
-def test_completion_logprobs_match_the_engine(served):
+def test_completion_logprobs_are_the_models_at_temperature_zero(served):
     r = served.client.completions.create(
         model=MODEL, prompt="abc", max_tokens=6, logprobs=1, **GREEDY
     )
@@ -90,7 +96,10 @@ def test_completion_logprobs_match_the_engine(served):
     )
     lp = r.choices[0].logprobs
     assert lp.tokens == [tok.decode([t]) for t in ref.output_ids]
-    assert lp.token_logprobs == pytest.approx(ref.output_logprobs, abs=1e-4)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(served.path).float().eval()
+    truth = hf_logprobs(hf, tok.encode("abc"), ref.output_ids).tolist()
+    assert lp.token_logprobs == pytest.approx(truth, abs=1e-4)
+    assert all(v < 0 for v in lp.token_logprobs), "not the greedy point mass's 0.0"
     assert [next(iter(d.values())) for d in lp.top_logprobs] == pytest.approx(lp.token_logprobs)
     assert r.choices[0].text == ref.text
 
