@@ -57,17 +57,10 @@ class InferenceScheduler:
         self.model = model
         self.tokenizer = tokenizer
         self.version = policy_version
-        self.kv_plan = plan_for(model, config)
-        self.max_seq_len = self.kv_plan.max_seq_len
-        self.pool = KVPool.for_model(
-            model,
-            max_requests=self.kv_plan.max_requests,
-            max_seq_len=self.max_seq_len,
-            strategy=config.kv_strategy,
-            page_size=config.page_size,
-            num_pages=self.kv_plan.num_pages,
-        )
-        log.info("KV pool: %s", self.kv_plan)
+        self.kv_plan = plan = plan_for(model, config)
+        self.max_seq_len = plan.max_seq_len
+        self.pool = KVPool.for_model(model, **plan.pool_sizes())
+        log.info("KV pool: %s", plan)
         self.cache = TaskCacheManager(self.pool)
         self.executor = Executor(model, self.cache, config.cuda_graph)
         self.batching = BatchingPolicy(
@@ -202,10 +195,8 @@ class InferenceScheduler:
             for _ in decode.preempted:
                 self.metrics.on_preempt()
             for task in decode.exhausted:
-                message = (
-                    f"KV pool cannot hold {task.num_tokens} tokens, even for this request alone"
-                )
-                self._finish(task, FinishReason.ERROR, TaskError(ErrorCode.KV_EXHAUSTED, message))
+                message = f"KV pool cannot hold {task.num_tokens} tokens, even for this one alone"
+                self._error(task, ErrorCode.KV_EXHAUSTED, message)
             if decode.tasks:
                 in_step += decode.tasks
                 out = self.executor.execute_decode(decode.tasks, _wants_logprobs(decode.tasks))
@@ -214,17 +205,14 @@ class InferenceScheduler:
                 self._postprocess(decode.tasks, out)
         elif admit_fresh and batching.waiting:  # the pool is empty and the head still cannot fit
             message = "request does not fit the empty KV pool"
-            self._finish(
-                batching.waiting[0], FinishReason.ERROR, TaskError(ErrorCode.KV_EXHAUSTED, message)
-            )
+            self._error(batching.waiting[0], ErrorCode.KV_EXHAUSTED, message)
 
     def _postprocess(self, tasks: Sequence[Task], out: SampleOutput) -> None:
         now = time.perf_counter()
         for i, task in enumerate(tasks):
             if not out.finite[i]:
                 message = "NaN/inf logits, or a temperature that overflows them"
-                error = TaskError(ErrorCode.NON_FINITE_LOGITS, message)
-                self._finish(task, FinishReason.ERROR, error)
+                self._error(task, ErrorCode.NON_FINITE_LOGITS, message)
                 continue
             assert task.policy_version == self.version, "a request would mix policy versions"
             task.output_ids.append(out.token_ids[i])
@@ -261,11 +249,13 @@ class InferenceScheduler:
         self.metrics.on_finish(result)
         self._outbox.append(FinishEvent(result))
 
+    def _error(self, task: Task, code: ErrorCode, message: str) -> None:
+        self._finish(task, FinishReason.ERROR, TaskError(code, message))
+
     def _fail(self, tasks: Sequence[Task], exc: Exception) -> None:
-        error = TaskError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
         for task in tasks:
             if not task.finished:
-                self._finish(task, FinishReason.ERROR, error)
+                self._error(task, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
 
     def _publish(self) -> list[EngineEvent]:
         events, self._outbox = self._outbox, []

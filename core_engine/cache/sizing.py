@@ -73,6 +73,16 @@ class KVPlan:
     kv_cache_bytes: int  # the pool's K/V tensors
     budget_bytes: int | None  # None when num_pages was given explicitly
 
+    def pool_sizes(self) -> dict[str, int | str]:
+        """Keyword arguments of `KVPool` for this plan."""
+        return {
+            "strategy": self.strategy,
+            "max_requests": self.max_requests,
+            "max_seq_len": self.max_seq_len,
+            "page_size": self.page_size,
+            "num_pages": self.num_pages,
+        }
+
     def stats(self) -> dict[str, int]:
         return {
             "num_pages": self.num_pages,
@@ -101,23 +111,22 @@ def plan_kv(
             f"need max_seq_len >= 2, page_size >= 1, max_batch_size >= 1; got {max_seq_len}, "
             f"{page_size}, {max_batch_size}"
         )
-    requests = max_batch_size
-    if strategy == "contiguous":
-        slots_per_request = max_seq_len
+    requests, page = max_batch_size, page_size
+    explicit = num_pages is not None and strategy != "contiguous"
+    if strategy == "contiguous":  # one region of max_seq_len slots per request slot
+        slots_per_request = page = max_seq_len
         if budget_bytes is not None:
             requests = min(max_batch_size, budget_bytes // (max_seq_len * bytes_per_token))
-        pages, page = requests, max_seq_len
+        pages = requests
+    elif explicit:
+        pages = num_pages
     else:
         slots_per_request = -(-max_seq_len // page_size) * page_size
-        page = page_size
-        pages = num_pages
-        if pages is None:
-            assert budget_bytes is not None
-            pages = min(
-                budget_bytes // (page_size * bytes_per_token),
-                max_batch_size * slots_per_request // page_size,
-            )
-    if pages * page < slots_per_request and not (strategy != "contiguous" and num_pages):
+        pages = min(
+            budget_bytes // (page_size * bytes_per_token),
+            max_batch_size * slots_per_request // page_size,
+        )
+    if not explicit and pages * page < slots_per_request:
         raise EngineSizingError(
             f"a KV budget of {budget_bytes} bytes holds {pages * page} tokens at "
             f"{bytes_per_token} bytes per token, less than one request of max_seq_len="
@@ -134,5 +143,5 @@ def plan_kv(
         num_pages=pages,
         bytes_per_token=bytes_per_token,
         kv_cache_bytes=pages * page * bytes_per_token,
-        budget_bytes=budget_bytes if num_pages is None else None,
+        budget_bytes=None if explicit else budget_bytes,
     )
