@@ -55,7 +55,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         nonlocal budget
-        budget = SequenceBudget(limits)  # bound to the server's event loop
+        budget = app.state.sequence_budget = SequenceBudget(limits)  # on the server's loop
         loop.start()
         try:
             yield

@@ -13,7 +13,6 @@ import httpx
 import openai
 import pytest
 import transformers
-import uvicorn
 
 from core_engine.network import create_app
 from core_engine.network.__main__ import parse_args
@@ -22,6 +21,7 @@ from core_engine.scheduler import EngineConfig, InferenceScheduler
 from core_engine.task import SamplingParams
 from core_engine.toy import save_tiny_checkpoint
 
+from .http_server import running_server
 from .reference import hf_logprobs
 
 MODEL = "tiny"
@@ -43,22 +43,10 @@ def served(tmp_path_factory):
     path = save_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), max_position_embeddings=CONTEXT)
     engine = InferenceScheduler.from_pretrained(str(path), EngineConfig(max_batch_size=8))
     app = create_app(engine, MODEL)
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
-    yield Served(engine, url, client, path)
-    client.close()
-    server.should_exit = True
-    thread.join(timeout=30)
-    assert not thread.is_alive()
+    with running_server(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
+        yield Served(engine, url, client, path)
+        client.close()
     assert not app.state.serving_loop.running, "shutdown must stop the serving loop"
     assert engine.is_idle()
 
