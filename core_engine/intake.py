@@ -110,7 +110,7 @@ def _token_ids(prompt: Any) -> tuple[list[Any], str | None]:
             f"the prompt must be a sequence of integer token ids, got {type(prompt).__name__}",
         )
     try:
-        ids = [as_int(t) for t in prompt]
+        ids = [t if type(t) is int else as_int(t) for t in prompt]
     except Exception as exc:  # an iterable that fails while read
         return [], f"the prompt could not be read as token ids: {exc}"
     bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int)]

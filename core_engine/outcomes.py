@@ -18,8 +18,8 @@ def admission_error(
     prompt, p = task.prompt_ids, task.params
     if not prompt:
         return TaskError(ErrorCode.EMPTY_PROMPT, "the prompt has no tokens")
-    bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < vocab_size]
-    if bad:
+    if min(prompt) < 0 or max(prompt) >= vocab_size:
+        bad = [t for t in prompt if not 0 <= t < vocab_size]
         return TaskError(
             ErrorCode.INVALID_TOKEN_ID,
             f"token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})",
