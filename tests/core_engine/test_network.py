@@ -442,3 +442,41 @@ def test_command_line_binds_localhost_by_default():
         "paged",
         4,
     )
+
+
+@pytest.mark.parametrize(
+    ("odd", "status"),
+    [({"extra_body": {"top_k": 2**63}}, 200), ({"temperature": 1e-38}, 400)],
+    ids=["top_k=2**63 runs", "temperature=1e-38 refused"],
+)
+def test_an_odd_request_prefilled_with_a_good_one_leaves_it_intact(served, odd, status):
+    wait_idle(served.engine)
+    expected = served.client.completions.create(model=MODEL, prompt="good", max_tokens=6, **GREEDY)
+    outcome: dict[str, object] = {}
+
+    def call(name: str, **kwargs) -> None:
+        try:
+            outcome[name] = served.client.completions.create(model=MODEL, max_tokens=6, **kwargs)
+        except openai.APIStatusError as exc:
+            outcome[name] = exc
+
+    with served.engine.lock:  # both requests are admitted in the same step
+        threads = [
+            threading.Thread(target=call, args=("odd",), kwargs={"prompt": "odd", **odd}),
+            threading.Thread(target=call, args=("good",), kwargs={"prompt": "good", **GREEDY}),
+        ]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 30
+        while served.engine.metrics.in_flight < 2:
+            assert time.monotonic() < deadline, "the requests were not submitted"
+            time.sleep(0.005)
+    for thread in threads:
+        thread.join(timeout=30)
+    assert outcome["good"].choices[0].text == expected.choices[0].text
+    if status == 200:
+        assert outcome["odd"].choices[0].finish_reason in ("stop", "length")
+    else:
+        assert outcome["odd"].status_code == 400
+        assert outcome["odd"].code == "invalid_sampling_params"
+    wait_idle(served.engine)
