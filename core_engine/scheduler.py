@@ -120,6 +120,7 @@ class InferenceScheduler:
             except Exception as exc:  # a bug outside any step: end these requests, not the caller
                 log.exception("run_batch failed outside a step")
                 self._fail(tasks, exc)
+                self._publish()
             return [GenerationResult.from_task(t) for t in tasks]
 
     def make_tasks(
@@ -260,9 +261,11 @@ class InferenceScheduler:
     def _publish(self) -> list[EngineEvent]:
         events, self._outbox = self._outbox, []
         self.metrics.set_queues(len(self.batching.running), len(self.batching.waiting))
-        if events:
-            for listener in self._listeners:
+        for listener in self._listeners if events else ():
+            try:
                 listener(events)
+            except Exception:  # a listener's fault is its own, never the step's
+                log.exception("engine event listener failed")
         return events
 
     # ----------------------------------------------------------------- weight updates
