@@ -255,3 +255,18 @@ def test_tied_model_accepts_its_own_state_dict():
 
     with pytest.raises(WeightUpdateError, match="tied"):
         engine.update_weights(state, 2)
+
+
+def test_a_failing_listener_never_fails_a_step(qwen2_pair):
+    ours, hf = qwen2_pair
+    engine = make_engine(ours, page_size=4)
+    seen = []
+
+    def broken(events):
+        seen.extend(events)
+        raise RuntimeError("listener broke")
+
+    engine.add_listener(broken)
+    assert_neighbours_exact(engine.run_batch(NEIGHBOURS, GOOD), hf)
+    assert len(seen) == 2 * 5 + 2  # every token event, then both finish events
+    assert_idle(engine)
