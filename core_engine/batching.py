@@ -53,9 +53,9 @@ class BatchingPolicy:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def has_started_work(self) -> bool:
-        """Running tasks, or preempted ones waiting to resume (what an update drains)."""
-        return bool(self.running) or any(t.output_ids for t in self.waiting)
+    def started(self) -> list[Task]:
+        """Running tasks and preempted ones waiting to resume (what an update drains)."""
+        return [*self.running, *(t for t in self.waiting if t.output_ids)]
 
     def remove(self, task: Task) -> None:
         """Take a finished task out of whichever queue holds it."""

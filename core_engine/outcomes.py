@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+import logging
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 from core_engine.task import ErrorCode, FinishReason, Task, TaskError
+
+log = logging.getLogger(__name__)
 
 
 def admission_error(
@@ -60,3 +64,13 @@ def stop_reason(
     if len(task.output_ids) >= p.max_tokens or task.num_tokens >= max_seq_len:
         return FinishReason.LENGTH
     return None
+
+
+def decode_text(tokenizer: Any, token_ids: Sequence[int]) -> str | None:
+    """The text of a finished request's tokens, or None (logged) when the tokenizer cannot
+    decode them: a request's text never fails its finish."""
+    try:
+        return tokenizer.decode(token_ids, skip_special_tokens=True)
+    except Exception:
+        log.exception("cannot decode the output of a finished request")
+        return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import operator
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -50,6 +51,21 @@ class UpdateGate:
                 self._pending -= 1
                 if self._pending == 0:
                     self._idle.set()
+
+
+def check_mode(mode: str) -> None:
+    if mode not in ("drain", "abort"):
+        raise WeightUpdateError(f"mode must be 'drain' or 'abort', got {mode!r}")
+
+
+def copy_weights(served: Mapping[str, torch.Tensor], weights: Mapping[str, torch.Tensor]) -> float:
+    """Copy `weights` into the served tensors in place (captured graphs stay valid); returns
+    the seconds it took."""
+    start = time.perf_counter()
+    with torch.no_grad():
+        for name, tensor in served.items():
+            tensor.copy_(weights[name])
+    return time.perf_counter() - start
 
 
 def next_version(version: object, current: int) -> int:

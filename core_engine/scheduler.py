@@ -25,8 +25,15 @@ from core_engine.events import EngineEvent, FinishEvent, TokenEvent
 from core_engine.intake import TaskIntake
 from core_engine.metrics import EngineMetrics
 from core_engine.model import CausalLM, checkpoint_eos_ids, load_model
-from core_engine.outcomes import stop_reason
-from core_engine.policy import UpdateGate, WeightUpdateAck, next_version, served_update
+from core_engine.outcomes import decode_text, stop_reason
+from core_engine.policy import (
+    UpdateGate,
+    WeightUpdateAck,
+    check_mode,
+    copy_weights,
+    next_version,
+    served_update,
+)
 from core_engine.runtime.executor import Executor
 from core_engine.runtime.sample import SampleOutput
 from core_engine.task import (
@@ -37,7 +44,7 @@ from core_engine.task import (
     Task,
     TaskError,
 )
-from core_engine.weights import WeightUpdateError, weights_checksum
+from core_engine.weights import weights_checksum
 
 log = logging.getLogger(__name__)
 Listener = Callable[[Sequence[EngineEvent]], None]
@@ -228,7 +235,11 @@ class InferenceScheduler:
             self._outbox.append(
                 TokenEvent(task.task_id, index, out.token_ids[i], logprob, temp_logprob)
             )
-            reason = stop_reason(task, self.eos_token_ids, self.max_seq_len, self.tokenizer)
+            try:
+                reason = stop_reason(task, self.eos_token_ids, self.max_seq_len, self.tokenizer)
+            except Exception as exc:  # e.g. a tokenizer that cannot decode this request's tokens
+                self._error(task, ErrorCode.INTERNAL, f"stop check: {type(exc).__name__}: {exc}")
+                continue
             if reason is not None:
                 self._finish(task, reason)
 
@@ -245,7 +256,7 @@ class InferenceScheduler:
         self.cache.free(task.task_id, computed, self.version if healthy else None)
         self.batching.remove(task)
         if task.text is None and self.tokenizer is not None:
-            task.text = self.tokenizer.decode(task.output_ids, skip_special_tokens=True)
+            task.text = decode_text(self.tokenizer, task.output_ids)
         result = GenerationResult.from_task(task)
         self.metrics.on_finish(result)
         self._outbox.append(FinishEvent(result))
@@ -281,18 +292,13 @@ class InferenceScheduler:
         entry is invalidated, and weights are copied in place (captured graphs stay valid).
         """
         start = time.perf_counter()
-        if mode not in ("drain", "abort"):
-            raise WeightUpdateError(f"mode must be 'drain' or 'abort', got {mode!r}")
+        check_mode(mode)
         with self.updates.pending(), self.lock:
             version = next_version(version, self.version)
             served = served_update(self.model, weights)
             control_start = time.perf_counter()
             aborted = self._barrier(mode)
-            copy_start = time.perf_counter()
-            with torch.no_grad():
-                for name, tensor in served.items():
-                    tensor.copy_(weights[name])
-            copy_seconds = time.perf_counter() - copy_start
+            copy_seconds = copy_weights(served, weights)
             invalidated = self.pool.strategy.invalidate()
             self.version = version
             control = time.perf_counter() - control_start - copy_seconds
@@ -303,13 +309,12 @@ class InferenceScheduler:
 
     def _barrier(self, mode: str) -> int:
         """Leave no started request behind; returns how many were aborted."""
-        batching = self.batching
         if mode == "abort":
-            started = [*batching.running, *(t for t in batching.waiting if t.output_ids)]
+            started = self.batching.started()
             for task in started:
                 self.abort(task, ErrorCode.POLICY_UPDATED, "the policy was updated mid-request")
             return len(started)
-        while batching.has_started_work():
+        while self.batching.started():
             self.step(admit_fresh=False)
         return 0
 

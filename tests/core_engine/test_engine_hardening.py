@@ -270,3 +270,33 @@ def test_a_failing_listener_never_fails_a_step(qwen2_pair):
     assert_neighbours_exact(engine.run_batch(NEIGHBOURS, GOOD), hf)
     assert len(seen) == 2 * 5 + 2  # every token event, then both finish events
     assert_idle(engine)
+
+
+class _Picky:
+    """A tokenizer that cannot decode one request's tokens (e.g. ids past its vocabulary)."""
+
+    def __init__(self, tokenizer, poison: int) -> None:
+        self.tokenizer, self.poison = tokenizer, poison
+
+    def decode(self, ids, **kwargs):
+        if self.poison in ids:
+            raise ValueError(f"cannot decode {self.poison}")
+        return self.tokenizer.decode(ids, **kwargs)
+
+
+def test_a_tokenizer_fault_on_one_request_ends_it_alone(qwen2_pair):
+    ours, hf = qwen2_pair
+    engine = make_engine(ours, page_size=4)
+    alone = engine.run_batch([[9, 9]], GOOD)[0]
+    poison = alone.output_ids[1]  # its second token: the fault comes mid-generation
+    assert all(poison not in hf_greedy(hf, p, 5) for p in NEIGHBOURS), "pick another prompt"
+    engine.tokenizer = _Picky(char_tokenizer(), poison)
+    engine.intake.has_tokenizer = True
+    stop = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, stop="\x00")
+    results = engine.run_batch([NEIGHBOURS[0], [9, 9], NEIGHBOURS[1]], stop)
+    assert (
+        results[1].error.code == ErrorCode.INTERNAL and "cannot decode" in results[1].error.message
+    )
+    assert results[1].output_ids == alone.output_ids[:2]
+    assert_neighbours_exact([results[0], results[2]], hf)
+    assert_idle(engine)
