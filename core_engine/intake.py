@@ -69,17 +69,24 @@ class TaskIntake:
         for i, prompt in enumerate(prompts):
             group = next(self._group_ids) if g > 1 else None
             random_base = self._seeds.getrandbits(62)
+            ids, problem = _token_ids(prompt)  # read once: the prompt may be an iterator
             for p, k in per_sample[i * g : (i + 1) * g]:
-                task = self._task(prompt, p, group, random_base, k)
+                task = self._task(list(ids), problem, p, group, random_base, k)
                 task.return_logprobs = return_logprobs
                 tasks.append(task)
         return tasks
 
-    def _task(self, prompt: Any, params: Any, group: int | None, random_base: int, k: int) -> Task:
-        ids, prompt_problem = _token_ids(prompt)
+    def _task(
+        self,
+        ids: list[Any],
+        prompt_problem: str | None,
+        params: Any,
+        group: int | None,
+        random_base: int,
+        k: int,
+    ) -> Task:
         valid_params = isinstance(params, SamplingParams)
-        task = Task(prompt_ids=ids, params=params if valid_params else SamplingParams())
-        task.group_id = group
+        task = Task(ids, params if valid_params else SamplingParams(), group_id=group)
         task.arrival_time = time.perf_counter()
         try:
             if prompt_problem is not None:

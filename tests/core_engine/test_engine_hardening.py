@@ -300,3 +300,12 @@ def test_a_tokenizer_fault_on_one_request_ends_it_alone(qwen2_pair):
     assert results[1].output_ids == alone.output_ids[:2]
     assert_neighbours_exact([results[0], results[2]], hf)
     assert_idle(engine)
+
+
+def test_an_iterator_prompt_is_read_once_for_its_whole_group(qwen2_pair):
+    ours, hf = qwen2_pair
+    engine = make_engine(ours, page_size=4)
+    results = engine.run_batch([iter(NEIGHBOURS[0])], GOOD, samples_per_prompt=3)
+    assert [r.prompt_ids for r in results] == [NEIGHBOURS[0]] * 3
+    assert all(r.output_ids == hf_greedy(hf, NEIGHBOURS[0], 5) for r in results)
+    assert_idle(engine)
