@@ -37,8 +37,9 @@ class KVPool:
     ) -> None:
         self._req_pool = RequestPool(max_requests, max_seq_len, device)
         if strategy == "paged":
-            pages = num_pages or max_requests * -(-max_seq_len // page_size)
-            self._strategy: AllocationStrategy = PagedStrategy(self._req_pool, pages, page_size)
+            if num_pages is None:
+                raise ValueError("a paged pool needs num_pages (see cache/sizing.py: plan_kv)")
+            self._strategy: AllocationStrategy = PagedStrategy(self._req_pool, num_pages, page_size)
         elif strategy == "contiguous":
             self._strategy = ContiguousStrategy(self._req_pool)
         else:
