@@ -52,11 +52,15 @@ class TaskIntake:
 
         `params` is one for all, one per prompt (sample k is seeded `seed + k`, wrapping at
         2**64), or one per sample (prompt-major; each seeded with its own `seed`)."""
-        g = samples_per_prompt
+        g = as_int(samples_per_prompt)
         if isinstance(g, bool) or not isinstance(g, int) or g < 1:
             raise ValueError(f"samples_per_prompt must be an integer >= 1, got {g!r}")
-        if params is None or isinstance(params, SamplingParams):
-            params = [params or SamplingParams()] * len(prompts)
+        if not isinstance(prompts, Sequence) and hasattr(prompts, "__iter__"):
+            prompts = list(prompts)  # e.g. a numpy array or a generator of prompts
+        if not isinstance(prompts, Sequence) or isinstance(prompts, str | bytes):
+            raise ValueError(f"prompts must be a sequence of prompts, got {type(prompts).__name__}")
+        if not isinstance(params, list | tuple):  # one for all (validated per request)
+            params = [SamplingParams() if params is None else params] * len(prompts)
         if len(params) == len(prompts):
             per_sample = [(p, k) for p in params for k in range(g)]
         elif len(params) == len(prompts) * g:

@@ -309,3 +309,29 @@ def test_an_iterator_prompt_is_read_once_for_its_whole_group(qwen2_pair):
     assert [r.prompt_ids for r in results] == [NEIGHBOURS[0]] * 3
     assert all(r.output_ids == hf_greedy(hf, NEIGHBOURS[0], 5) for r in results)
     assert_idle(engine)
+
+
+def test_one_unusable_params_object_for_all_fails_each_request_not_the_call(qwen2_pair):
+    engine = make_engine(qwen2_pair[0], page_size=4)
+    for params in (5, {"temperature": 0}, "greedy"):
+        results = engine.run_batch(NEIGHBOURS, params)
+        assert [r.error.code for r in results] == [BAD, BAD]
+    assert_idle(engine)
+
+
+@pytest.mark.parametrize(
+    ("call", "why"),
+    [
+        ({"prompts": None}, "prompts must be a sequence"),
+        ({"prompts": "abc"}, "prompts must be a sequence"),
+        ({"prompts": [[1]], "samples_per_prompt": 0}, "samples_per_prompt"),
+        ({"prompts": [[1]], "samples_per_prompt": True}, "samples_per_prompt"),
+        ({"prompts": [[1], [2]], "params": [GOOD] * 3}, "sampling params"),
+    ],
+)
+def test_a_malformed_call_raises_before_anything_is_queued(qwen2_pair, call, why):
+    engine = make_engine(qwen2_pair[0], page_size=4)
+    with pytest.raises(ValueError, match=why):
+        engine.run_batch(**call)
+    assert_idle(engine)
+    assert engine.run_batch([[1, 2]], GOOD, samples_per_prompt=np.int64(2))[1].ok
