@@ -335,3 +335,46 @@ def test_a_malformed_call_raises_before_anything_is_queued(qwen2_pair, call, why
         engine.run_batch(**call)
     assert_idle(engine)
     assert engine.run_batch([[1, 2]], GOOD, samples_per_prompt=np.int64(2))[1].ok
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_mixes_of_good_and_bad_requests_keep_the_rule(qwen2_pair, seed):
+    """Random batches (bad fields, bad prompts, shared headers, groups) on a small pool that
+    preempts: every good greedy request equals its solo HF run, every bad one fails alone
+    with its code, the pool is consistent after every step and idle at the end."""
+    import random
+
+    ours, hf = qwen2_pair
+    rng = random.Random(seed)
+    engine = make_engine(ours, page_size=4, num_pages=8, max_batch_size=4)
+    header = [rng.randrange(3, 128) for _ in range(8)]
+    prompts, params, expected = [], [], []
+    for _ in range(10):
+        prompt = header + [rng.randrange(3, 128) for _ in range(rng.randrange(1, 6))]
+        if rng.random() < 0.3:
+            fields = rng.choice(list(BAD_PARAMS.values()))
+            prompts.append(prompt)
+            params.append(SamplingParams(**{"temperature": 1.0, "max_tokens": 4, **fields}))
+            expected.append(BAD)
+        elif rng.random() < 0.15:
+            bad_prompt, code = rng.choice(list(BAD_PROMPTS.values()))
+            prompts.append(bad_prompt)
+            params.append(GOOD)
+            expected.append(code)
+        else:
+            prompts.append(prompt)
+            params.append(GOOD)
+            expected.append(None)
+    tasks = engine.make_tasks(prompts, params)
+    engine.enqueue(tasks)
+    while engine.has_work():
+        engine.step()
+        engine.check_integrity()
+    for task, prompt, code in zip(tasks, prompts, expected, strict=True):
+        if code is None:
+            assert task.finish_reason == FinishReason.LENGTH, task.error
+            assert task.output_ids == hf_greedy(hf, prompt, 5)
+        else:
+            assert (task.finish_reason, task.error.code) == (FinishReason.ERROR, code)
+    assert engine.stats()["preemptions"] > 0, "the pool should be small enough to preempt"
+    assert_idle(engine)
