@@ -53,6 +53,7 @@ TARGETS = {
     ("uniform", "ours", "hf-generate"): (1.0, "ratio"),
     ("rl", "ours", "hf-generate"): (1.5, "ratio"),
     ("rl", "ours+group", "hf-generate"): (2.0, "ratio"),
+    ("coldprefix", "ours", "hf-generate"): (3.0, "ratio"),  # shared header, after an update
     ("uniform", "ours", "hf-generate_batch"): (5.0, "ratio"),  # tiny model only
     ("long", "ours", "naive-recompute"): (10.0, "decode_ratio"),  # 0.5B shape only
 }
@@ -283,8 +284,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--models", default=None, help="comma list of: tiny, qwen05")
     parser.add_argument(
         "--workloads",
-        default="uniform,rl,prefix,long",
-        help="comma list of: uniform, rl, prefix, long",
+        default="uniform,rl,prefix,coldprefix,long",
+        help="comma list of: uniform, rl, prefix, coldprefix (cold batch with a shared "
+        "512-token header after a weight update), long",
     )
     parser.add_argument(
         "--strategies",

@@ -16,6 +16,7 @@ from transformers.generation.streamers import BaseStreamer
 from benchmarks.bench_models import Models
 from core_engine.scheduler import EngineConfig, InferenceScheduler
 from core_engine.task import GenerationResult, SamplingParams
+from core_engine.weights import canonical_weights
 
 PAGE_SIZE = 32
 FIRST_TOKEN_ID = 3  # prompts avoid the tiny config's pad/bos/eos ids
@@ -26,7 +27,7 @@ FIRST_TOKEN_ID = 3  # prompts avoid the tiny config's pad/bos/eos ids
 class Workload:
     """`num_prompts x group` requests; prompt = shared prefix + distinct random tokens."""
 
-    kind: str  # uniform | rl | prefix | long
+    kind: str  # uniform | rl | prefix | coldprefix | long
     num_prompts: int
     prompt_len: int
     max_new: int
@@ -128,9 +129,12 @@ def ours_runner(
     logprobs: bool,
     share: bool = False,
     fresh: bool = False,
+    update: bool = False,
 ) -> Runner:
     """Our scheduler with a pool sized for the workload. `share`: `samples_per_prompt=G`;
-    `fresh`: a new engine (empty prefix cache) for every run, built before the clock starts."""
+    `fresh`: a new engine (empty prefix cache) for every run, built before the clock starts;
+    `update`: a weight update (same weights, next version) before every run, outside the
+    clock, so that every batch is cold as in on-policy RL."""
     num_pages = workload.num_requests * -(-(workload.prompt_len + workload.max_new) // PAGE_SIZE)
     config = EngineConfig(
         max_batch_size=workload.num_requests,
@@ -146,6 +150,8 @@ def ours_runner(
         nonlocal engine
         if fresh:
             engine = InferenceScheduler(models.ours, config)
+        if update:
+            engine.update_weights(canonical_weights(models.ours), engine.version + 1)
         start = time.perf_counter()
         results = (
             _run_grouped(engine, job, logprobs) if share else _run_expanded(engine, job, logprobs)
@@ -171,12 +177,12 @@ def _run_grouped(engine: InferenceScheduler, job: Job, logprobs: bool) -> list[G
     """`samples_per_prompt=G` with per-sample lengths: `run_batch` takes one `SamplingParams`
     per prompt, so the tasks are made, given their own `max_tokens`, then stepped."""
     params = [_sampling(job, max(job.lengths), i * job.group) for i in range(len(job.prompts))]
-    tasks = engine.make_tasks(job.prompts, params, samples_per_prompt=job.group)
+    tasks = engine.make_tasks(job.prompts, params, job.group, return_logprobs=logprobs)
     for task, length in zip(tasks, job.lengths, strict=True):
         task.params = replace(task.params, max_tokens=length)
     engine.enqueue(tasks)
     while not all(t.finished for t in tasks):
-        engine.step(logprobs)
+        engine.step()
     return [GenerationResult.from_task(t) for t in tasks]
 
 
@@ -300,6 +306,10 @@ def make_runners(models: Models, workload: Workload, logprobs: bool) -> dict[str
             runners["ours-paged(cold)"] = ours_runner(
                 models, workload, "paged", logprobs, fresh=True
             )
+        elif engine == "ours-updated":
+            runners["ours-paged(updated)"] = ours_runner(
+                models, workload, "paged", logprobs, update=True
+            )
         elif engine == "hf-generate":
             runners[engine] = hf_generate_runner(models, workload)
         elif engine == "hf-generate_batch":
@@ -313,6 +323,7 @@ def make_runners(models: Models, workload: Workload, logprobs: bool) -> dict[str
 UNIFORM = ("ours", "hf-generate", "hf-generate_batch")
 RL = ("ours", "ours+group", "hf-generate")
 PREFIX = ("ours", "ours-cold", "hf-generate")
+COLD_PREFIX = ("ours-updated", "hf-generate")  # a weight update before every run
 LONG = ("ours", "hf-generate", "naive-recompute")
 PAGED = ("paged",)
 
@@ -326,6 +337,7 @@ def presets(model: str, quick: bool) -> dict[str, list[Workload]]:
             "uniform": [Workload("uniform", b, 16, 8, engines=UNIFORM) for b in (1, 4)],
             "rl": [Workload("rl", 2, 16, 8, group=4, min_new=2, greedy=False, engines=RL)],
             "prefix": [Workload("prefix", 4, 40, 4, shared_prefix=32, engines=PREFIX)],
+            "coldprefix": [Workload("coldprefix", 4, 40, 4, shared_prefix=32, engines=COLD_PREFIX)],
             "long": [Workload("long", 1, 64, 4, engines=LONG)],
         }
     if model == "tiny":
@@ -334,6 +346,9 @@ def presets(model: str, quick: bool) -> dict[str, list[Workload]]:
             "uniform": [Workload("uniform", b, 64, 64, engines=UNIFORM) for b in (1, 8, 32)],
             "rl": [Workload("rl", 8, 64, 128, group=8, min_new=16, greedy=False, engines=RL)],
             "prefix": [Workload("prefix", 32, 272, 32, shared_prefix=256, engines=PREFIX)],
+            "coldprefix": [
+                Workload("coldprefix", 32, 544, 32, shared_prefix=512, engines=COLD_PREFIX)
+            ],
             "long": [Workload("long", b, 512, 8, engines=LONG) for b in (1, 4)],
         }
     return {
@@ -353,6 +368,11 @@ def presets(model: str, quick: bool) -> dict[str, list[Workload]]:
                 shared_prefix=256,
                 engines=("ours", "hf-generate"),
                 strategies=PAGED,
+            )
+        ],
+        "coldprefix": [
+            Workload(
+                "coldprefix", 4, 544, 8, shared_prefix=512, engines=COLD_PREFIX, strategies=PAGED
             )
         ],
         "long": [Workload("long", 1, 512, 8, engines=LONG, strategies=PAGED, repeats=1)],

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+import logging
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 from core_engine.task import ErrorCode, FinishReason, Task, TaskError
+
+log = logging.getLogger(__name__)
 
 
 def admission_error(
@@ -18,8 +22,8 @@ def admission_error(
     prompt, p = task.prompt_ids, task.params
     if not prompt:
         return TaskError(ErrorCode.EMPTY_PROMPT, "the prompt has no tokens")
-    bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < vocab_size]
-    if bad:
+    if min(prompt) < 0 or max(prompt) >= vocab_size:
+        bad = [t for t in prompt if not 0 <= t < vocab_size]
         return TaskError(
             ErrorCode.INVALID_TOKEN_ID,
             f"token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})",
@@ -60,3 +64,13 @@ def stop_reason(
     if len(task.output_ids) >= p.max_tokens or task.num_tokens >= max_seq_len:
         return FinishReason.LENGTH
     return None
+
+
+def decode_text(tokenizer: Any, token_ids: Sequence[int]) -> str | None:
+    """The text of a finished request's tokens, or None (logged) when the tokenizer cannot
+    decode them: a request's text never fails its finish."""
+    try:
+        return tokenizer.decode(token_ids, skip_special_tokens=True)
+    except Exception:
+        log.exception("cannot decode the output of a finished request")
+        return None

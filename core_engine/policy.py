@@ -1,22 +1,17 @@
-"""Policy versions: the weight-update barrier of the scheduler and its acknowledgement."""
+"""Policy versions: the weight-update acknowledgement, the update gate and the weight check."""
 
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
 
-from core_engine.task import ErrorCode
-from core_engine.weights import (
-    WeightUpdateError,
-    canonical_weights,
-    validate_update,
-    weights_checksum,
-)
+from core_engine.weights import WeightUpdateError, canonical_weights, validate_update
 
 
 @dataclass(frozen=True)
@@ -31,75 +26,78 @@ class WeightUpdateAck:
     control_seconds: float  # the barrier, invalidation and version switch alone
 
 
-class PolicyUpdates:
-    """`update_weights` for `InferenceScheduler` (mixed in): it uses the scheduler's lock,
-    queues, `step`, `abort`, model and KV pool. Updates take priority over the next batch or
-    loop step, because the engine lock itself is not fair."""
+class UpdateGate:
+    """Gives weight updates priority over the next batch or loop step (the engine lock itself
+    is not fair): generation waits on `wait()` while any update is pending."""
 
-    def _init_policy(self, version: int) -> None:
-        self.version = version
-        self.no_update_pending = threading.Event()
-        self.no_update_pending.set()
-        self._updates_pending = 0
-        self._updates_guard = threading.Lock()
+    def __init__(self) -> None:
+        self._idle = threading.Event()
+        self._idle.set()
+        self._pending = 0
+        self._guard = threading.Lock()
 
-    def update_weights(
-        self, weights: Mapping[str, torch.Tensor], version: int, mode: str = "drain"
-    ) -> WeightUpdateAck:
-        """Serve `weights` as policy `version`, at a step boundary, and acknowledge it.
-
-        Refuses (nothing changed) a version not above the current one or a weight set that
-        does not fit. Requests that already have tokens are drained under the old weights
-        (`mode="drain"`) or ended `abort/policy_updated` (`mode="abort"`); queued requests
-        that have not started run later under the new version. Every prefix-cache entry is
-        invalidated, and weights are copied in place (captured graphs stay valid).
-        """
-        start = time.perf_counter()
-        if mode not in ("drain", "abort"):
-            raise WeightUpdateError(f"mode must be 'drain' or 'abort', got {mode!r}")
-        with self._update_priority(), self.lock:
-            if not isinstance(version, int) or version <= self.version:
-                raise WeightUpdateError(
-                    f"policy version {version!r} is not greater than the served {self.version}"
-                )
-            served = canonical_weights(self.model)
-            validate_update(served, weights)
-            control_start = time.perf_counter()
-            aborted = self._barrier(mode)
-            copy_start = time.perf_counter()
-            with torch.no_grad():
-                for name, tensor in served.items():
-                    tensor.copy_(weights[name])
-            copy_seconds = time.perf_counter() - copy_start
-            invalidated = self.pool.strategy.invalidate()
-            self.version = version
-            control = time.perf_counter() - control_start - copy_seconds
-            checksum = weights_checksum(served)
-        return WeightUpdateAck(
-            version, invalidated, aborted, checksum, time.perf_counter() - start, control
-        )
+    def wait(self) -> None:
+        self._idle.wait()
 
     @contextlib.contextmanager
-    def _update_priority(self):
-        """Hold back new batches and loop steps until this update has the lock and is done."""
-        with self._updates_guard:
-            self._updates_pending += 1
-            self.no_update_pending.clear()
+    def pending(self) -> Iterator[None]:
+        with self._guard:
+            self._pending += 1
+            self._idle.clear()
         try:
             yield
         finally:
-            with self._updates_guard:
-                self._updates_pending -= 1
-                if self._updates_pending == 0:
-                    self.no_update_pending.set()
+            with self._guard:
+                self._pending -= 1
+                if self._pending == 0:
+                    self._idle.set()
 
-    def _barrier(self, mode: str) -> int:
-        """Leave no started request behind; returns how many were aborted."""
-        started = [*self.running, *(t for t in self.waiting if t.output_ids)]
-        if mode == "abort":
-            for task in started:
-                self.abort(task, ErrorCode.POLICY_UPDATED, "the policy was updated mid-request")
-            return len(started)
-        while self.running or any(t.output_ids for t in self.waiting):
-            self.step(admit_fresh=False)
-        return 0
+
+def check_mode(mode: str) -> None:
+    if mode not in ("drain", "abort"):
+        raise WeightUpdateError(f"mode must be 'drain' or 'abort', got {mode!r}")
+
+
+def copy_weights(served: Mapping[str, torch.Tensor], weights: Mapping[str, torch.Tensor]) -> float:
+    """Copy `weights` into the served tensors in place (captured graphs stay valid); returns
+    the seconds it took."""
+    start = time.perf_counter()
+    with torch.no_grad():
+        for name, tensor in served.items():
+            tensor.copy_(weights[name])
+    return time.perf_counter() - start
+
+
+def next_version(version: object, current: int) -> int:
+    """`version` as an int (numpy integers accepted) when it is greater than `current`."""
+    if isinstance(version, bool):
+        raise WeightUpdateError(f"policy version must be an integer, got {version!r}")
+    try:
+        value = operator.index(version)
+    except TypeError:
+        raise WeightUpdateError(
+            f"policy version must be an integer, got {type(version).__name__} {version!r}"
+        ) from None
+    if value <= current:
+        raise WeightUpdateError(f"policy version {value} is not greater than the served {current}")
+    return value
+
+
+def served_update(
+    model: torch.nn.Module, weights: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The served tensors, checked against `weights`. A tied model's alias names (e.g.
+    `lm_head.weight` of a `model.state_dict()`) are accepted when they equal their tensor."""
+    served = canonical_weights(model)
+    aliases = {
+        name: tensor
+        for name, tensor in model.state_dict(keep_vars=True).items()
+        if name not in served and name in weights
+    }
+    for name, own in aliases.items():
+        owner = next(n for n, t in served.items() if t is own)
+        given = weights[name]
+        if not isinstance(given, torch.Tensor) or not torch.equal(given, weights.get(owner, given)):
+            raise WeightUpdateError(f"{name} is tied to {owner} but the update differs from it")
+    validate_update(served, {k: v for k, v in weights.items() if k not in aliases})
+    return served

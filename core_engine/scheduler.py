@@ -1,33 +1,41 @@
-"""The inference scheduler: one step function behind `run_batch` and the serving loop.
+"""The inference engine: one step function behind `run_batch` and the serving loop.
 
-Continuous batching: each step either prefills newly admitted tasks or decodes every running
-one; finished tasks leave, waiting tasks join as room frees up. A batch larger than capacity
-therefore runs in waves. A running task that cannot grow preempts the newest other task
-(its KV is released and recomputed later, its tokens kept); only a task that cannot fit even
-alone ends with `error/kv_exhausted`.
+`InferenceScheduler` owns the model, the KV pool, the executor, the metrics, the lock and the
+policy version; which tasks run in a step is the `BatchingPolicy`'s decision. Each `step()`
+returns its token and finish events, which also go to the registered listeners (the serving
+loop dispatches them to its handles). A request's bad input or numeric fault ends that request
+alone; nothing escapes `run_batch`; the pool returns to idle.
 """
 
 from __future__ import annotations
 
-import itertools
-import random
+import logging
 import threading
 import time
-from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
+from core_engine.batching import BatchingPolicy
 from core_engine.cache import KVPool, TaskCacheManager
+from core_engine.config import EngineConfig, plan_for
+from core_engine.events import EngineEvent, FinishEvent, TokenEvent
+from core_engine.intake import TaskIntake
 from core_engine.metrics import EngineMetrics
 from core_engine.model import CausalLM, checkpoint_eos_ids, load_model
-from core_engine.outcomes import admission_error, stop_reason
-from core_engine.policy import PolicyUpdates
+from core_engine.outcomes import decode_text, stop_reason
+from core_engine.policy import (
+    UpdateGate,
+    WeightUpdateAck,
+    check_mode,
+    copy_weights,
+    next_version,
+    served_update,
+)
 from core_engine.runtime.executor import Executor
 from core_engine.runtime.sample import SampleOutput
-from core_engine.serving import RequestHandle, ServingLoop
 from core_engine.task import (
     ErrorCode,
     FinishReason,
@@ -35,24 +43,15 @@ from core_engine.task import (
     SamplingParams,
     Task,
     TaskError,
-    TaskStatus,
 )
+from core_engine.weights import weights_checksum
+
+log = logging.getLogger(__name__)
+Listener = Callable[[Sequence[EngineEvent]], None]
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    max_batch_size: int = 32  # request slots: tasks running at once
-    max_seq_len: int | None = None  # default: the model's context
-    kv_strategy: str = "paged"
-    page_size: int = 16
-    num_pages: int | None = None  # default: enough for max_batch_size full contexts
-    max_prefill_tokens: int = 8192
-    eos_token_ids: tuple[int, ...] = ()
-    cuda_graph: bool = True  # capture decode graphs when serving on CUDA
-
-
-class InferenceScheduler(PolicyUpdates):
-    """Owns the model, the KV pool and the queues; every mutation happens under `self.lock`."""
+class InferenceScheduler:
+    """Every mutation of queues, pool and version happens under `self.lock`."""
 
     def __init__(
         self,
@@ -64,28 +63,29 @@ class InferenceScheduler(PolicyUpdates):
         self.config = config = config or EngineConfig()
         self.model = model
         self.tokenizer = tokenizer
-        self._init_policy(policy_version)
-        mc = model.config
-        self.max_seq_len = min(config.max_seq_len or mc.max_context, mc.max_context)
-        self.pool = KVPool.for_model(
-            model,
-            max_requests=config.max_batch_size,
-            max_seq_len=self.max_seq_len,
-            strategy=config.kv_strategy,
-            page_size=config.page_size,
-            num_pages=config.num_pages,
-        )
+        self.version = policy_version
+        self.kv_plan = plan = plan_for(model, config)
+        self.max_seq_len = plan.max_seq_len
+        self.pool = KVPool.for_model(model, **plan.pool_sizes())
+        log.info("KV pool: %s", plan)
         self.cache = TaskCacheManager(self.pool)
         self.executor = Executor(model, self.cache, config.cuda_graph)
+        self.batching = BatchingPolicy(
+            self.cache, self.kv_plan.max_requests, config.max_prefill_tokens
+        )
+        self.intake = TaskIntake(
+            model.config.vocab_size,
+            self.max_seq_len,
+            self.pool.strategy.can_ever_fit,
+            tokenizer is not None,
+            self.executor.device,
+        )
         self.metrics = EngineMetrics()
         self.eos_token_ids = frozenset(config.eos_token_ids)
         self.lock = threading.RLock()
-        self.waiting: deque[Task] = deque()
-        self.running: list[Task] = []
-        self.loop = ServingLoop(self)
-        self._in_step: list[Task] = []
-        self._group_ids = itertools.count()
-        self._seeds = random.Random()
+        self.updates = UpdateGate()
+        self._listeners: list[Listener] = []
+        self._outbox: list[EngineEvent] = []
 
     @classmethod
     def from_pretrained(
@@ -96,8 +96,6 @@ class InferenceScheduler(PolicyUpdates):
         dtype: torch.dtype | None = None,
     ) -> InferenceScheduler:
         """Load a local checkpoint directory with its tokenizer and EOS ids."""
-        from dataclasses import replace
-
         from transformers import AutoTokenizer
 
         config = config or EngineConfig()
@@ -108,7 +106,7 @@ class InferenceScheduler(PolicyUpdates):
         config = replace(config, eos_token_ids=tuple(sorted(eos)))
         return cls(load_model(path, dtype, device), config, tokenizer)
 
-    # ----------------------------------------------------------------- synchronous API
+    # ----------------------------------------------------------------- requests
     def run_batch(
         self,
         prompts: Sequence[Sequence[int]],
@@ -117,13 +115,19 @@ class InferenceScheduler(PolicyUpdates):
         return_logprobs: bool = True,
     ) -> list[GenerationResult]:
         """Generate for every prompt on the caller's thread; one result per request, in order
-        (prompt-major: the `samples_per_prompt` samples of prompt 0 first)."""
-        self.no_update_pending.wait()
+        (prompt-major: the `samples_per_prompt` samples of prompt 0 first). Only a malformed
+        call (see `TaskIntake.make_tasks`) raises, before anything is queued."""
+        self.updates.wait()
         with self.lock:
-            tasks = self.make_tasks(prompts, params, samples_per_prompt)
-            self.enqueue(tasks)
-            while not all(t.finished for t in tasks):
-                self.step(return_logprobs)
+            tasks = self.make_tasks(prompts, params, samples_per_prompt, return_logprobs)
+            try:
+                self.enqueue(tasks)
+                while not all(t.finished for t in tasks):
+                    self.step()
+            except Exception as exc:  # a bug outside any step: end these requests, not the caller
+                log.exception("run_batch failed outside a step")
+                self._fail(tasks, exc)
+                self._publish()
             return [GenerationResult.from_task(t) for t in tasks]
 
     def make_tasks(
@@ -131,281 +135,195 @@ class InferenceScheduler(PolicyUpdates):
         prompts: Sequence[Sequence[int]],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         samples_per_prompt: int = 1,
+        return_logprobs: bool = True,
     ) -> list[Task]:
-        """Tasks for each prompt: `samples_per_prompt` of them, one group sharing the prompt.
-
-        `params` is one for all, one per prompt (sample k is seeded `seed + k`), or one per
-        sample (prompt-major; each seeded with its own `seed`). Invalid tasks carry their
-        admission error and finish when enqueued."""
-        g = samples_per_prompt
-        if g < 1:
-            raise ValueError(f"samples_per_prompt must be >= 1, got {g}")
-        if params is None or isinstance(params, SamplingParams):
-            params = [params or SamplingParams()] * len(prompts)
-        if len(params) == len(prompts):
-            per_sample = [(p, k) for p in params for k in range(g)]
-        elif len(params) == len(prompts) * g:
-            per_sample = [(p, 0) for p in params]
-        else:
-            raise ValueError(
-                f"{len(prompts)} prompts x {g} samples but {len(params)} sampling params"
-            )
-        tasks = []
-        for i, prompt in enumerate(prompts):
-            group = next(self._group_ids) if g > 1 else None
-            random_base = self._seeds.getrandbits(62)
-            for p, k in per_sample[i * g : (i + 1) * g]:
-                base_seed = p.seed if isinstance(p.seed, int) else random_base
-                task = Task(prompt_ids=list(prompt), params=p, group_id=group)
-                task.arrival_time = time.perf_counter()
-                task.error = admission_error(
-                    task,
-                    self.model.config.vocab_size,
-                    self.max_seq_len,
-                    self.pool.strategy.can_ever_fit,
-                    self.tokenizer is not None,
-                )
-                if task.error is None:
-                    task.generator = torch.Generator(device=self.executor.device)
-                    task.generator.manual_seed(base_seed + k)
-                self.metrics.on_arrival(task.task_id)
-                tasks.append(task)
+        """Validated tasks (see `TaskIntake.make_tasks`), counted in flight until they finish."""
+        tasks = self.intake.make_tasks(prompts, params, samples_per_prompt, return_logprobs)
+        for task in tasks:
+            self.metrics.on_arrival(task.task_id)
         return tasks
 
-    def enqueue(self, tasks: Sequence[Task]) -> None:
+    def enqueue(self, tasks: Sequence[Task]) -> list[EngineEvent]:
         """Queue valid tasks; finish invalid ones with their error at once."""
         with self.lock:
             for task in tasks:
                 if task.error is not None:
                     self._finish(task, FinishReason.ERROR, task.error)
                 else:
-                    self.waiting.append(task)
-            self._update_gauges()
+                    self.batching.add(task)
+            return self._publish()
 
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
-
-    # ----------------------------------------------------------------- serving API
-    def start(self) -> None:
-        """Start the background serving loop."""
-        self.loop.start()
-
-    def stop(self) -> None:
-        """Stop the serving loop; tasks still queued or running end `abort/cancelled`."""
-        self.loop.stop()
-
-    def submit(
-        self, prompt_ids: Sequence[int], params: SamplingParams | None = None, n: int = 1
-    ) -> list[RequestHandle]:
-        """Queue `n` samples of one prompt for the serving loop; returns streaming handles."""
-        return self.loop.submit(prompt_ids, params or SamplingParams(), n)
-
-    def cancel(self, task_id: int) -> None:
-        """Ask the serving loop to end a task with `abort/cancelled` at the next step boundary."""
-        self.loop.cancel(task_id)
-
-    def abort(self, task: Task, code: ErrorCode, message: str) -> None:
-        """End a queued or running task now (caller holds the lock)."""
+    def abort(self, task: Task, code: ErrorCode, message: str) -> list[EngineEvent]:
+        """End a queued or running task now with `abort` and `code`."""
         with self.lock:
             if not task.finished:
                 self._finish(task, FinishReason.ABORT, TaskError(code, message))
+            return self._publish()
+
+    def add_listener(self, listener: Listener) -> None:
+        """Also deliver every batch of events to `listener` (called under the lock)."""
+        self._listeners.append(listener)
+
+    def has_work(self) -> bool:
+        return self.batching.has_work()
 
     # ----------------------------------------------------------------- the step
-    def step(self, return_logprobs: bool = True, admit_fresh: bool = True) -> None:
-        """Run one prefill or decode step over the queues. Exceptions inside fail that step's
-        tasks with `error/internal`; the scheduler stays usable. With `admit_fresh=False`
+    def step(self, admit_fresh: bool = True) -> list[EngineEvent]:
+        """Run one prefill or decode step; returns its events. An exception inside fails that
+        step's tasks with `error/internal`; the engine stays usable. With `admit_fresh=False`
         only preempted requests are (re)admitted: the weight-update drain."""
         with self.lock:
-            self._in_step = []
+            in_step: list[Task] = []
             try:
-                self._step(return_logprobs, admit_fresh)
+                self._step(admit_fresh, in_step)
             except Exception as exc:  # any fault in a step fails only its tasks
-                error = TaskError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
-                for task in self._in_step:
-                    if not task.finished:
-                        self._finish(task, FinishReason.ERROR, error)
-            finally:
-                self._in_step = []
-                self._update_gauges()
+                log.exception("engine step failed")
+                self._fail(in_step, exc)
+            return self._publish()
 
-    def _step(self, return_logprobs: bool, admit_fresh: bool) -> None:
-        prefill, forks = self._schedule_prefill(admit_fresh)
-        if prefill:
-            logits = self.executor.forward_prefill(prefill)
-            for task in prefill:
+    def _step(self, admit_fresh: bool, in_step: list[Task]) -> None:
+        batching, version = self.batching, self.version
+        prefill = batching.schedule_prefill(version, admit_fresh)
+        if prefill.tasks:
+            in_step += prefill.tasks + [child for child, _ in prefill.forks]
+            self.metrics.on_prefill(prefill.computed_tokens)
+            logits = self.executor.forward_prefill(prefill.tasks)
+            for task in prefill.tasks:
                 task.num_computed_tokens = task.num_tokens
-                self.cache.publish(task.task_id, task.all_ids, self.version)
-            rows = list(range(len(prefill)))
-            forked = []
-            for child, leader in forks:
-                if self._fork(child, leader):
-                    forked.append(child)
-                    rows.append(prefill.index(leader))
-            tasks = prefill + forked
-            out = self.executor.sample(tasks, logits[rows], return_logprobs)
-        else:
-            tasks = self._schedule_decode()
-            if not tasks:
-                if admit_fresh:
-                    self._fail_unschedulable_head()
-                return
-            out = self.executor.execute_decode(tasks, return_logprobs)
-            for task in tasks:
-                task.num_computed_tokens = task.num_tokens
-        self._postprocess(tasks, out)
-
-    def _schedule_prefill(self, admit_fresh: bool) -> tuple[list[Task], list[tuple[Task, Task]]]:
-        """Admit waiting tasks (FIFO) while request slots, pages and the token budget allow.
-        Untouched samples of the same group right behind an admitted task become its forks.
-        Without `admit_fresh` (the update drain) only started tasks are resumed, no fork."""
-        batch: list[Task] = []
-        forks: list[tuple[Task, Task]] = []
-        budget = self.config.max_prefill_tokens
-        free_slots = self.config.max_batch_size - len(self.running)
-        while free_slots > 0 and (task := self._next_waiting(admit_fresh)) is not None:
-            if batch and task.num_tokens > budget:
-                break
-            cached = self.cache.allocate(task.task_id, task.all_ids, self.version)
-            if cached is None:
-                break
-            self.waiting.remove(task)
-            free_slots -= 1
-            budget -= task.num_tokens - cached
-            self.metrics.on_prefill(task.num_tokens - cached)
-            task.num_computed_tokens = cached
-            if task.num_preemptions == 0:
-                task.num_cached_prompt_tokens = cached
-            self._admit(task)
-            batch.append(task)
-            while (
-                admit_fresh
-                and self.waiting
-                and free_slots > 0
-                and _is_fresh_sibling(self.waiting[0], task)
-            ):
-                child = self.waiting.popleft()
-                self._in_step.append(child)  # failed with the step if the prefill raises
-                forks.append((child, task))
-                free_slots -= 1
-        return batch, forks
-
-    def _next_waiting(self, admit_fresh: bool) -> Task | None:
-        if admit_fresh:
-            return self.waiting[0] if self.waiting else None
-        return next((t for t in self.waiting if t.output_ids), None)
-
-    def _fork(self, child: Task, leader: Task) -> bool:
-        """Share the leader's prompt KV with a group sibling; requeue it when out of room."""
-        if not self.cache.fork(leader.task_id, child.task_id, leader.num_tokens):
-            self.waiting.appendleft(child)
-            return False
-        child.num_computed_tokens = child.num_cached_prompt_tokens = leader.num_tokens
-        self._admit(child)
-        return True
-
-    def _admit(self, task: Task) -> None:
-        task.status = TaskStatus.RUNNING
-        task.policy_version = self.version
-        task.admit_time = task.admit_time or time.perf_counter()
-        self.running.append(task)
-        self._in_step.append(task)
-
-    def _schedule_decode(self) -> list[Task]:
-        """Every running task gets a slot for its next token; when the pool is full, the
-        newest other task is preempted (recomputed later)."""
-        scheduled: list[Task] = []
-        pending = list(self.running)
-        while pending:
-            task = pending.pop(0)
-            while not self.cache.extend(task.task_id, task.num_tokens):
-                if pending:
-                    self._preempt(pending.pop())
-                elif scheduled:
-                    self._preempt(task)
-                    break
-                else:
-                    self._finish(
-                        task,
-                        FinishReason.ERROR,
-                        TaskError(
-                            ErrorCode.KV_EXHAUSTED,
-                            f"KV pool cannot hold {task.num_tokens} tokens, even for this "
-                            "request alone",
-                        ),
-                    )
-                    break
-            else:
-                scheduled.append(task)
-                self._in_step.append(task)
-        return scheduled
-
-    def _preempt(self, task: Task) -> None:
-        self.cache.free(task.task_id, task.all_ids[: task.num_computed_tokens], self.version)
-        self.running.remove(task)
-        task.status = TaskStatus.WAITING
-        task.num_computed_tokens = 0
-        task.num_preemptions += 1
-        self.waiting.appendleft(task)
-        self.metrics.on_preempt()
-
-    def _fail_unschedulable_head(self) -> None:
-        """Nothing ran and nothing could be admitted: the head can never fit."""
-        if self.waiting and not self.running:
-            task = self.waiting[0]
-            self._finish(
-                task,
-                FinishReason.ERROR,
-                TaskError(ErrorCode.KV_EXHAUSTED, "request does not fit the empty KV pool"),
-            )
+            rows = list(range(len(prefill.tasks)))
+            tasks = list(prefill.tasks)
+            for child, leader in prefill.forks:
+                if batching.fork(child, leader, version):
+                    tasks.append(child)
+                    rows.append(prefill.tasks.index(leader))
+            out = self.executor.sample(tasks, logits[rows], _wants_logprobs(tasks))
+            self._postprocess(tasks, out)
+        elif batching.running:
+            decode = batching.schedule_decode(version)
+            for _ in decode.preempted:
+                self.metrics.on_preempt()
+            for task in decode.exhausted:
+                message = f"KV pool cannot hold {task.num_tokens} tokens, even for this one alone"
+                self._error(task, ErrorCode.KV_EXHAUSTED, message)
+            if decode.tasks:
+                in_step += decode.tasks
+                out = self.executor.execute_decode(decode.tasks, _wants_logprobs(decode.tasks))
+                for task in decode.tasks:
+                    task.num_computed_tokens = task.num_tokens
+                self._postprocess(decode.tasks, out)
+        elif admit_fresh and batching.waiting:  # the pool is empty and the head still cannot fit
+            message = "request does not fit the empty KV pool"
+            self._error(batching.waiting[0], ErrorCode.KV_EXHAUSTED, message)
 
     def _postprocess(self, tasks: Sequence[Task], out: SampleOutput) -> None:
         now = time.perf_counter()
         for i, task in enumerate(tasks):
             if not out.finite[i]:
-                self._finish(
-                    task,
-                    FinishReason.ERROR,
-                    TaskError(ErrorCode.NON_FINITE_LOGITS, "the model produced NaN/inf logits"),
-                )
+                message = "NaN/inf logits, or a temperature that overflows them"
+                self._error(task, ErrorCode.NON_FINITE_LOGITS, message)
                 continue
             assert task.policy_version == self.version, "a request would mix policy versions"
             task.output_ids.append(out.token_ids[i])
-            if out.logprobs:
-                task.output_logprobs.append(out.logprobs[i])
-                task.output_temp_logprobs.append(out.temp_logprobs[i])
+            logprob = temp_logprob = None
+            if task.return_logprobs:
+                logprob, temp_logprob = out.logprobs[i], out.temp_logprobs[i]
+                task.output_logprobs.append(logprob)
+                task.output_temp_logprobs.append(temp_logprob)
             if task.first_token_time is None:
                 task.first_token_time = now
-            self.loop.on_token(task)
-            reason = stop_reason(task, self.eos_token_ids, self.max_seq_len, self.tokenizer)
+            index = len(task.output_ids) - 1
+            self._outbox.append(
+                TokenEvent(task.task_id, index, out.token_ids[i], logprob, temp_logprob)
+            )
+            try:
+                reason = stop_reason(task, self.eos_token_ids, self.max_seq_len, self.tokenizer)
+            except Exception as exc:  # e.g. a tokenizer that cannot decode this request's tokens
+                self._error(task, ErrorCode.INTERNAL, f"stop check: {type(exc).__name__}: {exc}")
+                continue
             if reason is not None:
                 self._finish(task, reason)
 
     def _finish(self, task: Task, reason: FinishReason, error: TaskError | None = None) -> None:
-        """The single exit: release cache and slot, record metrics, notify listeners."""
+        """The single exit: release cache and slot, record metrics, queue the finish event."""
         task.finish(reason, error)
         task.finish_time = time.perf_counter()
         if task.policy_version is None:
             task.policy_version = self.version
         computed = task.all_ids[: task.num_computed_tokens]
         healthy = reason in (FinishReason.STOP, FinishReason.LENGTH)
+        if reason is FinishReason.ERROR:  # its pages may hold garbage: never hit them again
+            self.cache.unpublish(task.task_id)
         self.cache.free(task.task_id, computed, self.version if healthy else None)
-        if task in self.running:
-            self.running.remove(task)
-        elif task in self.waiting:
-            self.waiting.remove(task)
+        self.batching.remove(task)
         if task.text is None and self.tokenizer is not None:
-            task.text = self.tokenizer.decode(task.output_ids, skip_special_tokens=True)
+            task.text = decode_text(self.tokenizer, task.output_ids)
         result = GenerationResult.from_task(task)
         self.metrics.on_finish(result)
-        self.loop.on_finish(task, result)
+        self._outbox.append(FinishEvent(result))
+
+    def _error(self, task: Task, code: ErrorCode, message: str) -> None:
+        self._finish(task, FinishReason.ERROR, TaskError(code, message))
+
+    def _fail(self, tasks: Sequence[Task], exc: Exception) -> None:
+        for task in tasks:
+            if not task.finished:
+                self._error(task, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    def _publish(self) -> list[EngineEvent]:
+        events, self._outbox = self._outbox, []
+        self.metrics.set_queues(len(self.batching.running), len(self.batching.waiting))
+        for listener in self._listeners if events else ():
+            try:
+                listener(events)
+            except Exception:  # a listener's fault is its own, never the step's
+                log.exception("engine event listener failed")
+        return events
+
+    # ----------------------------------------------------------------- weight updates
+    def update_weights(
+        self, weights: Mapping[str, torch.Tensor], version: int, mode: str = "drain"
+    ) -> WeightUpdateAck:
+        """Serve `weights` as policy `version`, at a step boundary, and acknowledge it.
+
+        Refuses (nothing changed) a version that is not an integer above the current one, or
+        a weight set that does not fit. Requests that already have tokens are drained under the
+        old weights (`mode="drain"`) or ended `abort/policy_updated` (`mode="abort"`); queued
+        requests that have not started run later under the new version. Every prefix-cache
+        entry is invalidated, and weights are copied in place (captured graphs stay valid).
+        """
+        start = time.perf_counter()
+        check_mode(mode)
+        with self.updates.pending(), self.lock:
+            version = next_version(version, self.version)
+            served = served_update(self.model, weights)
+            control_start = time.perf_counter()
+            aborted = self._barrier(mode)
+            copy_seconds = copy_weights(served, weights)
+            invalidated = self.pool.strategy.invalidate()
+            self.version = version
+            control = time.perf_counter() - control_start - copy_seconds
+            checksum = weights_checksum(served)
+        return WeightUpdateAck(
+            version, invalidated, aborted, checksum, time.perf_counter() - start, control
+        )
+
+    def _barrier(self, mode: str) -> int:
+        """Leave no started request behind; returns how many were aborted."""
+        if mode == "abort":
+            started = self.batching.started()
+            for task in started:
+                self.abort(task, ErrorCode.POLICY_UPDATED, "the policy was updated mid-request")
+            return len(started)
+        while self.batching.started():
+            self.step(admit_fresh=False)
+        return 0
 
     # ----------------------------------------------------------------- introspection
     def is_idle(self) -> bool:
         """No queued or running task, no cache held, no request in flight."""
         with self.lock:
             return (
-                not self.waiting
-                and not self.running
+                not self.batching.has_work()
                 and not self.cache.states
                 and self.metrics.in_flight == 0
             )
@@ -414,25 +332,19 @@ class InferenceScheduler(PolicyUpdates):
         with self.lock:
             self.cache.check_integrity()
             held = set(self.cache.states)
-            assert held == {t.task_id for t in self.running}, "cache held by a task not running"
+            running = {t.task_id for t in self.batching.running}
+            assert held == running, "cache held by a task not running"
 
     def stats(self) -> dict[str, Any]:
+        """Metrics, pool usage, the KV sizes chosen at construction and the version."""
         with self.lock:
             return {
                 **self.metrics.snapshot(),
                 **self.pool.strategy.usage(),
+                **self.kv_plan.stats(),
                 "policy_version": self.version,
             }
 
-    def _update_gauges(self) -> None:
-        self.metrics.set_queues(len(self.running), len(self.waiting))
 
-
-def _is_fresh_sibling(task: Task, leader: Task) -> bool:
-    return (
-        task.group_id is not None
-        and task.group_id == leader.group_id
-        and task.prompt_ids == leader.prompt_ids
-        and not task.output_ids
-        and not leader.output_ids
-    )
+def _wants_logprobs(tasks: Sequence[Task]) -> bool:
+    return any(t.return_logprobs for t in tasks)

@@ -1,4 +1,8 @@
-"""The background serving loop: submit, stream, cancel, over the scheduler's one step function."""
+"""The background serving loop above the engine: submit, stream, cancel.
+
+The loop steps the engine on its own thread and dispatches the engine's events (whoever
+stepped: the loop or a concurrent `run_batch`) to the handles of the requests it submitted.
+"""
 
 from __future__ import annotations
 
@@ -6,24 +10,15 @@ import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
 
+from core_engine.events import EngineEvent, FinishEvent, TokenEvent
+from core_engine.scheduler import InferenceScheduler
 from core_engine.task import ErrorCode, GenerationResult, SamplingParams, Task
 
-if TYPE_CHECKING:
-    from core_engine.scheduler import InferenceScheduler
+__all__ = ["RequestHandle", "ServingLoop", "TokenEvent"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    task_id: int
-    index: int
-    token_id: int
-    logprob: float | None
 
 
 class RequestHandle:
@@ -34,6 +29,23 @@ class RequestHandle:
         self._loop = loop
         self._events: queue.Queue[TokenEvent | GenerationResult] = queue.Queue()
         self._result: GenerationResult | None = None
+        self._sink: Callable[[TokenEvent | GenerationResult], None] | None = None
+        self._guard = threading.Lock()
+
+    def subscribe(self, sink: Callable[[TokenEvent | GenerationResult], None]) -> None:
+        """Push events to `sink` (from the engine's thread) instead of `stream()`: events
+        already queued first, in order. No thread waits on the handle."""
+        with self._guard:
+            while not self._events.empty():
+                sink(self._events.get_nowait())
+            self._sink = sink
+
+    def _deliver(self, event: TokenEvent | GenerationResult) -> None:
+        with self._guard:
+            if self._sink is not None:
+                self._sink(event)
+            else:
+                self._events.put(event)
 
     def stream(self, timeout: float | None = None) -> Iterator[TokenEvent | GenerationResult]:
         """Token events as they are produced, then the final `GenerationResult`."""
@@ -54,7 +66,8 @@ class RequestHandle:
 
 
 class ServingLoop:
-    """Moves submitted tasks into the scheduler and steps it on a background thread."""
+    """Moves submitted tasks into the engine and steps it on a background thread. Requests
+    submitted before `start()` wait for it; after `stop()` they end `abort/cancelled` at once."""
 
     def __init__(self, engine: InferenceScheduler) -> None:
         self.engine = engine
@@ -64,19 +77,23 @@ class ServingLoop:
         self._handles: dict[int, RequestHandle] = {}
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._stopped = False
+        engine.add_listener(self._dispatch)
 
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
-        if self.running:
-            return
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
-        self._thread.start()
+        with self._wake:
+            if self.running:
+                return
+            self._stopping = self._stopped = False
+            self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+            self._thread.start()
 
     def stop(self) -> None:
+        """Stop the loop; requests still queued or running end `abort/cancelled`."""
         with self._wake:
             self._stopping = True
             self._wake.notify_all()
@@ -84,21 +101,26 @@ class ServingLoop:
             self._thread.join()
             self._thread = None
         with self.engine.lock, self._wake:
-            leftovers = list(self._inbox) + list(self.engine.waiting) + list(self.engine.running)
+            self._stopped = True
+            self._abort_all([*self._inbox, *self.engine.batching.waiting])
+            self._abort_all(list(self.engine.batching.running))
             self._inbox.clear()
-            for task in leftovers:
-                self.engine.abort(task, ErrorCode.CANCELLED, "the engine was stopped")
 
     def submit(
-        self, prompt_ids: Sequence[int], params: SamplingParams, n: int
+        self, prompt_ids: Sequence[int], params: SamplingParams | None = None, n: int = 1
     ) -> list[RequestHandle]:
-        tasks = self.engine.make_tasks([prompt_ids], [params], n)
+        """Queue `n` samples of one prompt; returns streaming handles."""
+        tasks = self.engine.make_tasks([prompt_ids], [params or SamplingParams()], n)
         handles = [RequestHandle(t, self) for t in tasks]
         with self._wake:
             for task, handle in zip(tasks, handles, strict=True):
                 self._handles[task.task_id] = handle
-            self._inbox.extend(tasks)
-            self._wake.notify_all()
+            if not self._stopped:
+                self._inbox.extend(tasks)
+                self._wake.notify_all()
+                return handles
+        with self.engine.lock:
+            self._abort_all(tasks)
         return handles
 
     def cancel(self, task_id: int) -> None:
@@ -106,18 +128,20 @@ class ServingLoop:
             self._cancels.add(task_id)
             self._wake.notify_all()
 
-    def on_token(self, task: Task) -> None:
-        handle = self._handles.get(task.task_id)
-        if handle is not None:
-            logprob = task.output_logprobs[-1] if task.output_logprobs else None
-            handle._events.put(
-                TokenEvent(task.task_id, len(task.output_ids) - 1, task.output_ids[-1], logprob)
-            )
+    def _abort_all(self, tasks: Sequence[Task]) -> None:
+        for task in tasks:
+            self.engine.abort(task, ErrorCode.CANCELLED, "the serving loop is stopped")
 
-    def on_finish(self, task: Task, result: GenerationResult) -> None:
-        handle = self._handles.pop(task.task_id, None)
-        if handle is not None:
-            handle._events.put(result)
+    def _dispatch(self, events: Sequence[EngineEvent]) -> None:
+        for event in events:
+            if isinstance(event, FinishEvent):
+                handle = self._handles.pop(event.task_id, None)
+                payload: TokenEvent | GenerationResult = event.result
+            else:
+                handle = self._handles.get(event.task_id)
+                payload = event
+            if handle is not None:
+                handle._deliver(payload)
 
     def _run(self) -> None:
         engine = self.engine
@@ -130,7 +154,7 @@ class ServingLoop:
                 inbox, self._inbox = list(self._inbox), deque()
                 cancels, self._cancels = self._cancels, set()
             try:
-                engine.no_update_pending.wait()
+                engine.updates.wait()
                 with engine.lock:
                     engine.enqueue(inbox)
                     self._apply_cancels(cancels)
@@ -142,6 +166,7 @@ class ServingLoop:
     def _apply_cancels(self, task_ids: set[int]) -> None:
         if not task_ids:
             return
-        for task in [*self.engine.waiting, *self.engine.running]:
+        batching = self.engine.batching
+        for task in [*batching.waiting, *batching.running]:
             if task.task_id in task_ids:
                 self.engine.abort(task, ErrorCode.CANCELLED, "cancelled by the client")

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
+import numbers
+import operator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -36,11 +40,19 @@ class TaskError:
     message: str
 
 
+# Ranges the sampler can execute (see `runtime/sample.py`).
+MIN_TEMPERATURE = 1e-3  # below this, logits / T overflows fp32; use 0 for greedy
+MAX_TEMPERATURE = 100.0
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # torch.Generator.manual_seed's range
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling settings. `temperature == 0` means greedy.
 
     Transform order: temperature, then top-k, then top-p (on the tempered distribution).
+    Integer-like values (numpy integers) are normalised to `int`; a bare `stop` string is one
+    stop string. Construction never raises: `validation_error()` says what is unusable.
     """
 
     max_tokens: int = 16
@@ -52,20 +64,44 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
 
+    def __post_init__(self) -> None:
+        for name in ("max_tokens", "top_k", "seed"):
+            object.__setattr__(self, name, as_int(getattr(self, name)))
+        for name in ("temperature", "top_p"):
+            object.__setattr__(self, name, _as_float(getattr(self, name)))
+        stop = self.stop
+        object.__setattr__(self, "stop", (stop,) if isinstance(stop, str) else _as_tuple(stop))
+        ids = _as_tuple(self.stop_token_ids)
+        if isinstance(ids, tuple):
+            ids = tuple(as_int(t) for t in ids)
+        object.__setattr__(self, "stop_token_ids", ids)
+
     def validation_error(self) -> str | None:
-        """Why these parameters are unusable, or None when they are valid."""
-        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+        """Why these parameters cannot be executed, or None when they can."""
+        if not _is_int(self.max_tokens) or self.max_tokens <= 0:
             return f"max_tokens must be a positive integer, got {self.max_tokens!r}"
-        if not _finite_number(self.temperature) or self.temperature < 0:
-            return f"temperature must be a finite number >= 0, got {self.temperature!r}"
+        t = self.temperature
+        if not _finite_number(t) or not (t == 0 or MIN_TEMPERATURE <= t <= MAX_TEMPERATURE):
+            return (
+                f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], "
+                f"got {t!r}"
+            )
         if not _finite_number(self.top_p) or not 0 < self.top_p <= 1:
             return f"top_p must be in (0, 1], got {self.top_p!r}"
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        if not _is_int(self.top_k) or self.top_k < 0:
             return f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}"
-        if self.seed is not None and not isinstance(self.seed, int):
-            return f"seed must be an integer, got {self.seed!r}"
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            return "stop strings must be non-empty strings"
+        if self.seed is not None and not (_is_int(self.seed) and SEED_MIN <= self.seed <= SEED_MAX):
+            return f"seed must be an integer in [{SEED_MIN}, {SEED_MAX}], got {self.seed!r}"
+        if not isinstance(self.stop_token_ids, tuple) or not all(
+            _is_int(t) for t in self.stop_token_ids
+        ):
+            return f"stop_token_ids must be a sequence of integers, got {self.stop_token_ids!r}"
+        if not isinstance(self.stop, tuple) or any(
+            not isinstance(s, str) or not s for s in self.stop
+        ):
+            return f"stop must be a non-empty string or a sequence of them, got {self.stop!r}"
+        if not isinstance(self.ignore_eos, bool):
+            return f"ignore_eos must be a boolean, got {self.ignore_eos!r}"
         return None
 
     @property
@@ -73,8 +109,35 @@ class SamplingParams:
         return self.temperature == 0
 
 
+def as_int(value: Any) -> Any:
+    """`value` as a plain int when it is integer-like (numpy, torch scalars), never a bool;
+    anything else unchanged (validation reports it)."""
+    if isinstance(value, bool) or _is_int(value):
+        return value
+    try:
+        return operator.index(value)
+    except Exception:  # not integer-like
+        return value
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _as_float(value: Any) -> Any:
+    if isinstance(value, numbers.Real) and not isinstance(value, bool | int | float):
+        return float(value)
+    return value
+
+
+def _as_tuple(value: Any) -> Any:
+    if isinstance(value, list | tuple | set | frozenset):
+        return tuple(value)
+    return value
+
+
 def _finite_number(x: object) -> bool:
-    return isinstance(x, int | float) and x == x and abs(x) != float("inf")
+    return _is_int(x) or (isinstance(x, float) and math.isfinite(x))
 
 
 class TaskStatus(enum.Enum):
@@ -106,6 +169,7 @@ class Task:
     num_preemptions: int = 0
     policy_version: int | None = None
     generator: torch.Generator | None = None
+    return_logprobs: bool = True
     text: str | None = None
     arrival_time: float = 0.0
     admit_time: float | None = None

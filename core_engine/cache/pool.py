@@ -37,8 +37,9 @@ class KVPool:
     ) -> None:
         self._req_pool = RequestPool(max_requests, max_seq_len, device)
         if strategy == "paged":
-            pages = num_pages or max_requests * -(-max_seq_len // page_size)
-            self._strategy: AllocationStrategy = PagedStrategy(self._req_pool, pages, page_size)
+            if num_pages is None:
+                raise ValueError("a paged pool needs num_pages (see cache/sizing.py: plan_kv)")
+            self._strategy: AllocationStrategy = PagedStrategy(self._req_pool, num_pages, page_size)
         elif strategy == "contiguous":
             self._strategy = ContiguousStrategy(self._req_pool)
         else:
@@ -117,6 +118,12 @@ class TaskCacheManager:
 
     def publish(self, task_id: int, token_ids: Sequence[int], version: int) -> None:
         self.pool.strategy.publish(self.states[task_id], token_ids, version)
+
+    def unpublish(self, task_id: int) -> None:
+        """Withdraw a task's pages from the prefix cache (their K/V may be unusable)."""
+        state = self.states.get(task_id)
+        if state is not None:
+            self.pool.strategy.unpublish(state)
 
     def free(
         self, task_id: int, computed_ids: Sequence[int] = (), version: int | None = None

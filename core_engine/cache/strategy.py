@@ -66,6 +66,10 @@ class AllocationStrategy(abc.ABC):
         """Offer the fully computed pages of `token_ids` to the prefix cache (if any)."""
 
     @abc.abstractmethod
+    def unpublish(self, state: TaskCacheState) -> None:
+        """Withdraw every page of `state` from the prefix cache (if any)."""
+
+    @abc.abstractmethod
     def release(self, state: TaskCacheState) -> None:
         """Give back every slot of `state` (the request slot is freed by the caller)."""
 
@@ -125,6 +129,9 @@ class ContiguousStrategy(AllocationStrategy):
         return SlotCopy(table[parent.req_slot, :num_tokens], table[child.req_slot, :num_tokens])
 
     def publish(self, state, token_ids, version):
+        return None
+
+    def unpublish(self, state):
         return None
 
     def release(self, state):
@@ -227,6 +234,10 @@ class PagedStrategy(AllocationStrategy):
                     return
                 self.prefix.insert(key, page)
             parent = self.prefix.entry_id(page)
+
+    def unpublish(self, state):
+        for page in state.pages:
+            self.prefix.evict(page)
 
     def release(self, state):
         for page in reversed(state.pages):

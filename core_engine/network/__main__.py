@@ -1,13 +1,20 @@
 """Serve a local checkpoint over the OpenAI API.
 
 python -m core_engine.network --model PATH [--host 127.0.0.1] [--port 8000]
+    [--api-key KEY] [--allow-unauthenticated-public]
     [--kv-strategy paged|contiguous] [--max-batch-size N] [--max-seq-len N]
+    [--kv-cache-bytes N] [--gpu-memory-utilization F]
     [--served-model-name NAME] [--device cpu|cuda] [--dtype float32|bfloat16|float16]
+
+A non-loopback `--host` needs `--api-key` (or the explicit `--allow-unauthenticated-public`).
+The API key may also come from the `RLWB_API_KEY` environment variable.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import os
 from collections.abc import Sequence
 
 import torch
@@ -30,10 +37,38 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kv-strategy", choices=("paged", "contiguous"), default="paged")
     parser.add_argument("--max-batch-size", type=int, default=EngineConfig.max_batch_size)
     parser.add_argument("--max-seq-len", type=int, help="default: the model's context")
+    parser.add_argument("--kv-cache-bytes", type=int, help="KV budget (default: see README)")
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=EngineConfig.gpu_memory_utilization,
+        help="CUDA: fraction of the free memory after the weights given to the KV pool",
+    )
+    parser.add_argument("--api-key", default=os.environ.get("RLWB_API_KEY"))
+    parser.add_argument(
+        "--allow-unauthenticated-public",
+        action="store_true",
+        help="serve a non-loopback host without an API key",
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="default: the checkpoint's")
     parser.add_argument("--log-level", default="info")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not (args.api_key or args.allow_unauthenticated_public or is_loopback(args.host)):
+        parser.error(
+            f"--host {args.host} is reachable from other machines: give --api-key, or "
+            "--allow-unauthenticated-public to serve it without one"
+        )
+    return args
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name other than localhost
+        return False
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -43,10 +78,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         max_batch_size=args.max_batch_size,
         max_seq_len=args.max_seq_len,
         kv_strategy=args.kv_strategy,
+        kv_cache_bytes=args.kv_cache_bytes,
+        gpu_memory_utilization=args.gpu_memory_utilization,
     )
     dtype = DTYPES[args.dtype] if args.dtype else None
     engine = InferenceScheduler.from_pretrained(args.model, config, args.device, dtype)
-    app = create_app(engine, args.served_model_name or args.model)
+    app = create_app(engine, args.served_model_name or args.model, api_key=args.api_key)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
 

@@ -2,12 +2,14 @@
 
 Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (JSON or SSE with
 `stream: true`), `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text).
-The app starts the engine's serving loop on startup and stops it on shutdown.
+The app starts a serving loop over the engine on startup and stops it on shutdown. Requests
+are bounded by `ServerLimits`; with `api_key`, `/v1/*` needs it as a Bearer token.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
@@ -21,6 +23,7 @@ from core_engine.network import prometheus
 from core_engine.network.bridge import HandleEvents
 from core_engine.network.errors import APIError, engine_error, install_error_handlers
 from core_engine.network.formats import ChatFormat, CompletionFormat, OutputFormat
+from core_engine.network.limits import BearerAuth, BodyLimit, SequenceBudget, ServerLimits
 from core_engine.network.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -28,28 +31,43 @@ from core_engine.network.schemas import (
 )
 from core_engine.network.stream import EventStreamResponse, StreamContext, sse_stream
 from core_engine.scheduler import InferenceScheduler
+from core_engine.serving import ServingLoop
 from core_engine.task import GenerationResult, SamplingParams
 
 DISCONNECT_POLL_S = 0.05
 T = TypeVar("T")
 
 
-def create_app(engine: InferenceScheduler, model_name: str = "rl-workbench") -> FastAPI:
+def create_app(
+    engine: InferenceScheduler,
+    model_name: str = "rl-workbench",
+    limits: ServerLimits | None = None,
+    api_key: str | None = None,
+) -> FastAPI:
     """The FastAPI app serving `engine` under the model name `model_name`."""
     if engine.tokenizer is None:
         raise ValueError("the HTTP server needs an engine with a tokenizer")
     tokenizer = engine.tokenizer
+    limits = limits or ServerLimits()
+    loop = ServingLoop(engine)
+    budget: SequenceBudget | None = None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        engine.start()
+        nonlocal budget
+        budget = app.state.sequence_budget = SequenceBudget(limits)  # on the server's loop
+        loop.start()
         try:
             yield
         finally:
-            await anyio.to_thread.run_sync(engine.stop)
+            await anyio.to_thread.run_sync(loop.stop)
 
     app = FastAPI(title="RL Workbench engine", lifespan=lifespan)
+    app.state.serving_loop = loop
     install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    if api_key:
+        app.add_middleware(BearerAuth, api_key=api_key)
 
     def check_model(body: GenerationRequest) -> None:
         if body.model != model_name:
@@ -67,8 +85,39 @@ def create_app(engine: InferenceScheduler, model_name: str = "rl-workbench") -> 
         params: SamplingParams,
         fmt: OutputFormat,
     ) -> Response:
+        limits.check_request(len(prompts), body.n, params.stop)
+        for ids in prompts:
+            if len(ids) < engine.max_seq_len < len(ids) + params.max_tokens:
+                raise APIError(
+                    400,
+                    f"this model's context is {engine.max_seq_len} tokens; the prompt has "
+                    f"{len(ids)} and max_tokens is {params.max_tokens}",
+                    "context_length_exceeded",
+                    "max_tokens",
+                )
+        assert budget is not None, "the app's lifespan has not started"
+        sequences = len(prompts) * body.n
+        await budget.acquire(sequences)
+        try:
+            response = await submit(request, body, prompts, params, fmt)
+        except BaseException:
+            await budget.release(sequences)
+            raise
+        if isinstance(response, EventStreamResponse):
+            response.on_close = functools.partial(budget.release, sequences)
+        else:
+            await budget.release(sequences)
+        return response
+
+    async def submit(
+        request: Request,
+        body: GenerationRequest,
+        prompts: Sequence[list[int]],
+        params: SamplingParams,
+        fmt: OutputFormat,
+    ) -> Response:
         submitted_version = engine.version  # read before submitting: see sse_stream
-        handles = [h for ids in prompts for h in engine.submit(ids, params, body.n)]
+        handles = [h for ids in prompts for h in loop.submit(ids, params, body.n)]
         prompt_tokens = sum(len(ids) for ids in prompts)
         events = HandleEvents(handles)
         if not body.stream:
@@ -131,7 +180,7 @@ def create_app(engine: InferenceScheduler, model_name: str = "rl-workbench") -> 
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        serving = engine.loop.running
+        serving = loop.running
         body = {"status": "ok" if serving else "stopped", "policy_version": engine.version}
         return JSONResponse(body, status_code=200 if serving else 503)
 

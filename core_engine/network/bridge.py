@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import threading
+import functools
 from collections import deque
 from collections.abc import Iterable, Sequence
 
@@ -16,9 +16,9 @@ Event = TokenEvent | GenerationResult
 class HandleEvents:
     """The events of several request handles, merged in arrival order as `(index, event)`.
 
-    One daemon thread per handle blocks in `handle.stream()`, so the event loop never does.
-    Each thread ends with its handle's final result, which the engine always delivers
-    (cancellation and engine stop included).
+    Each handle pushes its events onto the event loop from the engine's thread (no thread per
+    handle); each ends with its final result, which the engine always delivers (cancellation
+    and engine stop included).
     """
 
     def __init__(self, handles: Sequence[RequestHandle]) -> None:
@@ -28,17 +28,13 @@ class HandleEvents:
         self._replay: deque[tuple[int, Event]] = deque()
         self._finished: set[int] = set()
         for index, handle in enumerate(self._handles):
-            threading.Thread(
-                target=self._pump, args=(index, handle), name=f"http-{handle.task_id}", daemon=True
-            ).start()
+            handle.subscribe(functools.partial(self._push, index, handle))
 
-    def _pump(self, index: int, handle: RequestHandle) -> None:
-        for event in handle.stream():
-            try:
-                self._loop.call_soon_threadsafe(self._queue.put_nowait, (index, event))
-            except RuntimeError:  # the event loop is closed: nobody listens any more
-                handle.cancel()
-                return
+    def _push(self, index: int, handle: RequestHandle, event: Event) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, (index, event))
+        except RuntimeError:  # the event loop is closed: nobody listens any more
+            handle.cancel()
 
     async def _receive(self) -> tuple[int, Event]:
         item = await self._queue.get()

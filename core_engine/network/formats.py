@@ -79,10 +79,11 @@ class OutputFormat(abc.ABC):
         return self.tokenizer.decode([token_id])
 
     def pairs(self, result: GenerationResult) -> list[tuple[int, float]]:
-        """(token id, log-prob) of every generated token, when log-probs were asked for."""
+        """(token id, log-prob) of every generated token, when log-probs were asked for: the
+        model's log-softmax(logits / T) before top-k/top-p (T = 1 at temperature 0)."""
         if not self.logprobs:
             return []
-        return list(zip(result.output_ids, result.output_logprobs, strict=True))
+        return list(zip(result.output_ids, result.output_temp_logprobs, strict=True))
 
     @abc.abstractmethod
     def choice(self, index: int, result: GenerationResult) -> dict[str, Any]:

@@ -4,7 +4,9 @@ Unknown parameters are rejected (`unsupported_parameter`); a few well-known Open
 the engine cannot honour are accepted only at their no-op value (e.g. `presence_penalty: 0`).
 Extensions (as in vLLM): `top_k` and `ignore_eos`. Log-probs are the sampled token's only:
 completions accept `logprobs` 0 or 1, chat accepts `top_logprobs` 0 or 1, and in both cases
-the single "top" entry is the sampled token (the engine computes no alternatives).
+the single "top" entry is the sampled token (the engine computes no alternatives). The value is
+the model's log-softmax(logits / T) over the full vocabulary, before top-k/top-p truncation
+(T = 1 at temperature 0: the model's own log-prob, never the greedy point mass's 0.0).
 """
 
 from __future__ import annotations

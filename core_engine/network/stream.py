@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,7 +89,7 @@ def _flush(
             chunks.append(opening)
     for token in choice.pending:
         text = choice.text.push(token.token_id)
-        logprobs = [(token.token_id, token.logprob)] if fmt.logprobs else []
+        logprobs = [(token.token_id, token.temp_logprob)] if fmt.logprobs else []
         if text or logprobs:
             chunks.append(fmt.delta(index, text, logprobs, choice.offset))
             choice.offset += sum(len(fmt.token_text(t)) for t, _ in logprobs)
@@ -107,9 +107,12 @@ class EventStreamResponse(StreamingResponse):
         super().__init__(content, media_type="text/event-stream")
         self.headers["Cache-Control"] = "no-cache"
         self._events = events
+        self.on_close: Callable[[], Awaitable[None]] | None = None  # after the stream ends
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             self._events.cancel()
+            if self.on_close is not None:
+                await self.on_close()

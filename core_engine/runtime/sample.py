@@ -44,26 +44,31 @@ def sample(
     generators: Sequence[torch.Generator | None],
     return_logprobs: bool = True,
 ) -> SampleOutput:
-    """Sample one token per row of fp32 `logits` [B, vocab] under each row's parameters."""
-    finite = finite_rows(logits)
+    """Sample one token per row of fp32 `logits` [B, vocab] under each row's parameters.
+
+    A row that would poison the step (NaN/inf logits, tempered logits that overflow, a token
+    outside the vocabulary) is computed on neutral values and flagged in `finite`; the other
+    rows are unaffected."""
+    device, vocab = logits.device, logits.shape[-1]
+    drawn = [i for i, p in enumerate(params) if not p.greedy]
+    scaled = logits  # all greedy: T = 1, no division, the very same values
+    if drawn:
+        temps = [1.0 if p.greedy else p.temperature for p in params]
+        scaled = logits / torch.tensor(temps, device=device, dtype=logits.dtype)[:, None]
+    finite = finite_rows(logits) & finite_rows(scaled)
     if not bool(finite.all()):
         logits = torch.where(finite[:, None], logits, torch.zeros_like(logits))
-    device = logits.device
-    drawn = [i for i, p in enumerate(params) if not p.greedy]
+        scaled = torch.where(finite[:, None], scaled, torch.zeros_like(scaled))
     if len(drawn) < len(params):
         tokens = logits.argmax(dim=-1)
     else:
         tokens = torch.empty(len(params), dtype=torch.int64, device=device)
     if not drawn and not return_logprobs:
         return SampleOutput(tokens.tolist(), [], [], finite.tolist())
-    scaled = logits  # all greedy: T = 1, no division, the very same values
-    if drawn:
-        temps = [1.0 if p.greedy else p.temperature for p in params]
-        scaled = logits / torch.tensor(temps, device=device, dtype=logits.dtype)[:, None]
     temp_logp = scaled.log_softmax(dim=-1)
     processed_logp = temp_logp
     if any(params[i].top_k > 0 or params[i].top_p < 1 for i in drawn):
-        top_k = torch.tensor([p.top_k for p in params], device=device)
+        top_k = torch.tensor([min(p.top_k, vocab) for p in params], device=device)
         top_p = torch.tensor([p.top_p for p in params], device=device, dtype=logits.dtype)
         mask = truncation_mask(scaled, top_k, top_p)
         processed_logp = scaled.masked_fill(mask, float("-inf")).log_softmax(dim=-1)
@@ -71,6 +76,10 @@ def sample(
         rows = torch.tensor(drawn, device=device)
         rows_logp = processed_logp if len(drawn) == len(params) else processed_logp[rows]
         tokens[rows] = draw(rows_logp, [generators[i] for i in drawn])
+    in_vocab = (tokens >= 0) & (tokens < vocab)
+    if not bool(in_vocab.all()):
+        finite &= in_vocab
+        tokens = torch.where(in_vocab, tokens, torch.zeros_like(tokens))
     token_list = tokens.tolist()
     if not return_logprobs:
         return SampleOutput(token_list, [], [], finite.tolist())

@@ -7,11 +7,12 @@ import re
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
-import uvicorn
+import transformers
 
 from core_engine.network import create_app
 from core_engine.network.__main__ import parse_args
@@ -19,6 +20,9 @@ from core_engine.network.detok import IncrementalText
 from core_engine.scheduler import EngineConfig, InferenceScheduler
 from core_engine.task import SamplingParams
 from core_engine.toy import save_tiny_checkpoint
+
+from .http_server import running_server
+from .reference import hf_logprobs
 
 MODEL = "tiny"
 CONTEXT = 4096
@@ -31,29 +35,19 @@ class Served:
     engine: InferenceScheduler
     url: str
     client: openai.OpenAI
+    path: Path
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     path = save_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), max_position_embeddings=CONTEXT)
     engine = InferenceScheduler.from_pretrained(str(path), EngineConfig(max_batch_size=8))
-    config = uvicorn.Config(create_app(engine, MODEL), host="127.0.0.1", port=0, log_level="error")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
-    yield Served(engine, url, client)
-    client.close()
-    server.should_exit = True
-    thread.join(timeout=30)
-    assert not thread.is_alive()
-    assert not engine.loop.running, "shutdown must stop the serving loop"
+    app = create_app(engine, MODEL)
+    with running_server(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
+        yield Served(engine, url, client, path)
+        client.close()
+    assert not app.state.serving_loop.running, "shutdown must stop the serving loop"
     assert engine.is_idle()
 
 
@@ -80,7 +74,7 @@ def test_completion_length_usage_and_version(served):
     assert extra(choice, "policy_version") == served.engine.version
 
 
-def test_completion_logprobs_match_the_engine(served):
+def test_completion_logprobs_are_the_models_at_temperature_zero(served):
     r = served.client.completions.create(
         model=MODEL, prompt="abc", max_tokens=6, logprobs=1, **GREEDY
     )
@@ -90,7 +84,10 @@ def test_completion_logprobs_match_the_engine(served):
     )
     lp = r.choices[0].logprobs
     assert lp.tokens == [tok.decode([t]) for t in ref.output_ids]
-    assert lp.token_logprobs == pytest.approx(ref.output_logprobs, abs=1e-4)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(served.path).float().eval()
+    truth = hf_logprobs(hf, tok.encode("abc"), ref.output_ids).tolist()
+    assert lp.token_logprobs == pytest.approx(truth, abs=1e-4)
+    assert all(v < 0 for v in lp.token_logprobs), "not the greedy point mass's 0.0"
     assert [next(iter(d.values())) for d in lp.top_logprobs] == pytest.approx(lp.token_logprobs)
     assert r.choices[0].text == ref.text
 
@@ -445,3 +442,41 @@ def test_command_line_binds_localhost_by_default():
         "paged",
         4,
     )
+
+
+@pytest.mark.parametrize(
+    ("odd", "status"),
+    [({"extra_body": {"top_k": 2**63}}, 200), ({"temperature": 1e-38}, 400)],
+    ids=["top_k=2**63 runs", "temperature=1e-38 refused"],
+)
+def test_an_odd_request_prefilled_with_a_good_one_leaves_it_intact(served, odd, status):
+    wait_idle(served.engine)
+    expected = served.client.completions.create(model=MODEL, prompt="good", max_tokens=6, **GREEDY)
+    outcome: dict[str, object] = {}
+
+    def call(name: str, **kwargs) -> None:
+        try:
+            outcome[name] = served.client.completions.create(model=MODEL, max_tokens=6, **kwargs)
+        except openai.APIStatusError as exc:
+            outcome[name] = exc
+
+    with served.engine.lock:  # both requests are admitted in the same step
+        threads = [
+            threading.Thread(target=call, args=("odd",), kwargs={"prompt": "odd", **odd}),
+            threading.Thread(target=call, args=("good",), kwargs={"prompt": "good", **GREEDY}),
+        ]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 30
+        while served.engine.metrics.in_flight < 2:
+            assert time.monotonic() < deadline, "the requests were not submitted"
+            time.sleep(0.005)
+    for thread in threads:
+        thread.join(timeout=30)
+    assert outcome["good"].choices[0].text == expected.choices[0].text
+    if status == 200:
+        assert outcome["odd"].choices[0].finish_reason in ("stop", "length")
+    else:
+        assert outcome["odd"].status_code == 400
+        assert outcome["odd"].code == "invalid_sampling_params"
+    wait_idle(served.engine)

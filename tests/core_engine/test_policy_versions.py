@@ -3,9 +3,11 @@ group sampling shares the prompt; a concurrency proof of attribution."""
 
 import threading
 
+import numpy as np
 import pytest
 import torch
 
+from core_engine.serving import ServingLoop
 from core_engine.task import ErrorCode, FinishReason, SamplingParams
 from core_engine.weights import WeightUpdateError, canonical_weights, weights_checksum
 
@@ -72,11 +74,21 @@ def test_checksum_is_deterministic_and_content_sensitive(engine):
     assert weights_checksum(changed) != weights_checksum(weights)
 
 
-@pytest.mark.parametrize("version", [0, -1, 1.5, "2"])
-def test_non_increasing_version_is_refused_and_changes_nothing(engine, version):
+@pytest.mark.parametrize(
+    ("version", "why"),
+    [
+        (0, "not greater"),
+        (-1, "not greater"),
+        (np.int64(0), "policy version 0 is not greater"),
+        (1.5, "must be an integer"),
+        ("2", "must be an integer"),
+        (True, "must be an integer"),  # a bool is not a version, though Python calls it an int
+    ],
+)
+def test_bad_or_non_increasing_version_is_refused_and_changes_nothing(engine, version, why):
     before = engine.run_batch([[1, 2, 3]], GREEDY)[0]
     checksum = weights_checksum(canonical_weights(engine.model))
-    with pytest.raises(WeightUpdateError, match="not greater"):
+    with pytest.raises(WeightUpdateError, match=why):
         engine.update_weights(perturbed(engine.model, 2), version)
     assert engine.version == 0
     assert weights_checksum(canonical_weights(engine.model)) == checksum
@@ -150,9 +162,9 @@ def test_drain_resumes_preempted_requests_behind_a_fresh_one(engine):
     engine.enqueue(started)
     engine.step()
     engine.step()
-    engine._preempt(started[0])  # as the pool does when it runs out of pages
+    engine.batching.preempt(started[0], engine.version)  # as when the pool runs out of pages
     fresh = engine.make_tasks([[4, 5, 6]], params)
-    engine.waiting.appendleft(fresh[0])  # e.g. a group sample requeued after a failed fork
+    engine.batching.waiting.appendleft(fresh[0])  # e.g. a group sample requeued after a failed fork
     engine.update_weights(perturbed(engine.model, 8), 1)
     assert started[0].finished and started[0].policy_version == 0
     assert started[0].finish_reason == FinishReason.LENGTH and len(started[0].output_ids) == 8
@@ -175,19 +187,20 @@ def test_abort_mode_ends_started_requests_with_policy_updated(engine):
 
 
 def test_serving_loop_applies_updates_at_step_boundaries(engine):
-    engine.start()
+    loop = ServingLoop(engine)
+    loop.start()
     try:
         params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-        (handle,) = engine.submit([1, 2, 3], params)
+        (handle,) = loop.submit([1, 2, 3], params)
         next(handle.stream(timeout=30))
         new = perturbed(engine.model, 7)
         ack = engine.update_weights(new, 1)
         result = handle.result(timeout=30)
         assert result.policy_version == 0 and len(result.output_ids) == 40
-        later = engine.submit([1, 2, 3], params)[0].result(timeout=30)
+        later = loop.submit([1, 2, 3], params)[0].result(timeout=30)
         assert later.policy_version == ack.version == 1
     finally:
-        engine.stop()
+        loop.stop()
 
 
 def test_group_prefills_the_prompt_once_and_shares_its_pages():

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from core_engine.serving import TokenEvent
+from core_engine.serving import ServingLoop, TokenEvent
 from core_engine.task import ErrorCode, FinishReason, GenerationResult, SamplingParams
 
 from .reference import assert_idle, hf_greedy, make_engine
@@ -14,10 +14,10 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
 @pytest.fixture
 def serving(qwen2_pair):
-    engine = make_engine(qwen2_pair[0], page_size=4)
-    engine.start()
-    yield engine
-    engine.stop()
+    loop = ServingLoop(make_engine(qwen2_pair[0], page_size=4))
+    loop.start()
+    yield loop
+    loop.stop()
 
 
 def test_stream_yields_tokens_then_the_result(serving, qwen2_pair):
@@ -48,7 +48,7 @@ def test_loop_survives_bad_requests_and_keeps_serving(serving):
 
 
 def test_loop_survives_an_exception_inside_a_step(serving, monkeypatch):
-    original = serving.executor.forward_prefill
+    original = serving.engine.executor.forward_prefill
     failed = threading.Event()
 
     def fail_once(tasks):
@@ -57,11 +57,11 @@ def test_loop_survives_an_exception_inside_a_step(serving, monkeypatch):
             raise RuntimeError("boom")
         return original(tasks)
 
-    monkeypatch.setattr(serving.executor, "forward_prefill", fail_once)
+    monkeypatch.setattr(serving.engine.executor, "forward_prefill", fail_once)
     broken = serving.submit([1, 2], GREEDY)[0].result(timeout=30)
     assert broken.finish_reason == FinishReason.ERROR
     assert broken.error.code == ErrorCode.INTERNAL and "boom" in broken.error.message
-    assert serving.loop.running
+    assert serving.running
     assert serving.submit([1, 2], GREEDY)[0].result(timeout=30).finish_reason == "length"
 
 
@@ -75,7 +75,7 @@ def test_cancel_ends_a_running_request_and_frees_it(serving):
     assert result.error.code == ErrorCode.CANCELLED
     assert len(result.output_ids) < 400
     serving.stop()
-    assert_idle(serving)
+    assert_idle(serving.engine)
 
 
 def test_group_submission_shares_the_prompt(serving):
@@ -87,10 +87,11 @@ def test_group_submission_shares_the_prompt(serving):
 
 def test_stop_aborts_what_is_left(qwen2_pair):
     engine = make_engine(qwen2_pair[0])
-    engine.start()
-    (handle,) = engine.submit([1, 2], SamplingParams(max_tokens=100_000, ignore_eos=True))
+    loop = ServingLoop(engine)
+    loop.start()
+    (handle,) = loop.submit([1, 2], SamplingParams(max_tokens=100_000, ignore_eos=True))
     next(handle.stream(timeout=30))
-    engine.stop()
+    loop.stop()
     result = handle.result(timeout=5)
     assert result.finish_reason == FinishReason.ABORT
     assert_idle(engine)
@@ -100,10 +101,10 @@ def test_metrics_are_readable_while_the_loop_writes(serving):
     handles = [serving.submit([i + 1, i + 2], GREEDY)[0] for i in range(6)]
     snapshots = []
     while not all(h._result for h in handles):
-        snapshots.append(serving.stats())
+        snapshots.append(serving.engine.stats())
         for h in handles:
             if h._result is None:
                 h.result(timeout=30)
                 break
-    assert serving.stats()["finished"]["length"] == 6
-    assert serving.metrics.in_flight == 0
+    assert serving.engine.stats()["finished"]["length"] == 6
+    assert serving.engine.metrics.in_flight == 0

@@ -1,0 +1,152 @@
+"""Server limits and the API key, driven by the official `openai` client over real HTTP."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import httpx
+import openai
+import pytest
+
+from core_engine.network import create_app
+from core_engine.network.__main__ import parse_args
+from core_engine.network.limits import ServerLimits
+from core_engine.scheduler import EngineConfig, InferenceScheduler
+from core_engine.toy import save_tiny_checkpoint
+
+from .http_server import running_server
+
+MODEL = "tiny"
+KEY = "sk-test"
+CONTEXT = 256
+LIMITS = ServerLimits(
+    max_body_bytes=4096,
+    max_prompts=2,
+    max_n=3,
+    max_stop=2,
+    max_stop_chars=5,
+    max_sequences_in_flight=2,
+    max_queued_requests=1,
+    queue_timeout_s=0.5,
+)
+GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    path = save_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), max_position_embeddings=CONTEXT)
+    engine = InferenceScheduler.from_pretrained(str(path), EngineConfig(max_batch_size=8))
+    app = create_app(engine, MODEL, limits=LIMITS, api_key=KEY)
+    with running_server(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=30)
+        yield engine, app, url, client
+        client.close()
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+def refused(call: Callable[[], object], error: type[openai.APIStatusError]) -> openai.APIError:
+    with pytest.raises(error) as info:
+        call()
+    return info.value
+
+
+def test_body_over_the_size_limit_is_413(server):
+    _, _, _, client = server
+    e = refused(
+        lambda: client.completions.create(model=MODEL, prompt="x" * 5000, max_tokens=1),
+        openai.APIStatusError,
+    )
+    assert e.status_code == 413 and e.code == "request_too_large"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"prompt": ["a", "b", "c"]}, "prompt"),
+        ({"prompt": "a", "n": 4}, "n"),
+        ({"prompt": ["a", "b"], "n": 2}, "n"),  # 4 sequences: over the in-flight bound
+        ({"prompt": "a", "stop": ["x", "y", "z"]}, "stop"),
+        ({"prompt": "a", "stop": "toolong"}, "stop"),
+    ],
+    ids=["prompts", "n", "sequences", "stop count", "stop length"],
+)
+def test_request_shape_over_a_limit_is_400(server, kwargs, param):
+    _, _, _, client = server
+    e = refused(
+        lambda: client.completions.create(model=MODEL, max_tokens=1, **kwargs),
+        openai.BadRequestError,
+    )
+    assert (e.code, e.param) == ("limit_exceeded", param)
+
+
+def test_max_tokens_is_capped_by_the_context(server):
+    _, _, _, client = server
+    e = refused(
+        lambda: client.completions.create(model=MODEL, prompt="abc", max_tokens=CONTEXT),
+        openai.BadRequestError,
+    )
+    assert (e.code, e.param) == ("context_length_exceeded", "max_tokens")
+    ok = client.completions.create(model=MODEL, prompt="abc", max_tokens=CONTEXT - 3, **GREEDY)
+    assert ok.usage.completion_tokens == CONTEXT - 3
+
+
+def test_in_flight_bound_queues_then_refuses_without_a_thread_per_sequence(server):
+    engine, app, _, client = server
+    budget = app.state.sequence_budget
+    results: dict[str, object] = {}
+
+    def call(name: str, **kwargs) -> None:
+        try:
+            results[name] = client.completions.create(model=MODEL, max_tokens=2, **kwargs)
+        except openai.APIError as exc:
+            results[name] = exc
+
+    threads_before = threading.active_count()
+    with engine.lock:  # nothing generates: the first request holds the whole budget
+        first = threading.Thread(target=call, args=("first",), kwargs={"prompt": "a", "n": 2})
+        first.start()
+        wait_for(lambda: budget.in_flight == 2, "the first request was not admitted")
+        assert threading.active_count() == threads_before + 1, "a thread per sequence"
+        queued = threading.Thread(target=call, args=("queued",), kwargs={"prompt": "b"})
+        queued.start()
+        wait_for(lambda: budget.queued == 1, "the second request did not queue")
+        full = refused(
+            lambda: client.completions.create(model=MODEL, prompt="c", max_tokens=2),
+            openai.RateLimitError,
+        )
+        assert full.status_code == 429
+        queued.join(timeout=30)  # waits queue_timeout_s, then gives up
+        assert isinstance(results["queued"], openai.APIStatusError)
+        assert results["queued"].status_code == 503
+    first.join(timeout=30)
+    assert len(results["first"].choices) == 2
+    assert budget.in_flight == 0 and budget.queued == 0
+    after = client.completions.create(model=MODEL, prompt="d", max_tokens=2)
+    assert after.choices[0].finish_reason in ("stop", "length")
+
+
+def test_api_key_is_required_on_the_api_but_not_on_health(server):
+    _, _, url, _ = server
+    wrong = openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0)
+    e = refused(wrong.models.list, openai.AuthenticationError)
+    assert e.code == "invalid_api_key"
+    assert httpx.get(f"{url}/v1/models").status_code == 401  # no key at all
+    assert httpx.get(f"{url}/health").status_code == 200
+
+
+def test_non_loopback_bind_needs_an_api_key_or_an_explicit_flag(monkeypatch):
+    monkeypatch.delenv("RLWB_API_KEY", raising=False)
+    with pytest.raises(SystemExit):
+        parse_args(["--model", "/ckpt", "--host", "0.0.0.0"])
+    assert parse_args(["--model", "/ckpt", "--host", "0.0.0.0", "--api-key", "k"]).api_key == "k"
+    public = ["--model", "/ckpt", "--host", "0.0.0.0", "--allow-unauthenticated-public"]
+    assert parse_args(public).api_key is None
+    assert parse_args(["--model", "/ckpt", "--host", "::1"]).host == "::1"
