@@ -9,11 +9,11 @@ alone; nothing escapes `run_batch`; the pool returns to idle.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -24,7 +24,7 @@ from core_engine.config import EngineConfig, plan_for
 from core_engine.events import EngineEvent, FinishEvent, TokenEvent
 from core_engine.intake import TaskIntake
 from core_engine.metrics import EngineMetrics
-from core_engine.model import CausalLM, checkpoint_eos_ids, load_model
+from core_engine.model import CausalLM
 from core_engine.outcomes import decode_text, stop_reason
 from core_engine.policy import (
     UpdateGate,
@@ -44,7 +44,7 @@ from core_engine.task import (
     Task,
     TaskError,
 )
-from core_engine.weights import weights_checksum
+from core_engine.weights import update_digest
 
 log = logging.getLogger(__name__)
 Listener = Callable[[Sequence[EngineEvent]], None]
@@ -86,25 +86,6 @@ class InferenceScheduler:
         self.updates = UpdateGate()
         self._listeners: list[Listener] = []
         self._outbox: list[EngineEvent] = []
-
-    @classmethod
-    def from_pretrained(
-        cls,
-        path: str,
-        config: EngineConfig | None = None,
-        device: str = "cpu",
-        dtype: torch.dtype | None = None,
-    ) -> InferenceScheduler:
-        """Load a local checkpoint directory with its tokenizer and EOS ids."""
-        from transformers import AutoTokenizer
-
-        config = config or EngineConfig()
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        eos = set(config.eos_token_ids) | set(checkpoint_eos_ids(path))
-        if tokenizer.eos_token_id is not None:
-            eos.add(tokenizer.eos_token_id)
-        config = replace(config, eos_token_ids=tuple(sorted(eos)))
-        return cls(load_model(path, dtype, device), config, tokenizer)
 
     # ----------------------------------------------------------------- requests
     def run_batch(
@@ -302,10 +283,26 @@ class InferenceScheduler:
             invalidated = self.pool.strategy.invalidate()
             self.version = version
             control = time.perf_counter() - control_start - copy_seconds
-            checksum = weights_checksum(served)
+            checksum = update_digest(served)
         return WeightUpdateAck(
             version, invalidated, aborted, checksum, time.perf_counter() - start, control
         )
+
+    @contextlib.contextmanager
+    def kv_released(self) -> Iterator[None]:
+        """Free the KV pool's memory for the duration, e.g. the trainer's phase (vLLM's sleep
+        mode). Only an idle engine sleeps; it serves nothing until it wakes, every prefix entry
+        is invalidated (its K/V is gone) and decode graphs are captured again."""
+        with self.lock:
+            if not self.is_idle():
+                raise RuntimeError("the KV pool can only be released while the engine is idle")
+            self.pool.strategy.invalidate()
+            self.pool.buffer.release()
+            try:
+                yield
+            finally:
+                self.pool.buffer.restore()
+                self.executor = Executor(self.model, self.cache, self.config.cuda_graph)
 
     def _barrier(self, mode: str) -> int:
         """Leave no started request behind; returns how many were aborted."""

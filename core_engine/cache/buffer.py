@@ -32,6 +32,21 @@ class KVBuffer:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
+    @property
+    def released(self) -> bool:
+        return self.k.untyped_storage().nbytes() == 0
+
+    def release(self) -> None:
+        """Give the K/V memory back (the tensors keep their shape and views, no storage)."""
+        for tensor in (self.k, self.v):
+            tensor.untyped_storage().resize_(0)
+
+    def restore(self) -> None:
+        """Allocate the K/V memory again, zeroed (possibly at a new address)."""
+        for tensor in (self.k, self.v):
+            tensor.untyped_storage().resize_(tensor.numel() * tensor.element_size())
+            tensor.zero_()
+
 
 class RequestPool:
     """Request slots and their table: `table[slot, position]` is the KV slot of that token."""

@@ -17,13 +17,11 @@ import ipaddress
 import os
 from collections.abc import Sequence
 
-import torch
 import uvicorn
 
+from core_engine.engine import DTYPES, load_engine
 from core_engine.network.app import create_app
-from core_engine.scheduler import EngineConfig, InferenceScheduler
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from core_engine.scheduler import EngineConfig
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -51,7 +49,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="serve a non-loopback host without an API key",
     )
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), help="default: the checkpoint's")
+    parser.add_argument(
+        "--dtype",
+        choices=[*sorted(DTYPES), "auto"],
+        default="auto",
+        help="engine dtype (auto: bfloat16 on CUDA, float32 on CPU)",
+    )
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     if not (args.api_key or args.allow_unauthenticated_public or is_loopback(args.host)):
@@ -81,8 +84,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         kv_cache_bytes=args.kv_cache_bytes,
         gpu_memory_utilization=args.gpu_memory_utilization,
     )
-    dtype = DTYPES[args.dtype] if args.dtype else None
-    engine = InferenceScheduler.from_pretrained(args.model, config, args.device, dtype)
+    engine = load_engine(args.model, config, device=args.device, dtype=args.dtype)
     app = create_app(engine, args.served_model_name or args.model, api_key=args.api_key)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 

@@ -60,6 +60,9 @@ class GRPOConfig:
     max_tokens_per_micro_batch: int = 8192  # prompt + response tokens per training forward
     logit_chunk_rows: int = 256  # rows x vocabulary the log-softmax holds at once
     gradient_checkpointing: bool = False
+    release_kv_during_training: bool = True  # the engine's KV memory is freed while training
+    kv_cache_bytes: int | None = None  # the engine's KV budget (default: the engine's)
+    gpu_memory_utilization: float | None = None  # on CUDA: the budget as a share of free memory
 
     def __post_init__(self) -> None:
         problems = []
@@ -85,6 +88,10 @@ class GRPOConfig:
             problems.append("reject_scope must be 'batch' or 'group'")
         if self.max_policy_lag < 0 or self.checkpoint_every < 0 or self.clip_eps <= 0:
             problems.append("max_policy_lag and checkpoint_every must be >= 0, clip_eps > 0")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
+            problems.append("kv_cache_bytes must be >= 1")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            problems.append("gpu_memory_utilization must be in (0, 1]")
         if self.keep_last < 0 or self.keep_every < 0:
             problems.append("keep_last and keep_every must be >= 0")
         if self.engine_dtype not in ENGINE_DTYPES:

@@ -10,6 +10,7 @@ and resumed from its checkpoint continues exactly as if it had not stopped.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
@@ -42,12 +43,20 @@ from core_engine.rl.rollout import (
 )
 from core_engine.rl.screen import screen_groups
 from core_engine.rl.tasks import default_reward
-from core_engine.rl.update import TrainSample, UpdateSettings, accumulate_gradients
+from core_engine.rl.update import (
+    TrainSample,
+    UpdateResult,
+    UpdateSettings,
+    accumulate_gradients,
+)
 from core_engine.scheduler import EngineConfig
 from core_engine.task import SamplingParams
-from core_engine.weights import canonical_weights, weights_checksum
+from core_engine.weights import canonical_weights, update_digest, weights_checksum
 
 DEFAULT_TIS_CAP = 2.0
+# The engine shares the device with the trainer's weights, gradients and optimizer state
+# (allocated at the first step, after the engine is sized): TRL's colocation default.
+COLOCATED_GPU_MEMORY_UTILIZATION = 0.3
 
 
 class TrainingError(RuntimeError):
@@ -95,6 +104,9 @@ class GRPOTrainer:
                 max_batch_size=config.engine_batch_size,
                 max_seq_len=self.max_seq_len,
                 kv_strategy=config.kv_strategy,
+                kv_cache_bytes=config.kv_cache_bytes,
+                gpu_memory_utilization=config.gpu_memory_utilization
+                or COLOCATED_GPU_MEMORY_UTILIZATION,
             ),
             tokenizer=self.tokenizer,
             checkpoint=config.model,
@@ -225,16 +237,14 @@ class GRPOTrainer:
             )
             for i in rows
         ]
-        self.optimizer.zero_grad(set_to_none=True)
-        update = accumulate_gradients(self.model, samples, self.update_settings, self.reference)
-        grad_norm = float(
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-        )
-        if not (update.finite and math.isfinite(grad_norm)):
+        with self._training_phase():
+            update, grad_norm = self._backward(samples)
+            if update.finite and math.isfinite(grad_norm):
+                self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+        if not (update.finite and math.isfinite(grad_norm)):
             why = f"non_finite: loss {update.loss} / gradient norm {grad_norm}; step not taken"
             return self._reject(rollout, [*reasons, why], {**timings, **metrics}, rejected)
-        self.optimizer.step()
         if fresh:
             self._old_logprobs = (rollout, dict(zip(rows, update.logprobs, strict=True)))
             gap = [
@@ -276,6 +286,20 @@ class GRPOTrainer:
             prune_checkpoints(self.output_dir, cfg.keep_last, cfg.keep_every)
         return record
 
+    def _training_phase(self):
+        """The engine's KV memory is released while the trainer computes (unless configured
+        otherwise): activations and optimizer state get it."""
+        if self.config.release_kv_during_training:
+            return self.engine.kv_released()
+        return contextlib.nullcontext()
+
+    def _backward(self, samples: list[TrainSample]) -> tuple[UpdateResult, float]:
+        """The step's gradients (accumulated over micro-batches) and their clipped norm."""
+        self.optimizer.zero_grad(set_to_none=True)
+        update = accumulate_gradients(self.model, samples, self.update_settings, self.reference)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        return update, float(norm)
+
     def _known_old_logprobs(self, rollout: RolloutResult, fresh: bool) -> dict[int, list[float]]:
         """The trainer's log-probs at the rollout's version, kept from its first update (none
         for a fresh rollout: they come from this update's own forward)."""
@@ -291,18 +315,20 @@ class GRPOTrainer:
         engine_dtype = self.engine.model.lm_head.weight.dtype
         weights = {k: v.detach().to(engine_dtype) for k, v in canonical_weights(self.model).items()}
         ack = self.engine.update_weights(weights, self.version)
-        expected = weights_checksum(weights)
+        expected = update_digest(weights)
         if ack.version != self.version or ack.checksum != expected:
             raise TrainingError(
                 f"weight sync failed: engine acknowledged version {ack.version} "
                 f"checksum {ack.checksum[:12]}, trainer has {self.version} {expected[:12]}"
             )
+        # The checksum of record: on a CPU the digest already is the full SHA-256.
+        checksum = expected if self.device.type == "cpu" else weights_checksum(weights)
         timings["sync_s"] = time.perf_counter() - start
         checkpoint = None
         every = self.config.checkpoint_every
         if every and self.version % every == 0:
             checkpoint = str(self.save(updates_done=self.updates_done + 1))
-        return VersionRecord(self.version, parent, expected, dict(metrics), checkpoint)
+        return VersionRecord(self.version, parent, checksum, dict(metrics), checkpoint)
 
     def _reject(self, rollout, reasons, metrics, rejected=None, failure=True) -> StepRecord:
         """Record a batch that is never trained on. Too many failed batches in a row stop the

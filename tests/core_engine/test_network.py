@@ -14,6 +14,7 @@ import openai
 import pytest
 import transformers
 
+from core_engine.engine import load_engine
 from core_engine.network import create_app
 from core_engine.network.__main__ import parse_args
 from core_engine.network.detok import IncrementalText
@@ -41,7 +42,7 @@ class Served:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     path = save_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), max_position_embeddings=CONTEXT)
-    engine = InferenceScheduler.from_pretrained(str(path), EngineConfig(max_batch_size=8))
+    engine = load_engine(path, EngineConfig(max_batch_size=8))
     app = create_app(engine, MODEL)
     with running_server(app) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from core_engine.cache.sizing import EngineSizingError
 from core_engine.engine import DeviceError, load_engine, resolve_device
 from core_engine.rl.checkpoint import OPTIMIZER_FILE
 from core_engine.rl.config import GRPOConfig
@@ -17,6 +18,7 @@ from core_engine.rl.update import (
     accumulate_gradients,
     pack_micro_batches,
 )
+from core_engine.task import SamplingParams
 from core_engine.toy import save_tiny_checkpoint
 
 from .reference import hf_logprobs, make_pair
@@ -222,3 +224,30 @@ def test_training_on_cuda_with_a_bf16_engine(checkpoint, tmp_path):
     assert trainer.version == trainer.engine.version == 3
     for record in (r for r in records if r.version is not None):
         assert record.metrics["mismatch_max"] < 0.5 and "tis_weight_mean" in record.metrics
+
+
+def test_the_kv_pool_sleeps_while_the_trainer_computes(checkpoint, tmp_path):
+    trainer = make_trainer(checkpoint, tmp_path, drop_zero_variance_groups=False)
+    engine, seen = trainer.engine, []
+    real = trainer._backward
+
+    def spying(samples):
+        seen.append(engine.pool.buffer.released)
+        return real(samples)
+
+    trainer._backward = spying
+    prompts = [[3, 4, 5, 6]]
+    greedy = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    trainer.step()
+    before = engine.run_batch(prompts, greedy)[0].output_ids
+    with engine.kv_released():
+        assert engine.pool.buffer.k.untyped_storage().nbytes() == 0
+    assert seen == [True] and not engine.pool.buffer.released
+    assert engine.run_batch(prompts, greedy)[0].output_ids == before  # serves as before
+
+
+def test_a_kv_budget_that_cannot_hold_one_request_fails_at_job_start(checkpoint, tmp_path):
+    with pytest.raises(EngineSizingError, match="bytes"):
+        make_trainer(checkpoint, tmp_path, kv_cache_bytes=1024)
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        GRPOConfig(model="m", output_dir="o", task="addition", gpu_memory_utilization=1.5)

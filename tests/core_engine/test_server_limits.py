@@ -10,10 +10,11 @@ import httpx
 import openai
 import pytest
 
+from core_engine.engine import load_engine
 from core_engine.network import create_app
 from core_engine.network.__main__ import parse_args
 from core_engine.network.limits import ServerLimits
-from core_engine.scheduler import EngineConfig, InferenceScheduler
+from core_engine.scheduler import EngineConfig
 from core_engine.toy import save_tiny_checkpoint
 
 from .http_server import running_server
@@ -37,7 +38,7 @@ GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     path = save_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), max_position_embeddings=CONTEXT)
-    engine = InferenceScheduler.from_pretrained(str(path), EngineConfig(max_batch_size=8))
+    engine = load_engine(path, EngineConfig(max_batch_size=8))
     app = create_app(engine, MODEL, limits=LIMITS, api_key=KEY)
     with running_server(app) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=30)
