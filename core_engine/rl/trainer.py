@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer
 
-from core_engine.engine import load_engine, resolve_device
+from core_engine.engine import resolve_device
 from core_engine.model import load_model
 from core_engine.rl.checkpoint import (
     latest_checkpoint,
@@ -30,6 +30,7 @@ from core_engine.rl.checkpoint import (
     read_trainer_state,
     save_checkpoint,
 )
+from core_engine.rl.colocate import colocated_engine, update_settings
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data import collate
 from core_engine.rl.loss import group_advantages
@@ -46,17 +47,10 @@ from core_engine.rl.tasks import default_reward
 from core_engine.rl.update import (
     TrainSample,
     UpdateResult,
-    UpdateSettings,
     accumulate_gradients,
 )
-from core_engine.scheduler import EngineConfig
 from core_engine.task import SamplingParams
 from core_engine.weights import canonical_weights, update_digest, weights_checksum
-
-DEFAULT_TIS_CAP = 2.0
-# The engine shares the device with the trainer's weights, gradients and optimizer state
-# (allocated at the first step, after the engine is sized): TRL's colocation default.
-COLOCATED_GPU_MEMORY_UTILIZATION = 0.3
 
 
 class TrainingError(RuntimeError):
@@ -98,23 +92,10 @@ class GRPOTrainer:
         )
         if resume:
             load_optimizer_state(self.optimizer, resume)
-        self.engine = load_engine(
-            self.model,
-            EngineConfig(
-                max_batch_size=config.engine_batch_size,
-                max_seq_len=self.max_seq_len,
-                kv_strategy=config.kv_strategy,
-                kv_cache_bytes=config.kv_cache_bytes,
-                gpu_memory_utilization=config.gpu_memory_utilization
-                or COLOCATED_GPU_MEMORY_UTILIZATION,
-            ),
-            tokenizer=self.tokenizer,
-            checkpoint=config.model,
-            device=self.device,
-            dtype=config.engine_dtype,
-            policy_version=self.version,
+        self.engine = colocated_engine(
+            config, self.model, self.tokenizer, self.max_seq_len, self.version
         )
-        self.update_settings = self._update_settings()
+        self.update_settings = update_settings(config, self.engine)
         params = SamplingParams(
             temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens
         )
@@ -133,25 +114,6 @@ class GRPOTrainer:
             old = {int(k): v for k, v in pending["old_logprobs"].items()}
             self._old_logprobs = (rollout, old)
         self._consecutive_failures = self._consecutive_filtered = 0
-
-    def _update_settings(self) -> UpdateSettings:
-        cfg = self.config
-        engine_dtype = self.engine.model.lm_head.weight.dtype
-        tis_cap = cfg.tis_cap
-        if tis_cap is None:
-            tis_cap = DEFAULT_TIS_CAP if engine_dtype != torch.float32 else 0.0
-        low_precision = engine_dtype != torch.float32
-        autocast = engine_dtype if self.device.type == "cuda" and low_precision else None
-        return UpdateSettings(
-            temperature=cfg.temperature,
-            clip_eps=cfg.clip_eps,
-            kl_coef=cfg.kl_coef,
-            max_tokens=cfg.max_tokens_per_micro_batch,
-            chunk_rows=cfg.logit_chunk_rows,
-            checkpointing=cfg.gradient_checkpointing,
-            tis_cap=tis_cap,
-            autocast=autocast,
-        )
 
     # ----------------------------------------------------------------- the loop
     def train(self) -> StopReason:
