@@ -30,6 +30,11 @@ def canonical_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     return weights
 
 
+def model_checksum(model: nn.Module) -> str:
+    """The checksum of record of what `model` serves or trains (tied copies once)."""
+    return weights_checksum(canonical_weights(model))
+
+
 def weights_checksum(weights: Mapping[str, torch.Tensor]) -> str:
     digest = hashlib.sha256()
     for name in sorted(weights):

@@ -86,9 +86,6 @@ class Executor:
             return self.graph.run(ids, positions, meta)
         return self.model.forward_engine(*self._with_cache(self.prepare_decode(tasks)))
 
-    def execute_prefill(self, tasks: Sequence[Task], return_logprobs: bool = True) -> SampleOutput:
-        return self.sample(tasks, self.forward_prefill(tasks), return_logprobs)
-
     def execute_decode(self, tasks: Sequence[Task], return_logprobs: bool = True) -> SampleOutput:
         return self.sample(tasks, self.forward_decode(tasks), return_logprobs)
 
