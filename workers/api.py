@@ -1,4 +1,6 @@
-"""What the UI calls: submit and cancel jobs, and see the queue. Imports no torch.
+"""What the UI and the CLI call: the job vocabulary and validation (`workers.vocabulary`),
+submitting, cancelling and resuming jobs, and the queue. Imports no torch and no user code;
+Celery is configured on first use, not at import.
 
 from workers.api import submit_job, cancel_job, queue_overview
 job = submit_job("train", {"model": DEMO_MODEL, "task": "addition", "steps": 200})
@@ -6,15 +8,33 @@ job = submit_job("train", {"model": DEMO_MODEL, "task": "addition", "steps": 200
 
 from typing import Any
 
-from db import JobInfo, JobKind, JobStatus
-from workers import tasks  # noqa: F401  (registers the tasks with the app)
-from workers.app import app
-from workers.dispatch import enqueue
-from workers.settings import GPU_QUEUE, Settings
-from workers.specs import DEMO_MODEL, SpecError, validate
-from workers.storage import repository
+from celery import Celery
 
-__all__ = ["DEMO_MODEL", "SpecError", "cancel_job", "queue_overview", "submit_job"]
+from db import JobInfo, JobKind, JobStatus
+from workers.settings import GPU_QUEUE, Settings
+from workers.specs import SpecError
+from workers.storage import repository
+from workers.vocabulary import (
+    DEMO_MODEL,
+    REWARDS,
+    TASKS,
+    check_reward,
+    count_records,
+    validate_job,
+)
+
+__all__ = [
+    "DEMO_MODEL",
+    "REWARDS",
+    "TASKS",
+    "SpecError",
+    "cancel_job",
+    "check_reward",
+    "count_records",
+    "queue_overview",
+    "submit_job",
+    "validate_job",
+]
 
 CELERY = "celery -A workers.app"
 COMMANDS = {
@@ -27,13 +47,22 @@ COMMANDS = {
 }
 
 
+def celery_app() -> Celery:
+    """The Celery app with the tasks registered."""
+    from workers import tasks
+
+    return tasks.app
+
+
 def submit_job(kind: JobKind | str, config: dict[str, Any]) -> JobInfo:
     """Validate ``config`` (see `workers.specs`; raises `SpecError`), store a queued job and
     send its task to the ``gpu`` queue."""
-    total_steps = validate(kind, config)
+    from workers.dispatch import enqueue
+
+    total_steps = validate_job(kind, config)
     repo = repository()
     job = repo.create_job(kind, config, total_steps=total_steps)
-    enqueue(app, repo, job)
+    enqueue(celery_app(), repo, job)
     return repo.get_job(job.id)
 
 
@@ -42,7 +71,7 @@ def cancel_job(job_id: int) -> JobInfo:
     next step (it ends ``cancelled`` with everything so far kept)."""
     job = repository().request_cancel(job_id)
     if job.status is JobStatus.CANCELLED and job.celery_task_id:
-        app.control.revoke(job.celery_task_id)
+        celery_app().control.revoke(job.celery_task_id)
     return job
 
 
@@ -60,6 +89,7 @@ def queue_overview(timeout: float = 1.0) -> dict[str, Any]:
 
     Takes about ``timeout`` seconds: workers are found by a ping, then asked until each answered.
     """
+    app = celery_app()
     online = sorted(app.control.inspect(timeout=timeout).ping() or {})
     active = reserved = None
     if online:

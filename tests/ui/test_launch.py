@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import sys
 from typing import Any
 
 import pytest
@@ -103,6 +104,27 @@ def test_every_problem_is_reported_inline_and_nothing_is_enqueued(services, worl
     ):
         assert problem in message
     assert world["queue"].submitted == []
+
+
+@pytest.mark.parametrize(
+    "spec", ["os:system", "subprocess:run", "builtins:eval", "pty:spawn", "rlwb_ui_canary:fn"]
+)
+def test_a_reward_naming_code_is_refused_without_importing_it(services, world, tmp_path, spec):
+    witness = tmp_path / "imported"
+    (tmp_path / "rlwb_ui_canary.py").write_text(f"open({str(witness)!r}, 'w').close()\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        message = launch_job(services, **form(reward=spec))
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert message.startswith("**Nothing was enqueued.**") and "not allowed" in message
+    assert not witness.exists() and "rlwb_ui_canary" not in sys.modules
+    assert world["queue"].submitted == []
+
+
+def test_a_registered_reward_name_is_left_to_the_worker(services, world):
+    launch_job(services, **form(reward="my_reward"))
+    assert world["queue"].submitted[0][1]["reward"] == "my_reward"
 
 
 def test_trainer_config_rules_are_reported_too(services, world):

@@ -18,7 +18,14 @@ from typing import Any
 import pytest
 
 from db import JobStatus, Repository, upgrade
-from tests.workers.helpers import SLOW_REWARD, assert_consistent, running, train_config, wait_for
+from tests.workers.helpers import (
+    REGISTERED_REWARDS,
+    SLOW_REWARD,
+    assert_consistent,
+    running,
+    train_config,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
@@ -61,6 +68,7 @@ class Stack:
             "RLWB_DATA_DIR": str(root / "data"),
             "OMP_NUM_THREADS": "1",
             "PYTHONPATH": str(ROOT),
+            "RLWB_REWARDS": REGISTERED_REWARDS,
         }
         upgrade(database)
         self.repo = Repository.from_url(database)
@@ -143,7 +151,7 @@ def test_a_worker_runs_reports_and_cancels_jobs(stack, tiny_model):
         assert task_id in stack.celery("inspect", "active", "--timeout", "1")
         assert "revoked" in stack.celery("control", "revoke", third_task)
         overview, state, status = stack.api(
-            f"api.queue_overview(), api.app.AsyncResult({task_id!r}).state, "
+            f"api.queue_overview(), api.celery_app().AsyncResult({task_id!r}).state, "
             f"api.cancel_job({second}).status"
         )
         assert state == "PROGRESS"  # the live ping next to the job row's progress
