@@ -54,6 +54,7 @@ def evaluate_target(
     settings: EvalSettings,
     worker: Settings,
     step: int,
+    fence: int,
 ) -> None:
     """Generate with ``target`` on the prompt set and store the samples (as batches of
     ``step``) with the version's evaluation record, in one transaction."""
@@ -80,6 +81,7 @@ def evaluate_target(
     repo.record_step(
         split_batch(job_id, target.version, step, samples, []),
         PolicyVersionRecord(job_id, target.version, None, target.checkpoint, checksum, metrics),
+        fence=fence,
     )
 
 
@@ -97,7 +99,7 @@ def run_evaluate(
         target = source_version(repo, spec.job_id, spec.version)
     if not _recorded(repo, job.id, target.version):
         control.report(0, 1)
-        evaluate_target(repo, job.id, target, spec.eval, settings, step=0)
+        evaluate_target(repo, job.id, target, spec.eval, settings, 0, control.fence)
     control.report(1, 1, version=target.version)
     return Outcome("succeeded")
 
@@ -113,6 +115,6 @@ def run_compare(repo: Repository, job: JobInfo, settings: Settings, control: Job
         control.report(step, len(targets))
         if control.should_stop():
             return control.stopped()
-        evaluate_target(repo, job.id, target, spec.eval, settings, step)
+        evaluate_target(repo, job.id, target, spec.eval, settings, step, control.fence)
     control.report(len(targets), len(targets))
     return Outcome("succeeded")

@@ -24,13 +24,16 @@ class Settings:
     max_attempts: int
     device: str
     engine_cache_size: int
+    heartbeat_timeout_s: float = 60.0
 
     @classmethod
     def from_env(cls) -> "Settings":
         """``RLWB_DATA_DIR`` (default ``./data``), ``REDIS_URL``, ``RLWB_VISIBILITY_TIMEOUT``
         (seconds, default one day: longer than the longest job), ``RLWB_MAX_ATTEMPTS``
         (starts of one job, default 3), ``RLWB_DEVICE`` (evaluation engines, default cpu),
-        ``RLWB_ENGINE_CACHE`` (warm engines kept per worker, default 2)."""
+        ``RLWB_ENGINE_CACHE`` (warm engines kept per worker, default 2),
+        ``RLWB_HEARTBEAT_TIMEOUT`` (seconds without a heartbeat before recovery re-queues a
+        running job, default 60)."""
         env = os.environ
         return cls(
             data_dir=Path(env.get("RLWB_DATA_DIR") or "data").absolute(),
@@ -39,7 +42,13 @@ class Settings:
             max_attempts=int(env.get("RLWB_MAX_ATTEMPTS") or 3),
             device=env.get("RLWB_DEVICE") or "cpu",
             engine_cache_size=int(env.get("RLWB_ENGINE_CACHE") or 2),
+            heartbeat_timeout_s=float(env.get("RLWB_HEARTBEAT_TIMEOUT") or 60),
         )
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        """How often a running job beats: several times per timeout."""
+        return self.heartbeat_timeout_s / 5
 
     @property
     def embedded(self) -> bool:

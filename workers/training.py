@@ -58,7 +58,7 @@ class Recorder:
         batch_version = self.pending.parent_version if accepted else self.trainer.version
         records = trainer_batches(self.job_id, batch_version, batch)
         if records or new_version is not None:
-            self.repo.record_step(records, new_version)
+            self.repo.record_step(records, new_version, fence=self.control.fence)
         if accepted:
             self.pending, self.rejected = None, 0
         else:
@@ -83,7 +83,7 @@ def run_training(
     """Run (or resume) a train job until its steps are done, it is stopped, or it fails."""
     model = resolve_model(job.config["model"], settings)
     config = train_config({**job.config, "model": model}, str(output_dir(job, settings)))
-    reconcile(repo, job.id, config.output_dir)
+    reconcile(repo, job.id, config.output_dir, control.fence)
     records = training_records(config.task, config.data, seed=config.seed)
     recorder = Recorder(repo, job.id, control, config.steps)
     hooks = TrainerHooks(recorder.on_batch, recorder.on_version, control.should_stop)
@@ -91,7 +91,8 @@ def run_training(
     if trainer.version == 0 and repo.latest_version(job.id) is None:
         weights = canonical_weights(trainer.model)
         repo.record_policy_version(
-            PolicyVersionRecord(job.id, 0, None, model, weights_checksum(weights))
+            PolicyVersionRecord(job.id, 0, None, model, weights_checksum(weights)),
+            fence=control.fence,
         )
     control.report(trainer.step_index, config.steps, version=trainer.version)
     try:

@@ -69,6 +69,7 @@ class Stack:
             "OMP_NUM_THREADS": "1",
             "PYTHONPATH": str(ROOT),
             "RLWB_REWARDS": REGISTERED_REWARDS,
+            "RLWB_HEARTBEAT_TIMEOUT": "5",  # recovery re-queues a dead worker's job after 5 s
         }
         upgrade(database)
         self.repo = Repository.from_url(database)
