@@ -13,12 +13,14 @@ from ui.files import data_dir_from_env, model_roots_from_env
 class Services:
     """The UI's collaborators. ``submit_job(kind, config)`` validates and enqueues a job
     (raising `ValueError` for invalid input), ``cancel_job(job_id)`` cancels one, and
-    ``queue_overview()`` describes the workers and their tasks (see `workers.api`)."""
+    ``queue_overview()`` describes the workers and their tasks, ``resume_job(job_id)``
+    queues a failed or cancelled train job again (see `workers.api`)."""
 
     repository: Repository
     submit_job: Callable[[str, dict[str, Any]], JobInfo]
     cancel_job: Callable[[int], JobInfo]
     queue_overview: Callable[[], dict[str, Any]]
+    resume_job: Callable[[int], JobInfo]
     model_roots: tuple[Path, ...] = field(default_factory=model_roots_from_env)
     data_dir: Path = field(default_factory=data_dir_from_env)
 
@@ -34,4 +36,5 @@ def default_services() -> Services:
         submit_job=api.submit_job,
         cancel_job=api.cancel_job,
         queue_overview=api.queue_overview,
+        resume_job=api.resume_job,
     )

@@ -32,6 +32,7 @@ __all__ = [
     "check_reward",
     "count_records",
     "queue_overview",
+    "resume_job",
     "submit_job",
     "validate_job",
 ]
@@ -73,6 +74,17 @@ def cancel_job(job_id: int) -> JobInfo:
     if job.status is JobStatus.CANCELLED and job.celery_task_id:
         celery_app().control.revoke(job.celery_task_id)
     return job
+
+
+def resume_job(job_id: int) -> JobInfo:
+    """Queue a failed or cancelled train job again: it continues from its newest checkpoint
+    at that version (`db.InvalidTransition` for any other job)."""
+    from workers.dispatch import enqueue
+
+    repo = repository()
+    job = repo.reopen(job_id)
+    enqueue(celery_app(), repo, job)
+    return repo.get_job(job_id)
 
 
 def _tasks(reply: dict[str, list[dict[str, Any]]] | None) -> list[dict[str, Any]]:

@@ -6,6 +6,10 @@
     rlwb ui                 the UI alone (jobs go to the queue)
     rlwb db upgrade         migrate the database (DATABASE_URL, else the SQLite file)
     rlwb train CONFIG       run a training job here, without UI or queue, writing to the DB
+    rlwb submit CONFIG      queue a job for the workers and print its id
+    rlwb jobs               list the jobs
+    rlwb resume JOB_ID      queue a failed or cancelled train job again, from its newest version
+    rlwb cancel JOB_ID      cancel a job
 
 Environment: DATABASE_URL, REDIS_URL, RLWB_DATA_DIR (see workers/README.md).
 """
@@ -13,14 +17,14 @@ Environment: DATABASE_URL, REDIS_URL, RLWB_DATA_DIR (see workers/README.md).
 import argparse
 import importlib
 import importlib.util
-import json
 import os
 import signal
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
+
+from workers import cli_jobs
 
 WORKER_ARGS = ["--pool=threads", "--concurrency=1", "--queues=gpu"]
 EMBEDDED_ARGS = ["--without-gossip", "--without-mingle", "--without-heartbeat"]
@@ -73,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
         "job. CONFIG is a JSON or TOML file of GRPOConfig fields (output_dir optional).",
     )
     train.add_argument("config", type=Path, help="a .json or .toml config file")
+    cli_jobs.add_commands(commands)
     return parser
 
 
@@ -141,11 +146,6 @@ def run_ui(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_config(path: Path) -> dict[str, Any]:
-    text = path.read_text()
-    return tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-
-
 def _print_progress(meta: dict[str, Any]) -> None:
     fields = [f"step {meta['step']}/{meta['total_steps']}"]
     if meta.get("version") is not None:
@@ -166,7 +166,7 @@ def run_train(path: Path) -> int:
     from workers.specs import validate
     from workers.storage import repository
 
-    config = _read_config(path)
+    config = cli_jobs.read_config(path)
     total_steps = validate("train", config)
     migrate.upgrade()
     repo = repository()
@@ -189,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_up(args)
     if args.command == "ui":
         return run_ui(args)
+    if args.command in cli_jobs.JOB_COMMANDS:
+        return cli_jobs.run(args)
     if args.command == "db":
         from db import migrate
 

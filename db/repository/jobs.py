@@ -202,6 +202,20 @@ class JobsMixin(RepositoryBase):
             session.flush()
             return job_info(job)
 
+    def reopen(self, job_id: int) -> JobInfo:
+        """Queue a failed or cancelled train job again, to continue from its newest version:
+        a fresh count of attempts, no error, no cancel request (`InvalidTransition` for any
+        other job)."""
+        with self._write() as session:
+            job = load_job(session, job_id, for_update=True)
+            resumable = job.status in (JobStatus.FAILED, JobStatus.CANCELLED)
+            if not resumable or job.kind is not JobKind.TRAIN:
+                raise InvalidTransition(job.id, job.status.value, f"resume a {job.kind} job")
+            job.status, job.attempts, job.error = JobStatus.QUEUED, 0, None
+            job.cancel_requested, job.finished_at = False, None
+            session.flush()
+            return job_info(job)
+
     def delete_job(self, job_id: int) -> None:
         """Delete a job with its versions, batches and samples. A running (or cancelling)
         job is refused: cancel it, or mark it failed, first."""

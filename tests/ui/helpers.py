@@ -124,6 +124,9 @@ class FakeQueue:
     def cancel(self, job_id: int) -> JobInfo:
         return self.repo.request_cancel(job_id)
 
+    def resume(self, job_id: int) -> JobInfo:
+        return self.repo.reopen(job_id)
+
     def overview(self) -> dict[str, Any]:
         active = {"worker": "gpu0@test", "task_id": "t-1", "name": "workers.train", "args": [1]}
         return {
@@ -142,6 +145,7 @@ class FakeQueue:
             submit_job=self.submit,
             cancel_job=self.cancel,
             queue_overview=self.overview,
+            resume_job=self.resume,
             model_roots=model_roots,
             data_dir=data_dir,
         )

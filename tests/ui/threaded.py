@@ -58,6 +58,7 @@ class ThreadQueue:
             submit_job=self.submit,
             cancel_job=self.cancel,
             queue_overview=self.overview,
+            resume_job=self.repo.reopen,
             model_roots=model_roots,
             data_dir=self.settings.data_dir,
         )
