@@ -17,6 +17,8 @@ if "RLWB_DATA_DIR" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["RLWB_DATA_DIR"], True)
 
 from db import Repository, upgrade
+from tests.db.conftest import postgres_schemas  # noqa: F401  (the fixture)
+from tests.workers.stack import Stack, claim_redis
 from workers.settings import Settings
 
 
@@ -48,3 +50,24 @@ def repo(env: Path) -> Iterator[Repository]:
     from workers.storage import repository
 
     yield repository()
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    yield from claim_redis()
+
+
+@pytest.fixture
+def stack(redis_url: str, tmp_path: Path) -> Iterator[Stack]:
+    """A real worker deployment on SQLite."""
+    stack = Stack(redis_url, tmp_path)
+    yield stack
+    stack.repo.close()
+
+
+@pytest.fixture
+def pg_stack(redis_url: str, tmp_path: Path, postgres_schemas) -> Iterator[Stack]:  # noqa: F811
+    """A real worker deployment on PostgreSQL (a throw-away schema)."""
+    stack = Stack(redis_url, tmp_path, postgres_schemas.create())
+    yield stack
+    stack.repo.close()
