@@ -49,6 +49,12 @@ def _ui_options(parser: argparse.ArgumentParser) -> None:
         default=_auth(os.environ.get("RLWB_AUTH")),
         help="USER:PASSWORD required by the UI (default: RLWB_AUTH, else none)",
     )
+    parser.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="serve a non-loopback --host without a password (only where that address is "
+        "private, e.g. a container whose port is published on the host's 127.0.0.1)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -105,6 +111,18 @@ def launch_ui(host: str, port: int, auth: tuple[str, str] | None) -> bool:
     return True
 
 
+def exposure_problem(args: argparse.Namespace) -> str | None:
+    """Why the UI may not be served as asked: a non-loopback address without a password."""
+    loopback = args.host in ("localhost", "::1") or args.host.startswith("127.")
+    if loopback or args.auth is not None or args.allow_unauthenticated:
+        return None
+    return (
+        f"refusing to serve the UI on {args.host} without a password: pass "
+        "--auth USER:PASSWORD (or set RLWB_AUTH), or --allow-unauthenticated if that "
+        "address is private"
+    )
+
+
 def _stop(child: subprocess.Popen) -> None:
     """Warm shutdown of the worker (its job goes back to the queue), then kill."""
     if child.poll() is None:
@@ -120,6 +138,10 @@ def run_up(args: argparse.Namespace) -> int:
     from db import migrate
     from workers.settings import Settings
 
+    problem = None if args.no_ui else exposure_problem(args)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     settings = Settings.from_env()
     migrate.upgrade()
     broker = "embedded (filesystem)" if settings.embedded else "Redis"
@@ -140,6 +162,10 @@ def run_up(args: argparse.Namespace) -> int:
 
 
 def run_ui(args: argparse.Namespace) -> int:
+    problem = exposure_problem(args)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     if not launch_ui(args.host, args.port, args.auth):
         print("The UI is not available (no ui.app).", file=sys.stderr)
         return 1

@@ -127,6 +127,13 @@ def test_a_registered_reward_name_is_left_to_the_worker(services, world):
     assert world["queue"].submitted[0][1]["reward"] == "my_reward"
 
 
+def test_launch_warns_when_no_worker_is_online(services, world):
+    assert "No worker is online" not in launch_job(services, **form())
+    idle = dataclasses.replace(services, queue_overview=lambda: {"workers_online": 0})
+    message = launch_job(idle, **form())
+    assert message.startswith("Job **#") and "No worker is online" in message
+
+
 def test_trainer_config_rules_are_reported_too(services, world):
     message = launch_job(services, **form(steps=0, top_p=1.5, group_size=0))
     assert "steps must be >= 1" in message and "group_size must be >= 1" in message

@@ -66,6 +66,27 @@ def test_ui_launches_the_ui_module_or_says_it_is_missing(monkeypatch, capsys):
     assert "not available" in capsys.readouterr().err
 
 
+def test_a_public_address_needs_a_password(monkeypatch, capsys):
+    """Also the image's default command: it serves nothing public without RLWB_AUTH."""
+    calls = []
+    fake = types.SimpleNamespace(launch=lambda *args: calls.append(args))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(importlib, "import_module", lambda name: fake)
+    monkeypatch.delenv("RLWB_AUTH", raising=False)
+    cmd = next(
+        line for line in (ROOT / "Dockerfile").read_text().splitlines() if line[:4] == "CMD "
+    )
+    for argv in (["ui", "--host", "0.0.0.0"], json.loads(cmd.removeprefix("CMD "))):
+        assert cli.main(argv) == 2
+        assert "without a password" in capsys.readouterr().err
+    assert calls == []
+    assert cli.main(["ui", "--host", "0.0.0.0", "--auth", "ann:secret"]) == 0
+    assert cli.main(["ui", "--host", "0.0.0.0", "--allow-unauthenticated"]) == 0
+    monkeypatch.setenv("RLWB_AUTH", "ann:secret")
+    assert cli.main(["ui", "--host", "0.0.0.0"]) == 0
+    assert [call[0] for call in calls] == ["0.0.0.0"] * 3
+
+
 def test_worker_arguments():
     argv = cli.worker_argv(["-n", "gpu0@%h"])
     assert argv[:4] == ["worker", "--pool=threads", "--concurrency=1", "--queues=gpu"]

@@ -193,4 +193,15 @@ def launch_job(services: Services, **form: Any) -> str:
     except ValueError as exc:
         return f"**Nothing was enqueued:** {exc}"
     source = config.get("task") or config.get("data")
-    return f"Job **#{job.id}** is {job.status.value}: train `{config['model']}` on `{source}`."
+    message = f"Job **#{job.id}** is {job.status.value}: train `{config['model']}` on `{source}`."
+    return message + no_worker_warning(services)
+
+
+def no_worker_warning(services: Services) -> str:
+    """A warning to append when no worker is online to run queued jobs (else "")."""
+    if services.queue_overview().get("workers_online"):
+        return ""
+    return (
+        "\n\n**No worker is online:** the job waits in the queue until one starts "
+        "(`rlwb worker`, or the `worker` service of `docker compose up`)."
+    )
