@@ -10,6 +10,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_ready, worker_shutting_down
 
+from workers import revocation  # noqa: F401  (revoke also cancels the job in the database)
 from workers.control import SHUTTING_DOWN
 from workers.recovery import watch
 from workers.settings import Settings, celery_config
@@ -22,11 +23,11 @@ RECOVERY_STOP = threading.Event()
 
 @worker_ready.connect
 def _recover_orphans(sender: Any = None, **_: Any) -> None:
-    """Watch for jobs whose worker died (their heartbeat stopped) and re-queue them."""
-    timeout = Settings.from_env().heartbeat_timeout_s
+    """Watch for jobs whose worker died (their heartbeat stopped) and re-queue them, and for
+    queued jobs whose message is gone (purged) and send them again."""
     threading.Thread(
         target=watch,
-        args=(sender.app, repository(), timeout, RECOVERY_STOP),
+        args=(sender.app, repository(), Settings.from_env(), RECOVERY_STOP),
         name="recover",
         daemon=True,
     ).start()

@@ -18,6 +18,8 @@ from celery import Celery
 from db import JobStatus, Repository
 from db.timestamps import utcnow
 from workers.dispatch import send
+from workers.resend import resend_lost
+from workers.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +45,14 @@ def recover_stale(app: Celery, repo: Repository, timeout_s: float) -> list[int]:
     return recovered
 
 
-def watch(app: Celery, repo: Repository, timeout_s: float, stop: threading.Event) -> None:
-    """`recover_stale` every ``timeout_s / 5`` seconds until ``stop`` is set."""
+def watch(app: Celery, repo: Repository, settings: Settings, stop: threading.Event) -> None:
+    """Every ``heartbeat_timeout_s / 5`` seconds until ``stop`` is set: `recover_stale`, and
+    `resend_lost` for queued jobs that have no message any more."""
+    timeout_s = settings.heartbeat_timeout_s
     while True:
         try:
             recover_stale(app, repo, timeout_s)
+            resend_lost(app, repo, settings, grace_s=timeout_s)
         except Exception:  # the database or the broker is briefly away: try again
             log.exception("recovery pass failed")
         if stop.wait(timeout_s / 5):

@@ -159,6 +159,14 @@ class JobsMixin(RepositoryBase):
             session.flush()
             return job_info(job)
 
+    def cancel_tasks(self, celery_task_ids: set[str]) -> list[JobInfo]:
+        """`request_cancel` for the jobs whose current task is one of ``celery_task_ids`` (a
+        revoked task: the database remembers it across worker restarts)."""
+        statement = select(Job.id).where(Job.celery_task_id.in_(sorted(celery_task_ids)))
+        with self._read() as session:
+            ids = list(session.scalars(statement))
+        return [self.request_cancel(job_id) for job_id in ids]
+
     def is_cancel_requested(self, job_id: int) -> bool:
         with self._read() as session:
             return load_job(session, job_id).cancel_requested

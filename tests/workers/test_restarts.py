@@ -64,3 +64,28 @@ def test_a_cancelled_job_resumes_from_its_newest_version(pg_stack, tiny_model):
     assert_consistent(stack.repo, job, info.current_version, 4)
     kept = stack.repo.list_versions(job)[: cancelled.current_version + 1]
     assert [v.version for v in kept] == list(range(cancelled.current_version + 1))
+
+
+def test_revoke_survives_a_restart_and_purged_jobs_are_sent_again(pg_stack, tiny_model):
+    stack = pg_stack
+    long, revoked, purged = stack.submit(
+        train_config(tiny_model, steps=30, reward=SLOW_REWARD),
+        train_config(tiny_model, steps=1),
+        train_config(tiny_model, steps=1),
+    )
+    with stack.worker("gpu0"):
+        wait_for(lambda: version_of(stack, long) >= 1, 120, "the first job")
+        task = stack.repo.get_job(revoked).celery_task_id
+        assert "revoked" in stack.celery("control", "revoke", task)
+        wait_for(lambda: stack.status(revoked) is JobStatus.CANCELLED, 30, "the revoke")
+    assert "Purged" in stack.celery("purge", "--force", "--queues", "gpu")
+
+    with stack.worker("gpu1"):  # the database says what runs: not the purged broker
+        wait_for(lambda: stack.status(purged).is_terminal, 180, "the purged job")
+        wait_for(lambda: stack.status(long).is_terminal, 180, "the long job")
+    assert stack.status(purged) is JobStatus.SUCCEEDED, stack.log("gpu1")
+    assert stack.status(long) is JobStatus.SUCCEEDED
+    assert "sent again" in stack.log("gpu1")
+    never = stack.repo.get_job(revoked)
+    assert never.status is JobStatus.CANCELLED and never.attempts == 0
+    assert stack.repo.list_batches(revoked) == []
