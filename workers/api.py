@@ -15,6 +15,8 @@ from workers.settings import GPU_QUEUE, Settings
 from workers.specs import SpecError
 from workers.storage import repository
 from workers.vocabulary import (
+    CHAT_MAX_TEMPERATURE,
+    CHAT_MAX_TOKENS,
     DEMO_MODEL,
     REWARDS,
     TASKS,
@@ -24,11 +26,14 @@ from workers.vocabulary import (
 )
 
 __all__ = [
+    "CHAT_MAX_TEMPERATURE",
+    "CHAT_MAX_TOKENS",
     "DEMO_MODEL",
     "REWARDS",
     "TASKS",
     "SpecError",
     "cancel_job",
+    "chat",
     "check_reward",
     "count_records",
     "queue_overview",
@@ -37,6 +42,7 @@ __all__ = [
     "validate_job",
 ]
 
+CHAT_TIMEOUT_S = 120.0
 CELERY = "celery -A workers.app"
 COMMANDS = {
     "workers online": f"{CELERY} inspect ping",
@@ -85,6 +91,31 @@ def resume_job(job_id: int) -> JobInfo:
     job = repo.reopen(job_id)
     enqueue(celery_app(), repo, job)
     return repo.get_job(job_id)
+
+
+def chat(
+    job_id: int,
+    version: int,
+    messages: list[dict[str, str]],
+    temperature: float,
+    max_tokens: int,
+    seed: int | None = None,
+    timeout: float = CHAT_TIMEOUT_S,
+) -> dict[str, Any]:
+    """One Playground turn, answered by a worker of the ``interactive`` queue (see
+    `workers.chat`); ``{"problem": ...}`` when none answers within ``timeout`` seconds."""
+    from celery.exceptions import TimeoutError as CeleryTimeout
+
+    args = [job_id, version, messages, temperature, max_tokens, seed]
+    result = celery_app().tasks["workers.chat"].apply_async(args=args, expires=timeout)
+    try:
+        return result.get(timeout=timeout)
+    except CeleryTimeout:
+        result.revoke()
+        return {
+            "problem": f"no interactive worker answered within {timeout:g} s: start one "
+            "(`rlwb worker --interactive`)"
+        }
 
 
 def _tasks(reply: dict[str, list[dict[str, Any]]] | None) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
     rlwb up                 the workbench on embedded defaults (SQLite, no broker server):
                             migrations, a worker in a child process, and the UI
     rlwb worker [ARGS]      a GPU worker (celery worker --pool threads -c 1 -Q gpu ARGS)
+    rlwb worker --interactive   a worker for Playground chat (queue interactive)
     rlwb ui                 the UI alone (jobs go to the queue)
     rlwb db upgrade         migrate the database (DATABASE_URL, else the SQLite file)
     rlwb train CONFIG       run a training job here, without UI or queue, writing to the DB
@@ -27,6 +28,8 @@ from typing import Any
 from workers import cli_jobs
 
 WORKER_ARGS = ["--pool=threads", "--concurrency=1", "--queues=gpu"]
+# Playground turns: short, two at a time, never behind a training job.
+INTERACTIVE_ARGS = ["--pool=threads", "--concurrency=2", "--queues=interactive"]
 EMBEDDED_ARGS = ["--without-gossip", "--without-mingle", "--without-heartbeat"]
 STOP_TIMEOUT_S = 90
 
@@ -65,11 +68,16 @@ def _parser() -> argparse.ArgumentParser:
     up = commands.add_parser("up", help="migrations, a worker (child process) and the UI")
     _ui_options(up)
     up.add_argument("--no-ui", action="store_true", help="run the worker only")
-    commands.add_parser(
+    worker = commands.add_parser(
         "worker",
         help="run a GPU worker",
         description="A Celery worker for the gpu queue: threads pool, one job at a time. "
         "Further arguments go to `celery worker` (e.g. -n gpu0@%%h, --loglevel DEBUG).",
+    )
+    worker.add_argument(
+        "--interactive",
+        action="store_true",
+        help="serve the interactive queue (Playground chat) instead of the gpu queue",
     )
     _ui_options(commands.add_parser("ui", help="serve the UI (needs ui.app)"))
     db = commands.add_parser("db", help="database migrations")
@@ -87,19 +95,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def worker_argv(extra: list[str]) -> list[str]:
-    """``celery worker`` arguments for a GPU worker (quieter on the embedded broker)."""
+def worker_argv(extra: list[str], interactive: bool = False) -> list[str]:
+    """``celery worker`` arguments for a GPU (or interactive) worker (quieter on the
+    embedded broker)."""
     from workers.settings import Settings
 
     embedded = EMBEDDED_ARGS if Settings.from_env().embedded else []
-    return ["worker", *WORKER_ARGS, *embedded, "--loglevel=INFO", *extra]
+    role = INTERACTIVE_ARGS if interactive else WORKER_ARGS
+    return ["worker", *role, *embedded, "--loglevel=INFO", *extra]
 
 
-def run_worker(extra: list[str]) -> int:
+def run_worker(extra: list[str], interactive: bool = False) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from workers.app import app
 
-    app.worker_main(worker_argv(extra))
+    app.worker_main(worker_argv(extra, interactive))
     return 0
 
 
@@ -147,7 +157,8 @@ def run_up(args: argparse.Namespace) -> int:
     broker = "embedded (filesystem)" if settings.embedded else "Redis"
     print(f"data: {settings.data_dir}; broker: {broker}", flush=True)
     child = subprocess.Popen([sys.executable, "-m", "workers", "worker"])
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the child on the way out
+    chat = subprocess.Popen([sys.executable, "-m", "workers", "worker", "--interactive"])
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the children on the way out
     try:
         if args.no_ui:
             return child.wait()
@@ -158,6 +169,7 @@ def run_up(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
+        _stop(chat)
         _stop(child)
 
 
@@ -208,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
     if args.command == "worker":
-        return run_worker(extra)
+        return run_worker(extra, args.interactive)
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "up":

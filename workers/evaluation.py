@@ -12,6 +12,7 @@ from core_engine.rl.tasks import BUILTIN_TASKS, default_reward
 from core_engine.task import SamplingParams
 from core_engine.weights import canonical_weights, weights_checksum
 from db import JobInfo, PolicyMetrics, PolicyVersionRecord, Repository, VersionNotFound
+from workers.chat import ChatProblem, saved_version
 from workers.control import JobControl, Outcome
 from workers.engines import engine_cache
 from workers.models import resolve_model
@@ -30,13 +31,14 @@ class Target:
 
 
 def source_version(repo: Repository, job_id: int, version: int) -> Target:
-    """A recorded version of a (training) job, with its checkpoint."""
-    for info in repo.list_versions(job_id):
-        if info.version == version:
-            if info.checkpoint_path is None:
-                raise SpecError(f"job {job_id} version {version} has no checkpoint")
-            return Target(info.checkpoint_path, version, info.weights_checksum)
-    raise VersionNotFound(job_id, version)
+    """A recorded version of a (training) job, with its checkpoint still on disk."""
+    try:
+        info = saved_version(repo, job_id, version)
+    except ChatProblem as exc:
+        if any(v.version == version for v in repo.list_versions(job_id)):
+            raise SpecError(str(exc)) from None
+        raise VersionNotFound(job_id, version) from None
+    return Target(info.checkpoint_path, version, info.weights_checksum)
 
 
 def prompt_records(settings: EvalSettings) -> list[dict[str, str]]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 GPU_QUEUE = "gpu"
+INTERACTIVE_QUEUE = "interactive"  # short tasks (Playground chat) that never wait behind jobs
 TASK_FOR_KIND = {kind: f"workers.{kind}" for kind in ("train", "evaluate", "compare")}
 DAY_S = 24 * 3600
 
@@ -101,7 +102,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_serializer": "json",
         "accept_content": ["json"],
         "result_accept_content": ["json"],
-        "task_routes": {name: {"queue": GPU_QUEUE} for name in TASK_FOR_KIND.values()},
+        "task_routes": {
+            **{name: {"queue": GPU_QUEUE} for name in TASK_FOR_KIND.values()},
+            "workers.chat": {"queue": INTERACTIVE_QUEUE},
+        },
         "task_default_queue": GPU_QUEUE,
         "worker_concurrency": 1,
         "worker_prefetch_multiplier": 1,

@@ -39,6 +39,23 @@ def evaluate(self: Task, job_id: int) -> dict[str, Any]:
     return _run(self, job_id)
 
 
+@app.task(name="workers.chat")
+def chat(
+    job_id: int,
+    version: int,
+    messages: list[dict[str, str]],
+    temperature: float,
+    max_tokens: int,
+    seed: int | None = None,
+) -> dict[str, Any]:
+    """One Playground turn (the ``interactive`` queue; see `workers.chat`)."""
+    from workers.chat import chat_reply
+
+    return chat_reply(
+        repository(), Settings.from_env(), job_id, version, messages, temperature, max_tokens, seed
+    )
+
+
 @app.task(bind=True, name="workers.compare")
 def compare(self: Task, job_id: int) -> dict[str, Any]:
     """Evaluate two versions on the same prompts with the same seeds."""

@@ -8,9 +8,20 @@ from core_engine.rl.data import DataError, load_jsonl
 from core_engine.rl.rewards import BUILTIN_REWARDS, check_reward_spec
 from core_engine.rl.tasks import BUILTIN_TASKS
 from db import JobKind
+from workers.chat import MAX_TEMPERATURE as CHAT_MAX_TEMPERATURE
+from workers.chat import MAX_TOKENS_LIMIT as CHAT_MAX_TOKENS
 from workers.specs import DEMO_MODEL, SpecError, validate
 
-__all__ = ["DEMO_MODEL", "REWARDS", "TASKS", "check_reward", "count_records", "validate_job"]
+__all__ = [
+    "CHAT_MAX_TEMPERATURE",
+    "CHAT_MAX_TOKENS",
+    "DEMO_MODEL",
+    "REWARDS",
+    "TASKS",
+    "check_reward",
+    "count_records",
+    "validate_job",
+]
 
 TASKS: dict[str, str] = {name: task.description for name, task in BUILTIN_TASKS.items()}
 REWARDS: tuple[str, ...] = tuple(BUILTIN_REWARDS)

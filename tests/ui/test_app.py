@@ -1,7 +1,9 @@
 """The app as a whole: every event is scriptable, no torch at start-up, safe defaults."""
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import gradio as gr
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from ui import __main__ as cli
 from ui.app import build_app, launch
 
+ROOT = Path(__file__).resolve().parents[2]
 API_NAMES = {
     "launch",
     "launch_source",
@@ -17,6 +20,8 @@ API_NAMES = {
     "jobs",
     "jobs_live",
     "jobs_pick",
+    "resume",
+    "jobs_after_resume",
     "job",
     "job_live",
     "job_picked",
@@ -60,6 +65,20 @@ def test_importing_the_ui_imports_no_torch():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert result.stdout.strip() == "False"
+
+
+def test_the_ui_has_one_door():
+    """ui/ imports nothing of core_engine, and of workers only `workers.api`."""
+    imported = set()
+    for path in (ROOT / "ui").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+                imported.update(names if node.module == "workers" else [node.module])
+    assert not {name for name in imported if name.startswith("core_engine")}
+    assert {name for name in imported if name.startswith("workers")} == {"workers.api"}
 
 
 def test_launch_binds_to_localhost_without_share_by_default(services, monkeypatch):

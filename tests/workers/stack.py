@@ -70,9 +70,9 @@ class Stack:
         self.repo = Repository.from_url(database)
 
     @contextmanager
-    def worker(self, name: str) -> Iterator[Popen]:
+    def worker(self, name: str, *args: str) -> Iterator[Popen]:
         log = self.root / f"{name}.log"
-        argv = [sys.executable, "-m", "workers", "worker", "-n", f"{name}@%h"]
+        argv = [sys.executable, "-m", "workers", "worker", *args, "-n", f"{name}@%h"]
         with running(argv, self.env, self.root, log) as process:
             wait_for(lambda: " ready." in log.read_text(), 60, f"worker {name} to start")
             yield process

@@ -90,6 +90,8 @@ def test_a_public_address_needs_a_password(monkeypatch, capsys):
 def test_worker_arguments():
     argv = cli.worker_argv(["-n", "gpu0@%h"])
     assert argv[:4] == ["worker", "--pool=threads", "--concurrency=1", "--queues=gpu"]
+    chat = cli.worker_argv([], interactive=True)
+    assert chat[:4] == ["worker", "--pool=threads", "--concurrency=2", "--queues=interactive"]
     assert argv[-2:] == ["-n", "gpu0@%h"]
 
 

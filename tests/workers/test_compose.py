@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVICES = {"redis", "postgres", "migrate", "worker", "ui"}
+SERVICES = {"redis", "postgres", "migrate", "worker", "worker-interactive", "ui"}
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def test_plain_up_runs_a_worker_and_gpu_is_a_profile(compose):
 def test_worker_and_ui_share_checkpoints_and_see_the_models(compose):
     config = yaml.safe_load(_run([*compose, "--profile", "gpu", "config"]))
     services = config["services"]
-    for name in ("worker", "worker-gpu", "ui"):
+    for name in ("worker", "worker-gpu", "worker-interactive", "ui"):
         mounts = {tuple(v.split(":")[:2]) for v in services[name]["volumes"]}
         assert ("rlwb-data", "/data") in mounts
         assert any(target == "/models" for _, target in mounts)
