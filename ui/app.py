@@ -2,6 +2,7 @@
 
 import gradio as gr
 
+from ui.handlers.launch import MAX_UPLOAD_BYTES
 from ui.services import Services, default_services
 from ui.tabs import compare, jobs, playground, queue, samples
 from ui.tabs import launch as launch_tab
@@ -40,5 +41,5 @@ def launch(
     public share link only with ``share``; ``auth`` is an optional (user, password)."""
     demo = build_app(services or default_services())
     demo.queue(default_concurrency_limit=4).launch(
-        server_name=host, server_port=port, auth=auth, share=share
+        server_name=host, server_port=port, auth=auth, share=share, max_file_size=MAX_UPLOAD_BYTES
     )

@@ -11,6 +11,7 @@ from typing import Any
 from celery import Celery
 
 from db import JobInfo, JobKind, JobStatus
+from workers.limits import check_paths, is_under
 from workers.settings import GPU_QUEUE, Settings
 from workers.specs import SpecError
 from workers.storage import repository
@@ -36,6 +37,7 @@ __all__ = [
     "chat",
     "check_reward",
     "count_records",
+    "is_under",
     "queue_overview",
     "resume_job",
     "submit_job",
@@ -67,6 +69,7 @@ def submit_job(kind: JobKind | str, config: dict[str, Any]) -> JobInfo:
     from workers.dispatch import enqueue
 
     total_steps = validate_job(kind, config)
+    check_paths(config, Settings.from_env())
     repo = repository()
     job = repo.create_job(kind, config, total_steps=total_steps)
     enqueue(celery_app(), repo, job)

@@ -11,6 +11,7 @@ from workers.checkpoints import ResumeError
 from workers.control import JobControl, Outcome, ProgressFn, Stop
 from workers.evaluation import run_compare, run_evaluate
 from workers.heartbeat import heartbeat
+from workers.limits import check_paths, check_sizes
 from workers.settings import Settings
 from workers.specs import SpecError
 from workers.training import run_training
@@ -32,12 +33,14 @@ def run_job(
     settings: Settings,
     task_id: str | None = None,
     progress: ProgressFn | None = None,
+    queued: bool = False,
 ) -> Outcome:
     """Run (or resume) job ``job_id`` and record how it ended.
 
     Idempotent per job: a finished job, or one that another Celery task now owns, is left
     alone. Each start is an attempt with its own fencing token; an attempt handed back by a
-    warm shutdown does not count, and past ``settings.max_attempts`` the job fails.
+    warm shutdown does not count, and past ``settings.max_attempts`` the job fails. A
+    ``queued`` job (from the broker, not ``rlwb train``) has its sizes and files re-checked.
     """
     try:
         job = repo.start_attempt(job_id, task_id)
@@ -57,12 +60,17 @@ def run_job(
         job = repo.get_job(job_id)
         return Outcome(job.status.value, job.error)
     with heartbeat(repo, job_id, control.fence, settings.heartbeat_interval_s):
-        outcome = _run(repo, job, settings, control)
+        outcome = _run(repo, job, settings, control, queued)
     return finish(control, outcome)
 
 
-def _run(repo: Repository, job: JobInfo, settings: Settings, control: JobControl) -> Outcome:
+def _run(
+    repo: Repository, job: JobInfo, settings: Settings, control: JobControl, queued: bool
+) -> Outcome:
     try:
+        if queued:
+            check_sizes(job.kind, job.config)
+            check_paths(job.config, settings)
         return RUNNERS[job.kind](repo, job, settings, control)
     except StaleOwner:
         return Outcome("interrupted", stop=Stop.LOST)

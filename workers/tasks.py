@@ -21,7 +21,9 @@ def _run(task: Task, job_id: int) -> dict[str, Any]:
         if not task.request.called_directly:
             task.update_state(state="PROGRESS", meta=meta)
 
-    outcome = run_job(repository(), job_id, Settings.from_env(), task.request.id, progress)
+    outcome = run_job(
+        repository(), job_id, Settings.from_env(), task.request.id, progress, queued=True
+    )
     if outcome.stop is Stop.SHUTDOWN:
         raise Reject("worker shutting down: job goes back to the queue", requeue=True)
     return {"job_id": job_id, "status": outcome.status, "error": outcome.error}

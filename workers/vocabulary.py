@@ -10,6 +10,7 @@ from core_engine.rl.tasks import BUILTIN_TASKS
 from db import JobKind
 from workers.chat import MAX_TEMPERATURE as CHAT_MAX_TEMPERATURE
 from workers.chat import MAX_TOKENS_LIMIT as CHAT_MAX_TOKENS
+from workers.limits import check_sizes
 from workers.specs import DEMO_MODEL, SpecError, validate
 
 __all__ = [
@@ -44,5 +45,8 @@ def count_records(path: str | Path) -> int:
 
 
 def validate_job(kind: JobKind | str, config: dict[str, Any]) -> int | None:
-    """Check a job config as the worker will (`SpecError`); returns its total steps."""
-    return validate(kind, config)
+    """Check a job config and its sizes as the worker will (`SpecError`); returns its
+    total steps."""
+    total_steps = validate(kind, config)
+    check_sizes(kind, config)
+    return total_steps

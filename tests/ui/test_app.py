@@ -85,7 +85,13 @@ def test_launch_binds_to_localhost_without_share_by_default(services, monkeypatc
     seen = {}
     monkeypatch.setattr(gr.Blocks, "launch", lambda self, **kwargs: seen.update(kwargs))
     launch(services=services)
-    assert seen == {"server_name": "127.0.0.1", "server_port": 7860, "auth": None, "share": False}
+    assert seen == {
+        "server_name": "127.0.0.1",
+        "server_port": 7860,
+        "auth": None,
+        "share": False,
+        "max_file_size": 64 * 2**20,
+    }
 
 
 def test_the_command_line_takes_host_port_share_and_auth(monkeypatch):

@@ -36,6 +36,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("RLWB_DATA_DIR", str(data))
     monkeypatch.setenv("DATABASE_URL", f"sqlite:///{data / 'rlwb.db'}")
     monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.setenv("RLWB_MODEL_ROOTS", tempfile.gettempdir())  # where the tests' models are
     upgrade()
     return data
 

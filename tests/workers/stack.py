@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -64,6 +65,7 @@ class Stack:
             "OMP_NUM_THREADS": "1",
             "PYTHONPATH": str(ROOT),
             "RLWB_REWARDS": REGISTERED_REWARDS,
+            "RLWB_MODEL_ROOTS": tempfile.gettempdir(),  # where the tests' models are
             "RLWB_HEARTBEAT_TIMEOUT": "5",  # recovery re-queues a dead worker's job after 5 s
         }
         upgrade(database)

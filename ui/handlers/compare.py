@@ -8,7 +8,7 @@ import pandas as pd
 
 from db import MAX_PAGE_SIZE, InvalidValue, NotFound, SampleFilter, SampleSummary, VersionMetrics
 from ui.handlers.common import parse_id
-from ui.render import comparison_html, fmt, histogram_html
+from ui.render import comparison_html, fmt, histogram_html, inert
 from ui.services import Services
 from workers import api
 
@@ -163,5 +163,5 @@ def launch_compare(
         config: dict[str, Any] = {"job_id": job, "versions": [a, b], "task": task, **counts}
         launched = services.submit_job("compare", config)
     except ValueError as exc:  # InvalidValue, or the queue's own validation
-        return f"**Nothing was enqueued:** {exc}"
+        return f"**Nothing was enqueued:** {inert(exc)}"
     return f"Compare job **#{launched.id}** is {launched.status.value}."

@@ -15,7 +15,7 @@ from db import (
     VersionMetrics,
 )
 from ui.handlers.common import parse_id
-from ui.render import fmt
+from ui.render import fmt, inert
 from ui.services import Services
 
 JOB_LIMIT = 50
@@ -86,7 +86,7 @@ def _act(
             return f"Choose a job to {verb}."
         job = action(chosen)
     except (InvalidValue, JobNotFound, InvalidTransition) as exc:
-        return f"**Cannot {verb}:** {exc}"
+        return f"**Cannot {verb}:** {inert(exc)}"
     return f"Job **#{job.id}** is {job.status.value}."
 
 
@@ -151,7 +151,7 @@ def _summary(job: JobInfo) -> str:
         f"attempts {job.attempts}",
     ]
     if job.error:
-        lines.append(f"**Error:** {job.error}")
+        lines.append(f"**Error:** {inert(job.error)}")
     return "\n\n".join(lines)
 
 
@@ -165,7 +165,7 @@ def job_page(services: Services, job_id: float | str | None) -> JobPage:
         job = services.repository.get_job(chosen)
         frames = version_frames(services.repository.version_metrics(job.id))
     except (InvalidValue, JobNotFound) as exc:
-        return (f"**{exc}**", {}, *empty)
+        return (f"**{inert(exc)}**", {}, *empty)
     return (_summary(job), job.config, *frames)
 
 

@@ -1,11 +1,13 @@
 """Launch tab: choices for the form, and turning the form into an enqueued training job."""
 
+import os
 from pathlib import Path
 from typing import Any
 
 from db import InvalidValue
 from ui.files import find_checkpoints, find_jsonl, is_under, save_upload
 from ui.handlers.common import parse_number
+from ui.render import inert
 from ui.services import Services
 from workers import api
 
@@ -14,6 +16,7 @@ JSONL_SOURCE = "JSONL file"
 TASK_DEFAULT_REWARD = "task default"
 KV_STRATEGIES = ("paged", "contiguous")
 OUTPUT_DIR_PLACEHOLDER = "(chosen by the worker)"
+MAX_UPLOAD_BYTES = int(os.environ.get("RLWB_MAX_UPLOAD_MB") or 64) * 2**20
 
 
 class InvalidLaunch(ValueError):
@@ -47,15 +50,21 @@ def reward_choices() -> list[str]:
 
 def upload_dataset(services: Services, file: str | None) -> tuple[list[str], str | None, str]:
     """Keep an uploaded JSONL file in the data directory: (dataset choices, the stored path,
-    a message). An unreadable file is refused and not kept."""
+    a message). A file over `MAX_UPLOAD_BYTES` or unreadable is refused and not kept; the
+    upload itself is removed either way."""
     if not file:
         return dataset_choices(services), None, ""
+    upload = Path(file)
     try:
-        records = api.count_records(file)
-    except api.SpecError as exc:
-        return dataset_choices(services), None, f"**Upload refused:** {exc}"
-    stored = save_upload(file, services.data_dir)
-    message = f"Stored {records} records as `{stored}`."
+        if upload.stat().st_size > MAX_UPLOAD_BYTES:
+            raise api.SpecError(f"larger than {MAX_UPLOAD_BYTES // 2**20} MiB")
+        records = api.count_records(upload)
+        stored = save_upload(upload, services.data_dir)
+    except (api.SpecError, OSError) as exc:
+        return dataset_choices(services), None, f"**Upload refused:** {inert(exc)}"
+    finally:
+        upload.unlink(missing_ok=True)
+    message = f"Stored {records} records as {inert(stored)}."
     return dataset_choices(services), str(stored), message
 
 
@@ -188,12 +197,13 @@ def launch_job(services: Services, **form: Any) -> str:
         config = train_config(services, **form)
         job = services.submit_job("train", config)
     except InvalidLaunch as exc:
-        items = "\n".join(f"- {problem}" for problem in exc.problems)
+        items = "\n".join(f"- {inert(problem)}" for problem in exc.problems)
         return f"**Nothing was enqueued.** Fix these first:\n{items}"
     except ValueError as exc:
-        return f"**Nothing was enqueued:** {exc}"
+        return f"**Nothing was enqueued:** {inert(exc)}"
     source = config.get("task") or config.get("data")
-    message = f"Job **#{job.id}** is {job.status.value}: train `{config['model']}` on `{source}`."
+    what = f"train {inert(config['model'])} on {inert(source)}"
+    message = f"Job **#{job.id}** is {job.status.value}: {what}."
     return message + no_worker_warning(services)
 
 

@@ -2,13 +2,12 @@
 generates the reply (`workers.api.chat`): the UI process loads no model and no torch.
 """
 
-from html import escape
 from pathlib import Path
 from typing import Any
 
 from db import InvalidValue, NotFound
 from ui.handlers.common import parse_id, parse_number
-from ui.render import fmt, token_spans
+from ui.render import fmt, inert, token_spans
 from ui.services import Services
 from ui.tokens import token_texts
 from workers.api import CHAT_MAX_TEMPERATURE, CHAT_MAX_TOKENS
@@ -75,9 +74,9 @@ def send(
         if "problem" in result:
             raise PlaygroundError(result["problem"])
     except (InvalidValue, NotFound, PlaygroundError) as exc:
-        return turns, "", f"**{escape(str(exc), quote=False)}**", message or ""
+        return turns, "", f"**{inert(exc)}**", message or ""
     except Exception as exc:  # the queue is unreachable: say so, keep the UI up
-        return turns, "", f"**Could not generate:** {escape(str(exc), quote=False)}", message or ""
+        return turns, "", f"**Could not generate:** {inert(exc)}", message or ""
     reply = result["text"]
     turns = [*turns, {"role": "user", "content": message}, {"role": "assistant", "content": reply}]
     ids, logprobs = result["output_ids"], result["output_logprobs"]
@@ -95,7 +94,7 @@ def send(
         facts.append(f"mean log-prob {fmt(sum(logprobs) / len(ids))}")
     if result["error"] is not None:
         error = result["error"]
-        facts.append(f"error `{error['code']}`: {escape(error['message'], quote=False)}")
+        facts.append(f"error {inert(error['code'])}: {inert(error['message'])}")
     return turns, coloured, " · ".join(facts), ""
 
 
