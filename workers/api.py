@@ -11,6 +11,7 @@ from typing import Any
 from celery import Celery
 
 from db import JobInfo, JobKind, JobStatus
+from workers.exposure import exposure_problem
 from workers.limits import check_paths, is_under
 from workers.settings import GPU_QUEUE, Settings
 from workers.specs import SpecError
@@ -37,6 +38,7 @@ __all__ = [
     "chat",
     "check_reward",
     "count_records",
+    "exposure_problem",
     "is_under",
     "queue_overview",
     "resume_job",

@@ -113,24 +113,13 @@ def run_worker(extra: list[str], interactive: bool = False) -> int:
     return 0
 
 
-def launch_ui(host: str, port: int, auth: tuple[str, str] | None) -> bool:
+def launch_ui(args: argparse.Namespace) -> bool:
     """Serve the UI if `ui.app` exists (blocks); False when it does not."""
     if importlib.util.find_spec("ui.app") is None:
         return False
-    importlib.import_module("ui.app").launch(host, port, auth)
+    launch = importlib.import_module("ui.app").launch
+    launch(args.host, args.port, args.auth, allow_unauthenticated=args.allow_unauthenticated)
     return True
-
-
-def exposure_problem(args: argparse.Namespace) -> str | None:
-    """Why the UI may not be served as asked: a non-loopback address without a password."""
-    loopback = args.host in ("localhost", "::1") or args.host.startswith("127.")
-    if loopback or args.auth is not None or args.allow_unauthenticated:
-        return None
-    return (
-        f"refusing to serve the UI on {args.host} without a password: pass "
-        "--auth USER:PASSWORD (or set RLWB_AUTH), or --allow-unauthenticated if that "
-        "address is private"
-    )
 
 
 def _stop(child: subprocess.Popen) -> None:
@@ -148,7 +137,7 @@ def run_up(args: argparse.Namespace) -> int:
     from db import migrate
     from workers.settings import Settings
 
-    problem = None if args.no_ui else exposure_problem(args)
+    problem = None if args.no_ui else _exposure(args)
     if problem:
         print(problem, file=sys.stderr)
         return 2
@@ -162,7 +151,7 @@ def run_up(args: argparse.Namespace) -> int:
     try:
         if args.no_ui:
             return child.wait()
-        if not launch_ui(args.host, args.port, args.auth):
+        if not launch_ui(args):
             print("The UI is not available (no ui.app); running the worker only.", flush=True)
             return child.wait()
         return 0
@@ -173,12 +162,18 @@ def run_up(args: argparse.Namespace) -> int:
         _stop(child)
 
 
+def _exposure(args: argparse.Namespace) -> str | None:
+    from workers.exposure import exposure_problem
+
+    return exposure_problem(args.host, args.auth, allow_unauthenticated=args.allow_unauthenticated)
+
+
 def run_ui(args: argparse.Namespace) -> int:
-    problem = exposure_problem(args)
+    problem = _exposure(args)
     if problem:
         print(problem, file=sys.stderr)
         return 2
-    if not launch_ui(args.host, args.port, args.auth):
+    if not launch_ui(args):
         print("The UI is not available (no ui.app).", file=sys.stderr)
         return 1
     return 0

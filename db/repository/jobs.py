@@ -171,13 +171,6 @@ class JobsMixin(RepositoryBase):
         with self._read() as session:
             return load_job(session, job_id).cancel_requested
 
-    def increment_attempts(self, job_id: int) -> int:
-        """Count one more attempt at running the job; returns the new count."""
-        with self._write() as session:
-            job = load_job(session, job_id, for_update=True)
-            job.attempts += 1
-            return job.attempts
-
     def mark_running(
         self, job_id: int, *, celery_task_id: str | None = None, fence: int | None = None
     ) -> JobInfo:

@@ -108,3 +108,9 @@ def test_the_command_line_takes_host_port_share_and_auth(monkeypatch):
     assert calls[-1]["auth"] == ("bob", "pw:with:colons")
     with pytest.raises(SystemExit):
         cli.main(["--auth", "nopassword"])
+    monkeypatch.delenv("RLWB_AUTH")
+    for public in (["--share"], ["--host", "0.0.0.0"]):  # never public without a password
+        with pytest.raises(SystemExit):
+            cli.main(public)
+        with pytest.raises(ValueError, match="without a password"):
+            launch(host="0.0.0.0" if "--host" in public else "127.0.0.1", share="--share" in public)

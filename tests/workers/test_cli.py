@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import types
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def test_train_runs_a_job_here_and_records_it(env, repo, tiny_model, tmp_path, c
 
 def test_ui_launches_the_ui_module_or_says_it_is_missing(monkeypatch, capsys):
     calls = []
-    fake = types.SimpleNamespace(launch=lambda *args: calls.append(args))
+    fake = types.SimpleNamespace(launch=lambda *args, **kwargs: calls.append(args))
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
     monkeypatch.setattr(importlib, "import_module", lambda name: fake)
     assert cli.main(["ui", "--port", "9999", "--auth", "ann:secret"]) == 0
@@ -69,7 +70,7 @@ def test_ui_launches_the_ui_module_or_says_it_is_missing(monkeypatch, capsys):
 def test_a_public_address_needs_a_password(monkeypatch, capsys):
     """Also the image's default command: it serves nothing public without RLWB_AUTH."""
     calls = []
-    fake = types.SimpleNamespace(launch=lambda *args: calls.append(args))
+    fake = types.SimpleNamespace(launch=lambda *args, **kwargs: calls.append(args))
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
     monkeypatch.setattr(importlib, "import_module", lambda name: fake)
     monkeypatch.delenv("RLWB_AUTH", raising=False)
@@ -105,6 +106,7 @@ def test_up_runs_a_submitted_job_on_embedded_defaults(tmp_path, tiny_model):
     worker child process. A job submitted through the API runs; SIGTERM stops everything."""
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env.update(RLWB_DATA_DIR=str(tmp_path / "data"), OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    env["RLWB_MODEL_ROOTS"] = tempfile.gettempdir()  # where the tests' models are
     log = tmp_path / "up.log"
     argv = [sys.executable, "-m", "workers", "up", "--no-ui"]
     with running(argv, env, tmp_path, log) as up:
