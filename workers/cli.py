@@ -1,7 +1,7 @@
 """``rlwb``: the workbench from the command line.
 
     rlwb up                 the workbench on embedded defaults (SQLite, no broker server):
-                            migrations, a worker in a child process, and the UI
+                            migrations, a worker and a chat worker (child processes), the UI
     rlwb worker [ARGS]      a GPU worker (celery worker --pool threads -c 1 -Q gpu ARGS)
     rlwb worker --interactive   a worker for Playground chat (queue interactive)
     rlwb ui                 the UI alone (jobs go to the queue)
@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="rlwb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    up = commands.add_parser("up", help="migrations, a worker (child process) and the UI")
+    up = commands.add_parser("up", help="migrations, workers (child processes) and the UI")
     _ui_options(up)
     up.add_argument("--no-ui", action="store_true", help="run the worker only")
     worker = commands.add_parser(
