@@ -1,12 +1,20 @@
 """Real ``celery worker`` processes on Redis and PostgreSQL: clean restarts cost no attempt,
-a frozen owner's writes are refused once recovery gave its job to another worker, and a
-cancelled job resumes from its newest version from the shell."""
+a frozen owner's writes are refused once recovery gave its job to another worker, a cancelled
+job resumes from its newest version from the shell, a revoke survives a restart, purged jobs
+are sent again, and a killed worker's rejected batches are replaced, not added, by the retry."""
 
 import json
+import os
 import signal
 
 from db import JobStatus
-from tests.workers.helpers import SLOW_REWARD, assert_consistent, train_config, wait_for
+from tests.workers.helpers import (
+    SLOW_REWARD,
+    assert_consistent,
+    samples_in_db,
+    train_config,
+    wait_for,
+)
 
 
 def version_of(stack, job_id: int) -> int:
@@ -89,3 +97,22 @@ def test_revoke_survives_a_restart_and_purged_jobs_are_sent_again(pg_stack, tiny
     never = stack.repo.get_job(revoked)
     assert never.status is JobStatus.CANCELLED and never.attempts == 0
     assert stack.repo.list_batches(revoked) == []
+
+
+def test_a_killed_worker_s_rejected_batches_are_replaced_not_added(pg_stack, tiny_model):
+    """Every batch is rejected (no reward variance), so nothing after version 0 is ever
+    checkpointed: the resumed run redoes those batches with the same seeds."""
+    stack, limit = pg_stack, 12
+    config = train_config(tiny_model, steps=4, reward=SLOW_REWARD, drop_zero_variance_groups=True)
+    [job] = stack.submit({**config, "max_consecutive_rejections": limit})
+    with stack.worker("gpu0") as worker:
+        wait_for(lambda: len(stack.repo.list_batches(job)) >= 5, 120, "rejected batches")
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait()
+    with stack.worker("gpu1"):
+        wait_for(lambda: stack.status(job).is_terminal, 180, "the retried job")
+    info = stack.repo.get_job(job)
+    assert info.attempts == 2 and "no reward variance" in info.error  # it stalled, as designed
+    batches = stack.repo.list_batches(job)
+    assert len(batches) == limit + 1 and {b.status for b in batches} == {"rejected"}
+    assert samples_in_db(stack.repo, job) == 4 * (limit + 1)
