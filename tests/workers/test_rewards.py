@@ -79,3 +79,18 @@ def test_a_stuck_reward_rejects_the_batch_as_reward_timeout(
     batches = repo.list_batches(job.id)
     assert len(batches) == 2 and {b.status for b in batches} == {BatchStatus.REJECTED}
     assert all("reward_timeout" in " ".join(b.rejection_reasons) for b in batches)
+
+
+def test_installed_packages_register_rewards_by_entry_point(monkeypatch, canary):
+    from importlib.metadata import EntryPoint
+
+    from core_engine.rl import rewards
+
+    installed = {
+        rewards.ENTRY_POINT_GROUP: [EntryPoint("canary", "rlwb_canary:fn", "rlwb.rewards")]
+    }
+    monkeypatch.setattr(rewards, "entry_points", lambda group: installed.get(group, []))
+    assert rewards.registered_rewards() == {"canary": "rlwb_canary:fn"}
+    reward = resolve_reward("canary")
+    assert reward(["a"], [""], [""]) == [1.0] and "rlwb_canary" not in sys.modules
+    reward.close()
