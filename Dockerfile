@@ -1,5 +1,7 @@
 # One image for every role of the workbench; the command picks the role:
 #   rlwb worker | rlwb ui --host 0.0.0.0 | rlwb db upgrade | rlwb up | rlwb train CONFIG
+# Serving the UI on a non-loopback address needs a password (RLWB_AUTH=user:password or
+# --auth): the default command refuses to start without one.
 # The default PyPI torch wheel for Linux x86-64 includes CUDA and also runs on CPU.
 FROM python:3.11-slim
 

@@ -50,6 +50,19 @@ class VersionConflict(StorageError):
         self.latest = latest
 
 
+class StaleOwner(StorageError):
+    """A write by an attempt whose fencing token is no longer the job's (the job was
+    recovered or restarted elsewhere): refused, nothing of it is stored."""
+
+    def __init__(self, job_id: int, fence: int, current: int) -> None:
+        super().__init__(
+            f"job {job_id}: this attempt (fence {fence}) no longer owns the job (fence {current})"
+        )
+        self.job_id = job_id
+        self.fence = fence
+        self.current = current
+
+
 class InvalidValue(StorageError, ValueError):
     """An input value the schema does not accept (unknown enum value, bad array, ...)."""
 

@@ -80,6 +80,10 @@ class Job(Base):
     error: Mapped[str | None] = mapped_column(Text)
     celery_task_id: Mapped[str | None] = mapped_column(String(255))
     attempts: Mapped[int] = mapped_column(default=0)
+    # The fencing token of the current attempt: +1 at every start and every recovery; a
+    # worker's writes carry the token it started with and are refused once it changed.
+    fence: Mapped[int] = mapped_column(default=0, server_default="0")
+    heartbeat_at: Mapped[datetime | None]  # the owner's last sign of life (None: released)
     cancel_requested: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)

@@ -134,6 +134,8 @@ class JobInfo:
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    fence: int = 0
+    heartbeat_at: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import os
 
 from db import upgrade
 from ui.app import launch
+from workers import api
 
 
 def parse_auth(value: str | None) -> tuple[str, str] | None:
@@ -34,6 +35,9 @@ def main(argv: list[str] | None = None) -> None:
         help="require a login, user:pass (default: RLWB_AUTH)",
     )
     args = parser.parse_args(argv)
+    problem = api.exposure_problem(args.host, args.auth, args.share)
+    if problem:
+        parser.error(problem)
     upgrade()
     launch(host=args.host, port=args.port, auth=args.auth, share=args.share)
 

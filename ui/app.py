@@ -2,9 +2,11 @@
 
 import gradio as gr
 
+from ui.handlers.launch import MAX_UPLOAD_BYTES
 from ui.services import Services, default_services
 from ui.tabs import compare, jobs, playground, queue, samples
 from ui.tabs import launch as launch_tab
+from workers import api
 
 TITLE = "RL Workbench"
 
@@ -35,10 +37,15 @@ def launch(
     auth: tuple[str, str] | None = None,
     services: Services | None = None,
     share: bool = False,
+    allow_unauthenticated: bool = False,
 ) -> None:
     """Serve the UI (blocking). Binds to localhost unless ``host`` says otherwise; a
-    public share link only with ``share``; ``auth`` is an optional (user, password)."""
+    public share link only with ``share``; ``auth`` is a (user, password), required for a
+    non-loopback ``host`` or a share link (`ValueError` otherwise)."""
+    problem = api.exposure_problem(host, auth, share, allow_unauthenticated)
+    if problem:
+        raise ValueError(problem)
     demo = build_app(services or default_services())
     demo.queue(default_concurrency_limit=4).launch(
-        server_name=host, server_port=port, auth=auth, share=share
+        server_name=host, server_port=port, auth=auth, share=share, max_file_size=MAX_UPLOAD_BYTES
     )

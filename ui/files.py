@@ -5,6 +5,10 @@ import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from workers.api import is_under
+
+__all__ = ["find_checkpoints", "find_jsonl", "is_under", "save_upload"]
+
 MAX_DEPTH = 3
 MAX_FOUND = 200
 UPLOADS_DIR = "datasets"
@@ -52,12 +56,6 @@ def find_jsonl(roots: Sequence[Path]) -> list[Path]:
         if len(found) >= MAX_FOUND:
             return found[:MAX_FOUND]
     return found
-
-
-def is_under(path: Path, roots: Sequence[Path]) -> bool:
-    """Whether ``path`` (resolved, links followed) lies inside one of ``roots``."""
-    resolved = path.resolve()
-    return any(resolved.is_relative_to(root.resolve()) for root in roots)
 
 
 def save_upload(source: str | Path, data_dir: Path) -> Path:

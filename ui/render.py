@@ -1,6 +1,7 @@
 """HTML for the sample view and the side-by-side comparison. Every stored string is escaped."""
 
 import math
+import re
 from html import escape
 
 import pandas as pd
@@ -14,6 +15,15 @@ BLOCK_STYLE = "white-space:pre-wrap;font-family:ui-monospace,monospace;line-heig
 CELL_STYLE = "vertical-align:top;padding:4px 8px;border-bottom:1px solid #ddd"
 BARE_CELL = "border:none;padding:2px 8px;white-space:nowrap"
 SERIES_COLOURS = ("#4c78a8", "#f58518")  # version A, version B
+
+
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
+
+
+def inert(text: object) -> str:
+    """Stored or user text made inert for a Markdown component: HTML escaped and every
+    Markdown mark backslash-escaped, so no link, image or markup comes out of it."""
+    return _MARKDOWN.sub(r"\\\1", escape(str(text), quote=False))
 
 
 def fmt(value: float | int | None) -> str:

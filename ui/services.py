@@ -13,12 +13,16 @@ from ui.files import data_dir_from_env, model_roots_from_env
 class Services:
     """The UI's collaborators. ``submit_job(kind, config)`` validates and enqueues a job
     (raising `ValueError` for invalid input), ``cancel_job(job_id)`` cancels one, and
-    ``queue_overview()`` describes the workers and their tasks (see `workers.api`)."""
+    ``queue_overview()`` describes the workers and their tasks, ``resume_job(job_id)``
+    queues a failed or cancelled train job again, ``chat(job_id, version, messages,
+    temperature, max_tokens, seed)`` answers a Playground turn on a worker (see `workers.api`)."""
 
     repository: Repository
     submit_job: Callable[[str, dict[str, Any]], JobInfo]
     cancel_job: Callable[[int], JobInfo]
     queue_overview: Callable[[], dict[str, Any]]
+    resume_job: Callable[[int], JobInfo]
+    chat: Callable[..., dict[str, Any]]
     model_roots: tuple[Path, ...] = field(default_factory=model_roots_from_env)
     data_dir: Path = field(default_factory=data_dir_from_env)
 
@@ -27,11 +31,12 @@ def default_services() -> Services:
     """The real services: `workers.api` and the database the environment names
     (``DATABASE_URL``, else the SQLite file in ``RLWB_DATA_DIR``)."""
     from workers import api
-    from workers.storage import repository
 
     return Services(
-        repository=repository(),
+        repository=Repository.from_url(),
         submit_job=api.submit_job,
         cancel_job=api.cancel_job,
         queue_overview=api.queue_overview,
+        resume_job=api.resume_job,
+        chat=api.chat,
     )

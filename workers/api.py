@@ -1,4 +1,6 @@
-"""What the UI calls: submit and cancel jobs, and see the queue. Imports no torch.
+"""What the UI and the CLI call: the job vocabulary and validation (`workers.vocabulary`),
+submitting, cancelling and resuming jobs, and the queue. Imports no torch and no user code;
+Celery is configured on first use, not at import.
 
 from workers.api import submit_job, cancel_job, queue_overview
 job = submit_job("train", {"model": DEMO_MODEL, "task": "addition", "steps": 200})
@@ -6,16 +8,45 @@ job = submit_job("train", {"model": DEMO_MODEL, "task": "addition", "steps": 200
 
 from typing import Any
 
+from celery import Celery
+
 from db import JobInfo, JobKind, JobStatus
-from workers import tasks  # noqa: F401  (registers the tasks with the app)
-from workers.app import app
-from workers.dispatch import enqueue
+from workers.exposure import exposure_problem
+from workers.limits import check_paths, is_under
 from workers.settings import GPU_QUEUE, Settings
-from workers.specs import DEMO_MODEL, SpecError, validate
+from workers.specs import SpecError
 from workers.storage import repository
+from workers.vocabulary import (
+    CHAT_MAX_TEMPERATURE,
+    CHAT_MAX_TOKENS,
+    DEMO_MODEL,
+    REWARDS,
+    TASKS,
+    check_reward,
+    count_records,
+    validate_job,
+)
 
-__all__ = ["DEMO_MODEL", "SpecError", "cancel_job", "queue_overview", "submit_job"]
+__all__ = [
+    "CHAT_MAX_TEMPERATURE",
+    "CHAT_MAX_TOKENS",
+    "DEMO_MODEL",
+    "REWARDS",
+    "TASKS",
+    "SpecError",
+    "cancel_job",
+    "chat",
+    "check_reward",
+    "count_records",
+    "exposure_problem",
+    "is_under",
+    "queue_overview",
+    "resume_job",
+    "submit_job",
+    "validate_job",
+]
 
+CHAT_TIMEOUT_S = 120.0
 CELERY = "celery -A workers.app"
 COMMANDS = {
     "workers online": f"{CELERY} inspect ping",
@@ -27,13 +58,23 @@ COMMANDS = {
 }
 
 
+def celery_app() -> Celery:
+    """The Celery app with the tasks registered."""
+    from workers import tasks
+
+    return tasks.app
+
+
 def submit_job(kind: JobKind | str, config: dict[str, Any]) -> JobInfo:
     """Validate ``config`` (see `workers.specs`; raises `SpecError`), store a queued job and
     send its task to the ``gpu`` queue."""
-    total_steps = validate(kind, config)
+    from workers.dispatch import enqueue
+
+    total_steps = validate_job(kind, config)
+    check_paths(config, Settings.from_env())
     repo = repository()
     job = repo.create_job(kind, config, total_steps=total_steps)
-    enqueue(app, repo, job)
+    enqueue(celery_app(), repo, job)
     return repo.get_job(job.id)
 
 
@@ -42,8 +83,44 @@ def cancel_job(job_id: int) -> JobInfo:
     next step (it ends ``cancelled`` with everything so far kept)."""
     job = repository().request_cancel(job_id)
     if job.status is JobStatus.CANCELLED and job.celery_task_id:
-        app.control.revoke(job.celery_task_id)
+        celery_app().control.revoke(job.celery_task_id)
     return job
+
+
+def resume_job(job_id: int) -> JobInfo:
+    """Queue a failed or cancelled train job again: it continues from its newest checkpoint
+    at that version (`db.InvalidTransition` for any other job)."""
+    from workers.dispatch import enqueue
+
+    repo = repository()
+    job = repo.reopen(job_id)
+    enqueue(celery_app(), repo, job)
+    return repo.get_job(job_id)
+
+
+def chat(
+    job_id: int,
+    version: int,
+    messages: list[dict[str, str]],
+    temperature: float,
+    max_tokens: int,
+    seed: int | None = None,
+    timeout: float = CHAT_TIMEOUT_S,
+) -> dict[str, Any]:
+    """One Playground turn, answered by a worker of the ``interactive`` queue (see
+    `workers.chat`); ``{"problem": ...}`` when none answers within ``timeout`` seconds."""
+    from celery.exceptions import TimeoutError as CeleryTimeout
+
+    args = [job_id, version, messages, temperature, max_tokens, seed]
+    result = celery_app().tasks["workers.chat"].apply_async(args=args, expires=timeout)
+    try:
+        return result.get(timeout=timeout)
+    except CeleryTimeout:
+        result.revoke()
+        return {
+            "problem": f"no interactive worker answered within {timeout:g} s: start one "
+            "(`rlwb worker --interactive`)"
+        }
 
 
 def _tasks(reply: dict[str, list[dict[str, Any]]] | None) -> list[dict[str, Any]]:
@@ -60,6 +137,7 @@ def queue_overview(timeout: float = 1.0) -> dict[str, Any]:
 
     Takes about ``timeout`` seconds: workers are found by a ping, then asked until each answered.
     """
+    app = celery_app()
     online = sorted(app.control.inspect(timeout=timeout).ping() or {})
     active = reserved = None
     if online:

@@ -4,6 +4,8 @@ A worker-run job writes, per version: the checkpoint (atomic rename), then the s
 and the version row in one transaction (`Repository.record_step`). So every version row has
 its checkpoint, and after a crash `reconcile` finds either nothing newer than the database
 (resume there) or a checkpoint whose step never committed (deleted; the step is redone).
+Rejected batches stored after the latest version are deleted too: the resumed run redoes
+those steps with the same seeds, so a retried step replaces them instead of adding copies.
 """
 
 import shutil
@@ -37,9 +39,10 @@ def _checkpoints(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def reconcile(repo: Repository, job_id: int, root: str | Path) -> int | None:
-    """Make ``root`` hold exactly the job's recorded versions (see the module docstring);
-    returns the latest recorded version (None: a fresh job)."""
+def reconcile(repo: Repository, job_id: int, root: str | Path, fence: int) -> int | None:
+    """Make ``root`` hold exactly the job's recorded versions, and the database hold nothing
+    stored after the latest one (see the module docstring; the attempt's ``fence`` guards
+    the deletion); returns the latest recorded version (None: a fresh job)."""
     root = Path(root)
     checkpoints = []
     if root.is_dir():
@@ -53,6 +56,7 @@ def reconcile(repo: Repository, job_id: int, root: str | Path) -> int | None:
                 "use an empty output_dir"
             )
         return None
+    repo.discard_unversioned(job_id, latest.version, fence)
     for version, path in checkpoints:
         if version > latest.version:
             shutil.rmtree(path)

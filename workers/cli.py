@@ -1,11 +1,16 @@
 """``rlwb``: the workbench from the command line.
 
     rlwb up                 the workbench on embedded defaults (SQLite, no broker server):
-                            migrations, a worker in a child process, and the UI
+                            migrations, a worker and a chat worker (child processes), the UI
     rlwb worker [ARGS]      a GPU worker (celery worker --pool threads -c 1 -Q gpu ARGS)
+    rlwb worker --interactive   a worker for Playground chat (queue interactive)
     rlwb ui                 the UI alone (jobs go to the queue)
     rlwb db upgrade         migrate the database (DATABASE_URL, else the SQLite file)
     rlwb train CONFIG       run a training job here, without UI or queue, writing to the DB
+    rlwb submit CONFIG      queue a job for the workers and print its id
+    rlwb jobs               list the jobs
+    rlwb resume JOB_ID      queue a failed or cancelled train job again, from its newest version
+    rlwb cancel JOB_ID      cancel a job
 
 Environment: DATABASE_URL, REDIS_URL, RLWB_DATA_DIR (see workers/README.md).
 """
@@ -13,16 +18,18 @@ Environment: DATABASE_URL, REDIS_URL, RLWB_DATA_DIR (see workers/README.md).
 import argparse
 import importlib
 import importlib.util
-import json
 import os
 import signal
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
+from workers import cli_jobs
+
 WORKER_ARGS = ["--pool=threads", "--concurrency=1", "--queues=gpu"]
+# Playground turns: short, two at a time, never behind a training job.
+INTERACTIVE_ARGS = ["--pool=threads", "--concurrency=2", "--queues=interactive"]
 EMBEDDED_ARGS = ["--without-gossip", "--without-mingle", "--without-heartbeat"]
 STOP_TIMEOUT_S = 90
 
@@ -45,6 +52,12 @@ def _ui_options(parser: argparse.ArgumentParser) -> None:
         default=_auth(os.environ.get("RLWB_AUTH")),
         help="USER:PASSWORD required by the UI (default: RLWB_AUTH, else none)",
     )
+    parser.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="serve a non-loopback --host without a password (only where that address is "
+        "private, e.g. a container whose port is published on the host's 127.0.0.1)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,14 +65,19 @@ def _parser() -> argparse.ArgumentParser:
         prog="rlwb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    up = commands.add_parser("up", help="migrations, a worker (child process) and the UI")
+    up = commands.add_parser("up", help="migrations, workers (child processes) and the UI")
     _ui_options(up)
     up.add_argument("--no-ui", action="store_true", help="run the worker only")
-    commands.add_parser(
+    worker = commands.add_parser(
         "worker",
         help="run a GPU worker",
         description="A Celery worker for the gpu queue: threads pool, one job at a time. "
         "Further arguments go to `celery worker` (e.g. -n gpu0@%%h, --loglevel DEBUG).",
+    )
+    worker.add_argument(
+        "--interactive",
+        action="store_true",
+        help="serve the interactive queue (Playground chat) instead of the gpu queue",
     )
     _ui_options(commands.add_parser("ui", help="serve the UI (needs ui.app)"))
     db = commands.add_parser("db", help="database migrations")
@@ -73,30 +91,34 @@ def _parser() -> argparse.ArgumentParser:
         "job. CONFIG is a JSON or TOML file of GRPOConfig fields (output_dir optional).",
     )
     train.add_argument("config", type=Path, help="a .json or .toml config file")
+    cli_jobs.add_commands(commands)
     return parser
 
 
-def worker_argv(extra: list[str]) -> list[str]:
-    """``celery worker`` arguments for a GPU worker (quieter on the embedded broker)."""
+def worker_argv(extra: list[str], interactive: bool = False) -> list[str]:
+    """``celery worker`` arguments for a GPU (or interactive) worker (quieter on the
+    embedded broker)."""
     from workers.settings import Settings
 
     embedded = EMBEDDED_ARGS if Settings.from_env().embedded else []
-    return ["worker", *WORKER_ARGS, *embedded, "--loglevel=INFO", *extra]
+    role = INTERACTIVE_ARGS if interactive else WORKER_ARGS
+    return ["worker", *role, *embedded, "--loglevel=INFO", *extra]
 
 
-def run_worker(extra: list[str]) -> int:
+def run_worker(extra: list[str], interactive: bool = False) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from workers.app import app
 
-    app.worker_main(worker_argv(extra))
+    app.worker_main(worker_argv(extra, interactive))
     return 0
 
 
-def launch_ui(host: str, port: int, auth: tuple[str, str] | None) -> bool:
+def launch_ui(args: argparse.Namespace) -> bool:
     """Serve the UI if `ui.app` exists (blocks); False when it does not."""
     if importlib.util.find_spec("ui.app") is None:
         return False
-    importlib.import_module("ui.app").launch(host, port, auth)
+    launch = importlib.import_module("ui.app").launch
+    launch(args.host, args.port, args.auth, allow_unauthenticated=args.allow_unauthenticated)
     return True
 
 
@@ -115,35 +137,46 @@ def run_up(args: argparse.Namespace) -> int:
     from db import migrate
     from workers.settings import Settings
 
+    problem = None if args.no_ui else _exposure(args)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     settings = Settings.from_env()
     migrate.upgrade()
     broker = "embedded (filesystem)" if settings.embedded else "Redis"
     print(f"data: {settings.data_dir}; broker: {broker}", flush=True)
     child = subprocess.Popen([sys.executable, "-m", "workers", "worker"])
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the child on the way out
+    chat = subprocess.Popen([sys.executable, "-m", "workers", "worker", "--interactive"])
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the children on the way out
     try:
         if args.no_ui:
             return child.wait()
-        if not launch_ui(args.host, args.port, args.auth):
+        if not launch_ui(args):
             print("The UI is not available (no ui.app); running the worker only.", flush=True)
             return child.wait()
         return 0
     except KeyboardInterrupt:
         return 0
     finally:
+        _stop(chat)
         _stop(child)
 
 
+def _exposure(args: argparse.Namespace) -> str | None:
+    from workers.exposure import exposure_problem
+
+    return exposure_problem(args.host, args.auth, allow_unauthenticated=args.allow_unauthenticated)
+
+
 def run_ui(args: argparse.Namespace) -> int:
-    if not launch_ui(args.host, args.port, args.auth):
+    problem = _exposure(args)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    if not launch_ui(args):
         print("The UI is not available (no ui.app).", file=sys.stderr)
         return 1
     return 0
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    text = path.read_text()
-    return tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
 
 
 def _print_progress(meta: dict[str, Any]) -> None:
@@ -166,7 +199,7 @@ def run_train(path: Path) -> int:
     from workers.specs import validate
     from workers.storage import repository
 
-    config = _read_config(path)
+    config = cli_jobs.read_config(path)
     total_steps = validate("train", config)
     migrate.upgrade()
     repo = repository()
@@ -182,13 +215,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
     if args.command == "worker":
-        return run_worker(extra)
+        return run_worker(extra, args.interactive)
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "up":
         return run_up(args)
     if args.command == "ui":
         return run_ui(args)
+    if args.command in cli_jobs.JOB_COMMANDS:
+        return cli_jobs.run(args)
     if args.command == "db":
         from db import migrate
 

@@ -21,7 +21,7 @@ SHUTTING_DOWN = threading.Event()
 class Stop(enum.StrEnum):
     CANCEL = "cancel"  # the user asked (cancel_requested on the job row)
     SHUTDOWN = "shutdown"  # this worker is shutting down: requeue
-    LOST = "lost"  # another Celery task now owns the job (recovery re-queued it)
+    LOST = "lost"  # this attempt no longer owns the job (recovery or a new attempt took it)
 
 
 @dataclass(frozen=True)
@@ -35,25 +35,28 @@ class Outcome:
 
 
 class JobControl:
+    """One attempt at a job: its fencing token (``fence``, passed with every write), whether
+    to stop, and where progress goes."""
+
     def __init__(
         self,
         repo: Repository,
         job_id: int,
-        task_id: str | None = None,
+        fence: int,
         progress: ProgressFn | None = None,
     ) -> None:
         self.repo = repo
         self.job_id = job_id
-        self.task_id = task_id
+        self.fence = fence
         self.progress = progress
 
     def stop_reason(self) -> Stop | None:
         """Why the job should stop now (one read of the job row), or None."""
         job = self.repo.get_job(self.job_id)
+        if job.fence != self.fence:
+            return Stop.LOST
         if job.cancel_requested:
             return Stop.CANCEL
-        if self.task_id is not None and job.celery_task_id not in (None, self.task_id):
-            return Stop.LOST
         if SHUTTING_DOWN.is_set():
             return Stop.SHUTDOWN
         return None
@@ -63,7 +66,7 @@ class JobControl:
 
     def report(self, step: int, total_steps: int | None, **meta: Any) -> None:
         """Durable progress on the job row, plus a live ping to the caller (Celery state)."""
-        self.repo.update_progress(self.job_id, step, total_steps)
+        self.repo.update_progress(self.job_id, step, total_steps, fence=self.fence)
         if self.progress is not None:
             self.progress({"job_id": self.job_id, "step": step, "total_steps": total_steps, **meta})
 

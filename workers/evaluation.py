@@ -10,8 +10,9 @@ from core_engine.rl.evaluate import evaluate
 from core_engine.rl.rewards import resolve_reward
 from core_engine.rl.tasks import BUILTIN_TASKS, default_reward
 from core_engine.task import SamplingParams
-from core_engine.weights import canonical_weights, weights_checksum
+from core_engine.weights import model_checksum
 from db import JobInfo, PolicyMetrics, PolicyVersionRecord, Repository, VersionNotFound
+from workers.chat import ChatProblem, saved_version
 from workers.control import JobControl, Outcome
 from workers.engines import engine_cache
 from workers.models import resolve_model
@@ -30,13 +31,14 @@ class Target:
 
 
 def source_version(repo: Repository, job_id: int, version: int) -> Target:
-    """A recorded version of a (training) job, with its checkpoint."""
-    for info in repo.list_versions(job_id):
-        if info.version == version:
-            if info.checkpoint_path is None:
-                raise SpecError(f"job {job_id} version {version} has no checkpoint")
-            return Target(info.checkpoint_path, version, info.weights_checksum)
-    raise VersionNotFound(job_id, version)
+    """A recorded version of a (training) job, with its checkpoint still on disk."""
+    try:
+        info = saved_version(repo, job_id, version)
+    except ChatProblem as exc:
+        if any(v.version == version for v in repo.list_versions(job_id)):
+            raise SpecError(str(exc)) from None
+        raise VersionNotFound(job_id, version) from None
+    return Target(info.checkpoint_path, version, info.weights_checksum)
 
 
 def prompt_records(settings: EvalSettings) -> list[dict[str, str]]:
@@ -54,13 +56,14 @@ def evaluate_target(
     settings: EvalSettings,
     worker: Settings,
     step: int,
+    fence: int,
 ) -> None:
     """Generate with ``target`` on the prompt set and store the samples (as batches of
     ``step``) with the version's evaluation record, in one transaction."""
     engine = engine_cache(worker.engine_cache_size, worker.device).get(
         target.checkpoint, target.version
     )
-    checksum = weights_checksum(canonical_weights(engine.model))
+    checksum = model_checksum(engine.model)
     if target.checksum is not None and checksum != target.checksum:
         raise SpecError(
             f"the checkpoint of version {target.version} ({target.checkpoint}) does not match "
@@ -80,6 +83,7 @@ def evaluate_target(
     repo.record_step(
         split_batch(job_id, target.version, step, samples, []),
         PolicyVersionRecord(job_id, target.version, None, target.checkpoint, checksum, metrics),
+        fence=fence,
     )
 
 
@@ -97,7 +101,7 @@ def run_evaluate(
         target = source_version(repo, spec.job_id, spec.version)
     if not _recorded(repo, job.id, target.version):
         control.report(0, 1)
-        evaluate_target(repo, job.id, target, spec.eval, settings, step=0)
+        evaluate_target(repo, job.id, target, spec.eval, settings, 0, control.fence)
     control.report(1, 1, version=target.version)
     return Outcome("succeeded")
 
@@ -113,6 +117,6 @@ def run_compare(repo: Repository, job: JobInfo, settings: Settings, control: Job
         control.report(step, len(targets))
         if control.should_stop():
             return control.stopped()
-        evaluate_target(repo, job.id, target, spec.eval, settings, step)
+        evaluate_target(repo, job.id, target, spec.eval, settings, step, control.fence)
     control.report(len(targets), len(targets))
     return Outcome("succeeded")

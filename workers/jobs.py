@@ -1,4 +1,4 @@
-"""Run one job by id: the lifecycle around the runners (attempts, status, failures).
+"""Run one job by id: the lifecycle around the runners (attempts, ownership, status, failures).
 
 Plain functions, no Celery: the tasks, ``rlwb train`` and the tests call `run_job`.
 """
@@ -6,10 +6,12 @@ Plain functions, no Celery: the tasks, ``rlwb train`` and the tests call `run_jo
 import logging
 
 from core_engine.rl.data import DataError
-from db import InvalidTransition, JobKind, JobStatus, Repository, StorageError
+from db import InvalidTransition, JobInfo, JobKind, JobStatus, Repository, StaleOwner, StorageError
 from workers.checkpoints import ResumeError
 from workers.control import JobControl, Outcome, ProgressFn, Stop
 from workers.evaluation import run_compare, run_evaluate
+from workers.heartbeat import heartbeat
+from workers.limits import check_paths, check_sizes
 from workers.settings import Settings
 from workers.specs import SpecError
 from workers.training import run_training
@@ -31,45 +33,67 @@ def run_job(
     settings: Settings,
     task_id: str | None = None,
     progress: ProgressFn | None = None,
+    queued: bool = False,
 ) -> Outcome:
     """Run (or resume) job ``job_id`` and record how it ended.
 
     Idempotent per job: a finished job, or one that another Celery task now owns, is left
-    alone. Each start counts as an attempt; past ``settings.max_attempts`` the job fails.
+    alone. Each start is an attempt with its own fencing token; an attempt handed back by a
+    warm shutdown does not count, and past ``settings.max_attempts`` the job fails. A
+    ``queued`` job (from the broker, not ``rlwb train``) has its sizes and files re-checked.
     """
-    job = repo.get_job(job_id)
+    try:
+        job = repo.start_attempt(job_id, task_id)
+    except InvalidTransition:  # another task owns the job (recovery re-queued it)
+        return Outcome("interrupted", stop=Stop.LOST)
     if job.status.is_terminal:
         return Outcome(job.status.value, job.error)
-    if task_id is not None and job.celery_task_id not in (None, task_id):
-        return Outcome("interrupted", stop=Stop.LOST)
-    attempts = repo.increment_attempts(job_id)
-    if attempts > settings.max_attempts:
-        error = f"gave up after {attempts - 1} attempts (the worker was lost while running it)"
-        return finish(repo, job_id, Outcome("failed", error))
+    control = JobControl(repo, job_id, job.fence, progress)
+    if job.attempts > settings.max_attempts:
+        error = f"gave up after {job.attempts - 1} attempts (the worker was lost while running it)"
+        return finish(control, Outcome("failed", error))
     if job.cancel_requested:
-        return finish(repo, job_id, Outcome("cancelled"))
+        return finish(control, Outcome("cancelled"))
     try:
-        job = repo.mark_running(job_id, celery_task_id=task_id)
+        job = repo.mark_running(job_id, celery_task_id=task_id, fence=job.fence)
     except InvalidTransition:  # cancelled while starting
         job = repo.get_job(job_id)
         return Outcome(job.status.value, job.error)
-    control = JobControl(repo, job_id, task_id, progress)
+    with heartbeat(repo, job_id, control.fence, settings.heartbeat_interval_s):
+        outcome = _run(repo, job, settings, control, queued)
+    return finish(control, outcome)
+
+
+def _run(
+    repo: Repository, job: JobInfo, settings: Settings, control: JobControl, queued: bool
+) -> Outcome:
     try:
-        outcome = RUNNERS[job.kind](repo, job, settings, control)
+        if queued:
+            check_sizes(job.kind, job.config)
+            check_paths(job.config, settings)
+        return RUNNERS[job.kind](repo, job, settings, control)
+    except StaleOwner:
+        return Outcome("interrupted", stop=Stop.LOST)
     except EXPECTED_ERRORS as exc:
-        outcome = Outcome("failed", f"{type(exc).__name__}: {exc}")
+        return Outcome("failed", f"{type(exc).__name__}: {exc}")
     except Exception as exc:
-        log.exception("job %s failed", job_id)
-        outcome = Outcome("failed", f"internal error: {type(exc).__name__}: {exc}")
-    return finish(repo, job_id, outcome)
+        log.exception("job %s failed", job.id)
+        return Outcome("failed", f"internal error: {type(exc).__name__}: {exc}")
 
 
-def finish(repo: Repository, job_id: int, outcome: Outcome) -> Outcome:
-    """Write the final status (an interrupted job stays running for its next attempt)."""
-    if outcome.status == JobStatus.SUCCEEDED:
-        repo.mark_succeeded(job_id)
-    elif outcome.status == JobStatus.CANCELLED:
-        repo.mark_cancelled(job_id)
-    elif outcome.status == JobStatus.FAILED:
-        repo.mark_failed(job_id, outcome.error or "failed")
+def finish(control: JobControl, outcome: Outcome) -> Outcome:
+    """Write the final status, as the attempt's owner. An interrupted job stays running for
+    its next attempt; one handed back by a warm shutdown is released (no attempt used)."""
+    repo, job_id, fence = control.repo, control.job_id, control.fence
+    try:
+        if outcome.status == JobStatus.SUCCEEDED:
+            repo.mark_succeeded(job_id, fence=fence)
+        elif outcome.status == JobStatus.CANCELLED:
+            repo.mark_cancelled(job_id, fence=fence)
+        elif outcome.status == JobStatus.FAILED:
+            repo.mark_failed(job_id, outcome.error or "failed", fence=fence)
+        elif outcome.stop is Stop.SHUTDOWN:
+            repo.release(job_id, fence)
+    except StaleOwner:
+        return Outcome("interrupted", stop=Stop.LOST)
     return outcome

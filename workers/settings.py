@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 GPU_QUEUE = "gpu"
+INTERACTIVE_QUEUE = "interactive"  # short tasks (Playground chat) that never wait behind jobs
 TASK_FOR_KIND = {kind: f"workers.{kind}" for kind in ("train", "evaluate", "compare")}
 DAY_S = 24 * 3600
 
@@ -24,6 +25,7 @@ class Settings:
     max_attempts: int
     device: str
     engine_cache_size: int
+    heartbeat_timeout_s: float = 60.0
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -31,7 +33,8 @@ class Settings:
         (seconds, default one day: longer than the longest job), ``RLWB_MAX_ATTEMPTS``
         (starts of one job, default 3), ``RLWB_DEVICE`` (the trainer and every engine of
         this worker's jobs, default cpu), ``RLWB_ENGINE_CACHE`` (warm engines kept per
-        worker, default 2)."""
+        worker, default 2), ``RLWB_HEARTBEAT_TIMEOUT`` (seconds without a heartbeat before
+        recovery re-queues a running job, default 60)."""
         env = os.environ
         return cls(
             data_dir=Path(env.get("RLWB_DATA_DIR") or "data").absolute(),
@@ -40,7 +43,13 @@ class Settings:
             max_attempts=int(env.get("RLWB_MAX_ATTEMPTS") or 3),
             device=env.get("RLWB_DEVICE") or "cpu",
             engine_cache_size=int(env.get("RLWB_ENGINE_CACHE") or 2),
+            heartbeat_timeout_s=float(env.get("RLWB_HEARTBEAT_TIMEOUT") or 60),
         )
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        """How often a running job beats: several times per timeout."""
+        return self.heartbeat_timeout_s / 5
 
     @property
     def embedded(self) -> bool:
@@ -93,7 +102,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_serializer": "json",
         "accept_content": ["json"],
         "result_accept_content": ["json"],
-        "task_routes": {name: {"queue": GPU_QUEUE} for name in TASK_FOR_KIND.values()},
+        "task_routes": {
+            **{name: {"queue": GPU_QUEUE} for name in TASK_FOR_KIND.values()},
+            "workers.chat": {"queue": INTERACTIVE_QUEUE},
+        },
         "task_default_queue": GPU_QUEUE,
         "worker_concurrency": 1,
         "worker_prefetch_multiplier": 1,

@@ -21,7 +21,9 @@ def _run(task: Task, job_id: int) -> dict[str, Any]:
         if not task.request.called_directly:
             task.update_state(state="PROGRESS", meta=meta)
 
-    outcome = run_job(repository(), job_id, Settings.from_env(), task.request.id, progress)
+    outcome = run_job(
+        repository(), job_id, Settings.from_env(), task.request.id, progress, queued=True
+    )
     if outcome.stop is Stop.SHUTDOWN:
         raise Reject("worker shutting down: job goes back to the queue", requeue=True)
     return {"job_id": job_id, "status": outcome.status, "error": outcome.error}
@@ -37,6 +39,23 @@ def train(self: Task, job_id: int) -> dict[str, Any]:
 def evaluate(self: Task, job_id: int) -> dict[str, Any]:
     """Evaluate one saved version on a prompt set."""
     return _run(self, job_id)
+
+
+@app.task(name="workers.chat")
+def chat(
+    job_id: int,
+    version: int,
+    messages: list[dict[str, str]],
+    temperature: float,
+    max_tokens: int,
+    seed: int | None = None,
+) -> dict[str, Any]:
+    """One Playground turn (the ``interactive`` queue; see `workers.chat`)."""
+    from workers.chat import chat_reply
+
+    return chat_reply(
+        repository(), Settings.from_env(), job_id, version, messages, temperature, max_tokens, seed
+    )
 
 
 @app.task(bind=True, name="workers.compare")

@@ -7,7 +7,7 @@ from pathlib import Path
 from core_engine.rl.records import StepRecord, StopReason, TrainerHooks
 from core_engine.rl.tasks import training_records
 from core_engine.rl.trainer import GRPOTrainer, TrainingError
-from core_engine.weights import canonical_weights, weights_checksum
+from core_engine.weights import model_checksum
 from db import JobInfo, PolicyVersionRecord, Repository
 from workers.checkpoints import reconcile
 from workers.control import JobControl, Outcome
@@ -47,7 +47,7 @@ class Recorder:
         batch_version = self.trainer.version if new_version is None else step.version.parent
         records = trainer_batches(self.job_id, batch_version, step)
         if records or new_version is not None:
-            self.repo.record_step(records, new_version)
+            self.repo.record_step(records, new_version, fence=self.control.fence)
         self.rejected = 0 if new_version is not None else self.rejected + 1
         self.control.report(
             self.trainer.step_index,
@@ -70,15 +70,15 @@ def run_training(
     model = resolve_model(job.config["model"], settings)
     values = {"device": settings.device, **job.config, "model": model}
     config = train_config(values, str(output_dir(job, settings)))
-    reconcile(repo, job.id, config.output_dir)
+    reconcile(repo, job.id, config.output_dir, control.fence)
     records = training_records(config.task, config.data, seed=config.seed)
     recorder = Recorder(repo, job.id, control, config.steps)
     hooks = TrainerHooks(recorder.on_step, control.should_stop)
     trainer = recorder.trainer = GRPOTrainer(config, records, hooks)
     if trainer.version == 0 and repo.latest_version(job.id) is None:
-        weights = canonical_weights(trainer.model)
         repo.record_policy_version(
-            PolicyVersionRecord(job.id, 0, None, model, weights_checksum(weights))
+            PolicyVersionRecord(job.id, 0, None, model, model_checksum(trainer.model)),
+            fence=control.fence,
         )
     control.report(trainer.step_index, config.steps, version=trainer.version)
     try:

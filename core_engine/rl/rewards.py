@@ -1,24 +1,40 @@
 """Verifiable rewards and their validation.
 
 A reward function takes `(completions, references, prompts)` (lists of strings of equal
-length) and returns one float per completion. Built-ins are named; user functions are given
-as `module:function`.
+length) and returns one float per completion. A reward spec is one of:
+
+- a built-in name (`BUILTIN_REWARDS`);
+- ``regex:<pattern>``: 1.0 when the completion fully matches, on RE2 (linear time: no pattern
+  can make scoring slow);
+- the name of a function the operator registered on the worker: the ``rlwb.rewards``
+  entry-point group, or ``RLWB_REWARDS="name=package.module:function,..."``. It runs in a
+  child process with a time limit (``RLWB_REWARD_TIMEOUT`` seconds, default 60).
+
+Nothing else: a spec never names a module to import. `check_reward_spec` checks the syntax
+only (what the UI may do); `resolve_reward` also needs the registration (what the worker does).
 """
 
 from __future__ import annotations
 
-import importlib
 import math
+import os
 import re
 from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
+
+import re2
+
+from core_engine.rl.reward_sandbox import RewardError, SandboxedReward
+
+__all__ = ["BUILTIN_REWARDS", "RewardError", "check_reward_spec", "resolve_reward", "score"]
 
 RewardFn = Callable[[Sequence[str], Sequence[str], Sequence[str]], Sequence[float]]
 
+ENTRY_POINT_GROUP = "rlwb.rewards"
+MAX_PATTERN_CHARS = 1000
+DEFAULT_TIMEOUT_S = 60.0
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-
-
-class RewardError(RuntimeError):
-    """The reward function failed or returned unusable values (the batch is rejected)."""
 
 
 def exact_match(completions, references, prompts):
@@ -39,9 +55,28 @@ def numeric_match(completions, references, prompts):
     return scores
 
 
+BUILTIN_REWARDS: dict[str, RewardFn] = {"exact_match": exact_match, "numeric_match": numeric_match}
+
+
+def _compile(pattern: str) -> re2._Regexp:
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise ValueError(f"reward regex: longer than {MAX_PATTERN_CHARS} characters")
+    options = re2.Options()
+    options.dot_nl = True
+    options.log_errors = False
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        detail = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else exc
+        raise ValueError(
+            f"reward 'regex:{pattern}': invalid regular expression for RE2 ({detail}; "
+            "back-references and look-arounds are not supported)"
+        ) from None
+
+
 def regex_reward(pattern: str) -> RewardFn:
-    """1.0 when the completion fully matches `pattern` (a format reward)."""
-    compiled = re.compile(pattern, re.DOTALL)
+    """1.0 when the completion (stripped) fully matches `pattern` (a format reward)."""
+    compiled = _compile(pattern)
 
     def reward(completions, references, prompts):
         return [float(compiled.fullmatch(c.strip()) is not None) for c in completions]
@@ -49,42 +84,51 @@ def regex_reward(pattern: str) -> RewardFn:
     return reward
 
 
-BUILTIN_REWARDS: dict[str, RewardFn] = {"exact_match": exact_match, "numeric_match": numeric_match}
-
-
 def check_reward_spec(spec: str) -> None:
-    """Refuse a malformed reward spec without importing anything (ValueError)."""
+    """Refuse a malformed reward spec (ValueError). Imports nothing and needs no registration."""
+    if not isinstance(spec, str):
+        raise ValueError(f"reward: expected a string, got {type(spec).__name__}")
     if spec in BUILTIN_REWARDS:
         return
     if spec.startswith("regex:"):
-        try:
-            re.compile(spec.removeprefix("regex:"))
-        except re.error as exc:
-            raise ValueError(f"reward {spec!r}: invalid regular expression ({exc})") from None
+        _compile(spec.removeprefix("regex:"))
         return
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
+    if not _NAME.fullmatch(spec):
         raise ValueError(
-            f"unknown reward {spec!r}: use one of {sorted(BUILTIN_REWARDS)}, "
-            "'regex:<pattern>' or 'module:function'"
+            f"reward {spec!r} is not allowed: use one of {sorted(BUILTIN_REWARDS)}, "
+            "'regex:<pattern>' or the name of a reward registered on the worker "
+            f"({ENTRY_POINT_GROUP} entry points or RLWB_REWARDS)"
         )
 
 
+def registered_rewards() -> dict[str, str]:
+    """name -> ``module:function`` the operator registered (read, never imported, here)."""
+    found = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    for item in os.environ.get("RLWB_REWARDS", "").split(","):
+        name, sep, target = (part.strip() for part in item.partition("="))
+        if sep and _NAME.fullmatch(name) and ":" in target:
+            found[name] = target
+    return found
+
+
+def reward_timeout() -> float:
+    return float(os.environ.get("RLWB_REWARD_TIMEOUT", DEFAULT_TIMEOUT_S))
+
+
 def resolve_reward(spec: str) -> RewardFn:
-    """`exact_match`, `numeric_match`, `regex:<pattern>` or `package.module:function`."""
+    """The reward function of a spec (see the module docstring); ValueError if not allowed."""
     check_reward_spec(spec)
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec]
     if spec.startswith("regex:"):
         return regex_reward(spec.removeprefix("regex:"))
-    module_name, _, attr = spec.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot load reward {spec!r}: {exc}") from exc
-    if not callable(fn):
-        raise ValueError(f"reward {spec!r} is not callable")
-    return fn
+    target = registered_rewards().get(spec)
+    if target is None:
+        raise ValueError(
+            f"unknown reward {spec!r}: not registered on this worker "
+            f"(registered: {sorted(registered_rewards()) or 'none'})"
+        )
+    return SandboxedReward(target, reward_timeout())
 
 
 def score(
@@ -93,6 +137,8 @@ def score(
     """Run a reward function and validate its output: one finite float per completion."""
     try:
         values = list(fn(list(completions), list(references), list(prompts)))
+    except RewardError:
+        raise
     except Exception as exc:
         raise RewardError(f"reward function raised {type(exc).__name__}: {exc}") from exc
     if len(values) != len(completions):

@@ -9,13 +9,22 @@ from sqlalchemy import URL
 from db.repository.batches import BatchesMixin
 from db.repository.jobs import JobsMixin
 from db.repository.metrics import MetricsMixin
+from db.repository.ownership import OwnershipMixin
 from db.repository.samples import SamplesMixin
 from db.repository.steps import StepsMixin
 from db.repository.versions import VersionsMixin
 from db.session import make_engine
 
 
-class Repository(JobsMixin, VersionsMixin, BatchesMixin, StepsMixin, SamplesMixin, MetricsMixin):
+class Repository(
+    JobsMixin,
+    OwnershipMixin,
+    VersionsMixin,
+    BatchesMixin,
+    StepsMixin,
+    SamplesMixin,
+    MetricsMixin,
+):
     """Storage for jobs, policy versions, rollout batches and samples over one engine."""
 
     @classmethod

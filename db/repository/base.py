@@ -10,7 +10,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from db.enums import JobStatus
-from db.errors import InvalidTransition, InvalidValue, JobNotFound
+from db.errors import InvalidTransition, InvalidValue, JobNotFound, StaleOwner
 from db.models import Job
 from db.session import session_factories
 
@@ -44,6 +44,15 @@ def load_job(session: Session, job_id: int, *, for_update: bool = False) -> Job:
     job = session.scalars(statement).one_or_none()
     if job is None:
         raise JobNotFound(job_id)
+    return job
+
+
+def lock_job(session: Session, job_id: int, fence: int | None) -> Job:
+    """The job row locked for a write; with ``fence``, only if that attempt still owns it
+    (checked in the transaction of the write, so a stale owner can never write)."""
+    job = load_job(session, job_id, for_update=True)
+    if fence is not None and job.fence != fence:
+        raise StaleOwner(job_id, fence, job.fence)
     return job
 
 

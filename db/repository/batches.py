@@ -7,7 +7,7 @@ from db.enums import BatchStatus, coerce
 from db.errors import BatchNotFound
 from db.models import Job, RolloutBatch, Sample
 from db.records import BatchInfo, BatchRecord
-from db.repository.base import RepositoryBase, check_limit, load_job, require_active
+from db.repository.base import RepositoryBase, check_limit, load_job, lock_job, require_active
 from db.repository.batch_rows import ValidBatch, check_batch
 from db.repository.stats import add_samples
 
@@ -46,11 +46,12 @@ def insert_batch(session: Session, job: Job, valid: ValidBatch) -> RolloutBatch:
 
 
 class BatchesMixin(RepositoryBase):
-    def record_batch(self, batch: BatchRecord) -> BatchInfo:
-        """Store a batch and all its samples atomically: on any error nothing is stored."""
+    def record_batch(self, batch: BatchRecord, *, fence: int | None = None) -> BatchInfo:
+        """Store a batch and all its samples atomically: on any error nothing is stored.
+        With ``fence``, only the attempt holding that fencing token may write."""
         valid = check_batch(batch)
         with self._write() as session:
-            job = load_job(session, batch.job_id, for_update=True)
+            job = lock_job(session, batch.job_id, fence)
             require_active(job, "record a rollout batch")
             return batch_info(insert_batch(session, job, valid))
 

@@ -13,6 +13,7 @@ from db.repository.base import (
     check_json,
     check_limit,
     load_job,
+    lock_job,
     require_active,
 )
 from db.timestamps import utcnow
@@ -44,6 +45,8 @@ def job_info(job: Job) -> JobInfo:
         updated_at=job.updated_at,
         started_at=job.started_at,
         finished_at=job.finished_at,
+        fence=job.fence,
+        heartbeat_at=job.heartbeat_at,
     )
 
 
@@ -119,12 +122,21 @@ class JobsMixin(RepositoryBase):
             session.flush()
             return job_info(job)
 
-    def update_progress(self, job_id: int, step: int, total_steps: int | None = None) -> JobInfo:
-        """Record the step a running job has reached. The result's ``cancel_requested``
-        tells the worker whether to stop."""
+    def update_progress(
+        self,
+        job_id: int,
+        step: int,
+        total_steps: int | None = None,
+        *,
+        fence: int | None = None,
+    ) -> JobInfo:
+        """Record the step a running job has reached (and, with ``fence``, that its owner is
+        alive). The result's ``cancel_requested`` tells the worker whether to stop."""
         with self._write() as session:
-            job = load_job(session, job_id, for_update=True)
+            job = lock_job(session, job_id, fence)
             require_active(job, "update progress")
+            if fence is not None:
+                job.heartbeat_at = utcnow()
             total = job.total_steps if total_steps is None else total_steps
             if step < 0 or (total is not None and step > total):
                 raise InvalidValue(f"step: {step} is outside 0..{total}")
@@ -147,40 +159,61 @@ class JobsMixin(RepositoryBase):
             session.flush()
             return job_info(job)
 
+    def cancel_tasks(self, celery_task_ids: set[str]) -> list[JobInfo]:
+        """`request_cancel` for the jobs whose current task is one of ``celery_task_ids`` (a
+        revoked task: the database remembers it across worker restarts)."""
+        statement = select(Job.id).where(Job.celery_task_id.in_(sorted(celery_task_ids)))
+        with self._read() as session:
+            ids = list(session.scalars(statement))
+        return [self.request_cancel(job_id) for job_id in ids]
+
     def is_cancel_requested(self, job_id: int) -> bool:
         with self._read() as session:
             return load_job(session, job_id).cancel_requested
 
-    def increment_attempts(self, job_id: int) -> int:
-        """Count one more attempt at running the job; returns the new count."""
+    def mark_running(
+        self, job_id: int, *, celery_task_id: str | None = None, fence: int | None = None
+    ) -> JobInfo:
         with self._write() as session:
-            job = load_job(session, job_id, for_update=True)
-            job.attempts += 1
-            return job.attempts
-
-    def mark_running(self, job_id: int, *, celery_task_id: str | None = None) -> JobInfo:
-        with self._write() as session:
-            job = load_job(session, job_id, for_update=True)
+            job = lock_job(session, job_id, fence)
             _enter(job, JobStatus.RUNNING)
             if celery_task_id is not None:
                 job.celery_task_id = celery_task_id
             session.flush()
             return job_info(job)
 
-    def mark_succeeded(self, job_id: int) -> JobInfo:
-        return self._finish(job_id, JobStatus.SUCCEEDED, None)
+    def mark_succeeded(self, job_id: int, *, fence: int | None = None) -> JobInfo:
+        return self._finish(job_id, JobStatus.SUCCEEDED, None, fence)
 
-    def mark_failed(self, job_id: int, error: str) -> JobInfo:
-        return self._finish(job_id, JobStatus.FAILED, error)
+    def mark_failed(self, job_id: int, error: str, *, fence: int | None = None) -> JobInfo:
+        return self._finish(job_id, JobStatus.FAILED, error, fence)
 
-    def mark_cancelled(self, job_id: int, error: str | None = None) -> JobInfo:
-        return self._finish(job_id, JobStatus.CANCELLED, error)
+    def mark_cancelled(
+        self, job_id: int, error: str | None = None, *, fence: int | None = None
+    ) -> JobInfo:
+        return self._finish(job_id, JobStatus.CANCELLED, error, fence)
 
-    def _finish(self, job_id: int, status: JobStatus, error: str | None) -> JobInfo:
+    def _finish(
+        self, job_id: int, status: JobStatus, error: str | None, fence: int | None
+    ) -> JobInfo:
         with self._write() as session:
-            job = load_job(session, job_id, for_update=True)
+            job = lock_job(session, job_id, fence)
             _enter(job, status)
             job.error = error
+            session.flush()
+            return job_info(job)
+
+    def reopen(self, job_id: int) -> JobInfo:
+        """Queue a failed or cancelled train job again, to continue from its newest version:
+        a fresh count of attempts, no error, no cancel request (`InvalidTransition` for any
+        other job)."""
+        with self._write() as session:
+            job = load_job(session, job_id, for_update=True)
+            resumable = job.status in (JobStatus.FAILED, JobStatus.CANCELLED)
+            if not resumable or job.kind is not JobKind.TRAIN:
+                raise InvalidTransition(job.id, job.status.value, f"resume a {job.kind} job")
+            job.status, job.attempts, job.error = JobStatus.QUEUED, 0, None
+            job.cancel_requested, job.finished_at = False, None
             session.flush()
             return job_info(job)
 

@@ -10,9 +10,11 @@ from db.enums import FinishReason
 from db.models import VersionSampleStats
 
 
-def add_samples(session: Session, job_id: int, rows: Iterable[dict[str, Any]]) -> None:
-    """Add sample rows (column values) to the job's totals. The caller holds the job's
-    lock, so no concurrent writer updates the same totals."""
+def add_samples(
+    session: Session, job_id: int, rows: Iterable[dict[str, Any]], sign: int = 1
+) -> None:
+    """Add sample rows (column values) to the job's totals (``sign`` -1: take deleted ones
+    away). The caller holds the job's lock, so no concurrent writer updates the same totals."""
     totals: dict[tuple[int, FinishReason], VersionSampleStats] = {}
     for row in rows:
         key = (row["policy_version"], row["finish_reason"])
@@ -27,11 +29,11 @@ def add_samples(session: Session, job_id: int, rows: Iterable[dict[str, Any]]) -
                 response_tokens=0,
             )
         total = totals[key]
-        total.samples += 1
-        total.response_tokens += row["response_length"]
+        total.samples += sign
+        total.response_tokens += sign * row["response_length"]
         if row["reward"] is not None:
-            total.rewarded += 1
-            total.reward_sum += row["reward"]
+            total.rewarded += sign
+            total.reward_sum += sign * row["reward"]
     stored = session.scalars(
         select(VersionSampleStats).where(
             VersionSampleStats.job_id == job_id,

@@ -12,6 +12,7 @@ from db.repository.base import (
     check_json,
     check_non_negative,
     load_job,
+    lock_job,
     require_active,
 )
 
@@ -113,7 +114,9 @@ def insert_version(session: Session, job: Job, record: PolicyVersionRecord) -> P
 
 
 class VersionsMixin(RepositoryBase):
-    def record_policy_version(self, record: PolicyVersionRecord) -> PolicyVersionInfo:
+    def record_policy_version(
+        self, record: PolicyVersionRecord, *, fence: int | None = None
+    ) -> PolicyVersionInfo:
         """Store a new version of a running job's policy and make it the job's current one.
 
         Raises `VersionConflict` unless the version is greater than every version the job
@@ -121,7 +124,7 @@ class VersionsMixin(RepositoryBase):
         """
         check_version(record)
         with self._write() as session:
-            job = load_job(session, record.job_id, for_update=True)
+            job = lock_job(session, record.job_id, fence)
             require_active(job, "record a policy version")
             return version_info(insert_version(session, job, record))
 

@@ -85,7 +85,7 @@ def test_invalid_job_input_is_refused(repo: Repository, call, match: str) -> Non
         lambda repo: repo.update_progress(999, 1),
         lambda repo: repo.request_cancel(999),
         lambda repo: repo.is_cancel_requested(999),
-        lambda repo: repo.increment_attempts(999),
+        lambda repo: repo.start_attempt(999),
         lambda repo: repo.mark_failed(999, "boom"),
         lambda repo: repo.set_celery_task_id(999, "t"),
         lambda repo: repo.delete_job(999),
@@ -125,9 +125,9 @@ def test_failure_keeps_the_error(repo: Repository) -> None:
 
 def test_redelivered_task_runs_again_and_counts_attempts(repo: Repository) -> None:
     job = repo.create_job("train", {})
-    assert repo.increment_attempts(job.id) == 1
+    assert repo.start_attempt(job.id).attempts == 1
     first = repo.mark_running(job.id)
-    assert repo.increment_attempts(job.id) == 2
+    assert repo.start_attempt(job.id).attempts == 2
     again = repo.mark_running(job.id)  # the worker died; Celery delivered the task again
     assert again.status is JobStatus.RUNNING
     assert again.started_at == first.started_at

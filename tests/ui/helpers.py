@@ -124,6 +124,16 @@ class FakeQueue:
     def cancel(self, job_id: int) -> JobInfo:
         return self.repo.request_cancel(job_id)
 
+    def chat(self, *args: Any) -> dict[str, Any]:
+        """What the interactive worker answers (its function, run here)."""
+        from workers.chat import chat_reply
+        from workers.settings import Settings
+
+        return chat_reply(self.repo, Settings.from_env(), *args)
+
+    def resume(self, job_id: int) -> JobInfo:
+        return self.repo.reopen(job_id)
+
     def overview(self) -> dict[str, Any]:
         active = {"worker": "gpu0@test", "task_id": "t-1", "name": "workers.train", "args": [1]}
         return {
@@ -142,6 +152,8 @@ class FakeQueue:
             submit_job=self.submit,
             cancel_job=self.cancel,
             queue_overview=self.overview,
+            resume_job=self.resume,
+            chat=self.chat,
             model_roots=model_roots,
             data_dir=data_dir,
         )

@@ -75,7 +75,7 @@ def test_launch(client, world, submitted):
     assert re.match(r"Job \*\*#\d+\*\* is queued", message)
     assert submitted[0][1]["kv_strategy"] == "contiguous" and submitted[0][1]["steps"] == 5
     refused = client.predict(**{**form, "steps": 0, "top_p": 2}, api_name="/launch")
-    assert "Nothing was enqueued" in refused and "steps must be >= 1" in refused
+    assert "Nothing was enqueued" in refused and "steps must be &gt;= 1" in refused
     assert len(submitted) == 1
     model, _ = client.predict(api_name="/launch_rescan")
     assert model["choices"][1][1] == str(world["model"])

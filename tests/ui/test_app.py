@@ -1,7 +1,9 @@
 """The app as a whole: every event is scriptable, no torch at start-up, safe defaults."""
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import gradio as gr
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from ui import __main__ as cli
 from ui.app import build_app, launch
 
+ROOT = Path(__file__).resolve().parents[2]
 API_NAMES = {
     "launch",
     "launch_source",
@@ -17,6 +20,8 @@ API_NAMES = {
     "jobs",
     "jobs_live",
     "jobs_pick",
+    "resume",
+    "jobs_after_resume",
     "job",
     "job_live",
     "job_picked",
@@ -62,11 +67,31 @@ def test_importing_the_ui_imports_no_torch():
     assert result.stdout.strip() == "False"
 
 
+def test_the_ui_has_one_door():
+    """ui/ imports nothing of core_engine, and of workers only `workers.api`."""
+    imported = set()
+    for path in (ROOT / "ui").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+                imported.update(names if node.module == "workers" else [node.module])
+    assert not {name for name in imported if name.startswith("core_engine")}
+    assert {name for name in imported if name.startswith("workers")} == {"workers.api"}
+
+
 def test_launch_binds_to_localhost_without_share_by_default(services, monkeypatch):
     seen = {}
     monkeypatch.setattr(gr.Blocks, "launch", lambda self, **kwargs: seen.update(kwargs))
     launch(services=services)
-    assert seen == {"server_name": "127.0.0.1", "server_port": 7860, "auth": None, "share": False}
+    assert seen == {
+        "server_name": "127.0.0.1",
+        "server_port": 7860,
+        "auth": None,
+        "share": False,
+        "max_file_size": 64 * 2**20,
+    }
 
 
 def test_the_command_line_takes_host_port_share_and_auth(monkeypatch):
@@ -83,3 +108,9 @@ def test_the_command_line_takes_host_port_share_and_auth(monkeypatch):
     assert calls[-1]["auth"] == ("bob", "pw:with:colons")
     with pytest.raises(SystemExit):
         cli.main(["--auth", "nopassword"])
+    monkeypatch.delenv("RLWB_AUTH")
+    for public in (["--share"], ["--host", "0.0.0.0"]):  # never public without a password
+        with pytest.raises(SystemExit):
+            cli.main(public)
+        with pytest.raises(ValueError, match="without a password"):
+            launch(host="0.0.0.0" if "--host" in public else "127.0.0.1", share="--share" in public)

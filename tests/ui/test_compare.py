@@ -68,6 +68,6 @@ def test_launch_a_compare_job_on_held_out_prompts(services, world, job):
 def test_an_invalid_compare_job_is_not_enqueued(services, world, job):
     assert "two different versions" in launch_compare(services, job.id, 2, 2, "always7", 8, 1, 4)
     assert "task: choose one of" in launch_compare(services, job.id, 0, 3, "nope", 8, 1, 4)
-    assert ">= 1" in launch_compare(services, job.id, 0, 3, "always7", 0, 1, 4)
+    assert "&gt;= 1" in launch_compare(services, job.id, 0, 3, "always7", 0, 1, 4)
     assert "choose a job" in launch_compare(services, None, 0, 3, "always7", 8, 1, 4)
     assert world["queue"].submitted == []

@@ -4,7 +4,14 @@ the workers."""
 import dataclasses
 
 from ui.handlers import jobs as jobs_module
-from ui.handlers.jobs import PLOT_SERIES, cancel_job, job_batches, job_page, jobs_table
+from ui.handlers.jobs import (
+    PLOT_SERIES,
+    cancel_job,
+    job_batches,
+    job_page,
+    jobs_table,
+    resume_job,
+)
 from ui.handlers.queue import queue_view
 
 
@@ -67,6 +74,19 @@ def test_cancel_a_queued_job(services, world):
     assert cancel_job(services, None) == "Choose a job to cancel."
     assert cancel_job(services, 999) == "**Cannot cancel:** job 999 does not exist"
     world["repo"].delete_job(queued.id)
+
+
+def test_resume_a_cancelled_train_job_and_refuse_others(services, world):
+    repo = world["repo"]
+    job = repo.create_job("train", {"model": "demo", "task": "always7"})
+    repo.request_cancel(job.id)
+    assert resume_job(services, job.id) == f"Job **#{job.id}** is queued."
+    resumed = repo.get_job(job.id)
+    assert not resumed.cancel_requested and resumed.attempts == 0 and resumed.error is None
+    assert resume_job(services, job.id).startswith("**Cannot resume:** job")  # queued
+    assert resume_job(services, None) == "Choose a job to resume."
+    repo.request_cancel(job.id)
+    repo.delete_job(job.id)
 
 
 def test_the_queue_shows_workers_tasks_and_commands(services):

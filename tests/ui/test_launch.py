@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import sys
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from ui.handlers.launch import (
     model_choices,
     upload_dataset,
 )
+from ui.render import inert
 from workers.specs import DEMO_MODEL
 
 
@@ -101,14 +103,42 @@ def test_every_problem_is_reported_inline_and_nothing_is_enqueued(services, worl
         "temperature: 'warm' is not a number",
         "kv_strategy: choose one of paged, contiguous",
     ):
-        assert problem in message
+        assert inert(problem) in message  # shown as Markdown: made inert
     assert world["queue"].submitted == []
+
+
+@pytest.mark.parametrize(
+    "spec", ["os:system", "subprocess:run", "builtins:eval", "pty:spawn", "rlwb_ui_canary:fn"]
+)
+def test_a_reward_naming_code_is_refused_without_importing_it(services, world, tmp_path, spec):
+    witness = tmp_path / "imported"
+    (tmp_path / "rlwb_ui_canary.py").write_text(f"open({str(witness)!r}, 'w').close()\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        message = launch_job(services, **form(reward=spec))
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert message.startswith("**Nothing was enqueued.**") and "not allowed" in message
+    assert not witness.exists() and "rlwb_ui_canary" not in sys.modules
+    assert world["queue"].submitted == []
+
+
+def test_a_registered_reward_name_is_left_to_the_worker(services, world):
+    launch_job(services, **form(reward="my_reward"))
+    assert world["queue"].submitted[0][1]["reward"] == "my_reward"
+
+
+def test_launch_warns_when_no_worker_is_online(services, world):
+    assert "No worker is online" not in launch_job(services, **form())
+    idle = dataclasses.replace(services, queue_overview=lambda: {"workers_online": 0})
+    message = launch_job(idle, **form())
+    assert message.startswith("Job **#") and "No worker is online" in message
 
 
 def test_trainer_config_rules_are_reported_too(services, world):
     message = launch_job(services, **form(steps=0, top_p=1.5, group_size=0))
-    assert "steps must be >= 1" in message and "group_size must be >= 1" in message
-    assert "top_p in (0, 1]" in message
+    assert inert("steps must be >= 1") in message and inert("group_size must be >= 1") in message
+    assert inert("top_p in (0, 1]") in message
     assert world["queue"].submitted == []
 
 
@@ -139,6 +169,22 @@ def test_an_unusable_upload_is_refused(services, tmp_path, content, problem):
     upload.write_text(content)
     _, stored, message = upload_dataset(services, str(upload))
     assert stored is None and message.startswith("**Upload refused:**") and problem in message
+
+
+def test_an_oversized_upload_is_refused_and_every_upload_is_removed(
+    services, tmp_path, monkeypatch
+):
+    from ui.handlers import launch as launch_module
+
+    line = json.dumps({"instruction": "", "input": "3?", "output": "7"}) + "\n"
+    big, small = tmp_path / "big.jsonl", tmp_path / "small.jsonl"
+    big.write_text(line * 100)
+    small.write_text(line)
+    monkeypatch.setattr(launch_module, "MAX_UPLOAD_BYTES", len(line) * 10)
+    _, stored, message = upload_dataset(services, str(big))
+    assert stored is None and "larger than" in message and not big.exists()
+    _, stored, _ = upload_dataset(services, str(small))
+    assert stored is not None and not small.exists()
 
 
 def test_data_outside_the_roots_is_refused(services, world, tmp_path):

@@ -1,11 +1,14 @@
-"""Playground tab: chat with a job's saved version (a real tiny checkpoint) through the engine."""
+"""Playground tab: chat with a job's saved version (a real tiny checkpoint) through the engine.
+The replies come from the interactive worker's function (`workers.chat`), run in the test
+process by the fake queue; the UI handlers themselves load no model."""
 
 import pytest
 from gradio_client import Client
 
 from db import PolicyVersionRecord
 from ui.app import build_app
-from ui.handlers.playground import clear, load_engine, prompt_ids, saved_versions, send
+from ui.handlers.playground import clear, saved_versions, send
+from ui.render import inert
 
 VERSION = 2
 
@@ -13,7 +16,8 @@ VERSION = 2
 @pytest.fixture(scope="module")
 def chat_job(world, tmp_path_factory) -> int:
     """A train job whose version 2 has a random tiny checkpoint with its true checksum,
-    version 3 the same checkpoint with a wrong one, and version 0 no checkpoint."""
+    version 3 the same checkpoint with a wrong one, version 0 no checkpoint, and version 4
+    a checkpoint that was not kept (deleted by a retention policy)."""
     import torch
 
     from core_engine.model import load_model
@@ -28,6 +32,8 @@ def chat_job(world, tmp_path_factory) -> int:
     repo.record_policy_version(PolicyVersionRecord(job.id, 0, None))
     repo.record_policy_version(PolicyVersionRecord(job.id, VERSION, None, str(path), checksum))
     repo.record_policy_version(PolicyVersionRecord(job.id, 3, None, str(path), "0" * 64))
+    gone = str(path.parent / "deleted")
+    repo.record_policy_version(PolicyVersionRecord(job.id, 4, None, gone, checksum))
     repo.mark_succeeded(job.id)
     return job.id
 
@@ -50,9 +56,15 @@ def chat(services, job_id, message, history=(), **settings):
 
 def expected(services, job_id, messages, max_tokens=8):
     from core_engine.task import SamplingParams
+    from workers.chat import saved_version, verified_engine
+    from workers.settings import Settings
 
-    engine, _ = load_engine(services, job_id, VERSION)
-    ids = prompt_ids(engine.tokenizer, messages)
+    info = saved_version(services.repository, job_id, VERSION)
+    engine = verified_engine(info, Settings.from_env())
+    text = engine.tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
+    ids = engine.tokenizer(text, add_special_tokens=False)["input_ids"]
     return engine.run_batch([ids], SamplingParams(max_tokens=max_tokens, temperature=0))[0]
 
 
@@ -93,7 +105,8 @@ def test_multi_turn_includes_the_history(services, chat_job):
         ({"temperature": "hot"}, "temperature: 'hot' is not a number"),
         ({"max_tokens": 0}, "max tokens must be a whole number from 1 to 1024"),
         ({"seed": 1.5}, "seed: 1.5 is not a whole number"),
-        ({"version": 0}, "has no checkpoint"),
+        ({"version": 0}, "weights not kept"),
+        ({"version": 4}, "weights not kept"),
         ({"version": 9}, "has no saved version 9"),
         ({"version": 3}, "does not match its recorded checksum"),
     ],
@@ -102,11 +115,11 @@ def test_bad_input_is_explained(services, chat_job, change, error):
     history = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
     message = change.pop("message", "hello")
     turns, tokens, facts, box = chat(services, chat_job, message, history, **change)
-    assert error in facts and turns == history and tokens == "" and box == message
+    assert inert(error) in facts and turns == history and tokens == "" and box == message
 
 
 def test_saved_versions_and_clear(services, chat_job, job):
-    assert saved_versions(services, chat_job) == [VERSION, 3]
+    assert saved_versions(services, chat_job) == [VERSION, 3, 4]
     assert saved_versions(services, job.id) == [] and saved_versions(services, "x") == []
     assert clear() == ([], "", "", "")
 
@@ -117,7 +130,7 @@ def test_through_the_live_app(world, chat_job):
     try:
         client = Client(demo.local_url, verbose=False)
         versions = client.predict(chat_job, api_name="/playground_versions")
-        assert versions["value"] == 3
+        assert versions["value"] == 4
         history, tokens, facts, box = client.predict(
             chat_job, VERSION, "", "hello", [], 0, 8, 0, api_name="/playground_send"
         )

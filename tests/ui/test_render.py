@@ -3,7 +3,7 @@
 import re
 
 from ui.files import find_checkpoints, find_jsonl, is_under, model_roots_from_env, save_upload
-from ui.render import logprob_colour, token_spans
+from ui.render import inert, logprob_colour, token_spans
 from ui.tokens import token_texts
 
 
@@ -56,3 +56,11 @@ def test_uploads_never_overwrite(tmp_path):
     source.write_text("{}")
     first, second = save_upload(source, tmp_path / "d"), save_upload(source, tmp_path / "d")
     assert first.name == "p.jsonl" and second.name == "p-1.jsonl"
+
+
+def test_stored_text_shown_as_markdown_is_inert():
+    text = "see [x](http://e.vil) ![i](http://a/b.png) <img src=x> `code` *bold*"
+    shown = inert(text)
+    for mark in ("[", "]", "(", ")", "!", "`", "*"):
+        assert shown.count(mark) == shown.count("\\" + mark)
+    assert "<" not in shown and "&lt;img" in shown

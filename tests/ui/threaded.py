@@ -58,6 +58,8 @@ class ThreadQueue:
             submit_job=self.submit,
             cancel_job=self.cancel,
             queue_overview=self.overview,
+            resume_job=self.repo.reopen,
+            chat=lambda *args: {"problem": "no chat here"},
             model_roots=model_roots,
             data_dir=self.settings.data_dir,
         )

@@ -17,6 +17,8 @@ if "RLWB_DATA_DIR" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["RLWB_DATA_DIR"], True)
 
 from db import Repository, upgrade
+from tests.db.conftest import postgres_schemas  # noqa: F401  (the fixture)
+from tests.workers.stack import Stack, claim_redis
 from workers.settings import Settings
 
 
@@ -34,6 +36,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("RLWB_DATA_DIR", str(data))
     monkeypatch.setenv("DATABASE_URL", f"sqlite:///{data / 'rlwb.db'}")
     monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.setenv("RLWB_MODEL_ROOTS", tempfile.gettempdir())  # where the tests' models are
     upgrade()
     return data
 
@@ -48,3 +51,24 @@ def repo(env: Path) -> Iterator[Repository]:
     from workers.storage import repository
 
     yield repository()
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    yield from claim_redis()
+
+
+@pytest.fixture
+def stack(redis_url: str, tmp_path: Path) -> Iterator[Stack]:
+    """A real worker deployment on SQLite."""
+    stack = Stack(redis_url, tmp_path)
+    yield stack
+    stack.repo.close()
+
+
+@pytest.fixture
+def pg_stack(redis_url: str, tmp_path: Path, postgres_schemas) -> Iterator[Stack]:  # noqa: F811
+    """A real worker deployment on PostgreSQL (a throw-away schema)."""
+    stack = Stack(redis_url, tmp_path, postgres_schemas.create())
+    yield stack
+    stack.repo.close()

@@ -32,7 +32,18 @@ def slow_exact_match(completions, references, prompts):
     return [float(c.strip() == r.strip()) for c, r in zip(completions, references, strict=True)]
 
 
-SLOW_REWARD = "tests.workers.helpers:slow_exact_match"
+def stuck_reward(completions, references, prompts):
+    """A reward that never returns (the worker must time it out)."""
+    while True:
+        time.sleep(60)
+
+
+# The operator's registrations (RLWB_REWARDS) that the worker tests run with.
+SLOW_REWARD = "slow_exact_match"
+REGISTERED_REWARDS = (
+    "slow_exact_match=tests.workers.helpers:slow_exact_match,"
+    "stuck=tests.workers.helpers:stuck_reward"
+)
 
 
 def wait_for(check: Callable[[], T], timeout: float, what: str, interval: float = 0.1) -> T:

@@ -75,9 +75,10 @@ def test_a_warm_shutdown_hands_the_job_back_to_the_queue(eager, repo, tiny_model
     assert result.state == "REJECTED"  # Reject(requeue=True): the broker delivers it again
     info = repo.get_job(job.id)
     assert info.status is JobStatus.RUNNING and info.current_version == 2
+    assert info.attempts == 0 and info.heartbeat_at is None  # released: no attempt used
     shutting_down[0] = False
     assert tasks.train.apply(args=[job.id], task_id="task-3").get()["status"] == "succeeded"
-    assert repo.get_job(job.id).attempts == 2
+    assert repo.get_job(job.id).attempts == 1
 
 
 def test_queue_overview_counts_every_job(eager, repo):

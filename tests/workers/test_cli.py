@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import types
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def test_train_runs_a_job_here_and_records_it(env, repo, tiny_model, tmp_path, c
 
 def test_ui_launches_the_ui_module_or_says_it_is_missing(monkeypatch, capsys):
     calls = []
-    fake = types.SimpleNamespace(launch=lambda *args: calls.append(args))
+    fake = types.SimpleNamespace(launch=lambda *args, **kwargs: calls.append(args))
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
     monkeypatch.setattr(importlib, "import_module", lambda name: fake)
     assert cli.main(["ui", "--port", "9999", "--auth", "ann:secret"]) == 0
@@ -66,9 +67,32 @@ def test_ui_launches_the_ui_module_or_says_it_is_missing(monkeypatch, capsys):
     assert "not available" in capsys.readouterr().err
 
 
+def test_a_public_address_needs_a_password(monkeypatch, capsys):
+    """Also the image's default command: it serves nothing public without RLWB_AUTH."""
+    calls = []
+    fake = types.SimpleNamespace(launch=lambda *args, **kwargs: calls.append(args))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(importlib, "import_module", lambda name: fake)
+    monkeypatch.delenv("RLWB_AUTH", raising=False)
+    cmd = next(
+        line for line in (ROOT / "Dockerfile").read_text().splitlines() if line[:4] == "CMD "
+    )
+    for argv in (["ui", "--host", "0.0.0.0"], json.loads(cmd.removeprefix("CMD "))):
+        assert cli.main(argv) == 2
+        assert "without a password" in capsys.readouterr().err
+    assert calls == []
+    assert cli.main(["ui", "--host", "0.0.0.0", "--auth", "ann:secret"]) == 0
+    assert cli.main(["ui", "--host", "0.0.0.0", "--allow-unauthenticated"]) == 0
+    monkeypatch.setenv("RLWB_AUTH", "ann:secret")
+    assert cli.main(["ui", "--host", "0.0.0.0"]) == 0
+    assert [call[0] for call in calls] == ["0.0.0.0"] * 3
+
+
 def test_worker_arguments():
     argv = cli.worker_argv(["-n", "gpu0@%h"])
     assert argv[:4] == ["worker", "--pool=threads", "--concurrency=1", "--queues=gpu"]
+    chat = cli.worker_argv([], interactive=True)
+    assert chat[:4] == ["worker", "--pool=threads", "--concurrency=2", "--queues=interactive"]
     assert argv[-2:] == ["-n", "gpu0@%h"]
 
 
@@ -82,6 +106,7 @@ def test_up_runs_a_submitted_job_on_embedded_defaults(tmp_path, tiny_model):
     worker child process. A job submitted through the API runs; SIGTERM stops everything."""
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env.update(RLWB_DATA_DIR=str(tmp_path / "data"), OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    env["RLWB_MODEL_ROOTS"] = tempfile.gettempdir()  # where the tests' models are
     log = tmp_path / "up.log"
     argv = [sys.executable, "-m", "workers", "up", "--no-ui"]
     with running(argv, env, tmp_path, log) as up:

@@ -6,9 +6,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVICES = {"redis", "postgres", "migrate", "worker", "worker-cpu", "ui"}
+SERVICES = {"redis", "postgres", "migrate", "worker", "worker-interactive", "ui"}
 
 
 @pytest.fixture
@@ -29,7 +30,21 @@ def _run(argv: list[str]) -> str:
     return done.stdout
 
 
-def test_compose_config_is_valid(compose):
+def test_plain_up_runs_a_worker_and_gpu_is_a_profile(compose):
     _run([*compose, "config", "-q"])
-    services = _run([*compose, "--profile", "gpu", "--profile", "cpu", "config", "--services"])
-    assert set(services.split()) == SERVICES
+    services = yaml.safe_load(_run([*compose, "--profile", "gpu", "config"]))["services"]
+    assert {name for name, s in services.items() if not s.get("profiles")} == SERVICES
+    assert services["worker-gpu"]["profiles"] == ["gpu"]
+
+
+def test_worker_and_ui_share_checkpoints_and_see_the_models(compose):
+    config = yaml.safe_load(_run([*compose, "--profile", "gpu", "config"]))
+    services = config["services"]
+    for name in ("worker", "worker-gpu", "worker-interactive", "ui"):
+        mounts = {tuple(v.split(":")[:2]) for v in services[name]["volumes"]}
+        assert ("rlwb-data", "/data") in mounts
+        assert any(target == "/models" for _, target in mounts)
+        assert services[name]["environment"]["RLWB_MODEL_ROOTS"] == "/models:/data"
+    assert services["worker-gpu"]["environment"]["RLWB_DEVICE"] == "cuda"
+    [port] = services["ui"]["ports"]
+    assert port.startswith("127.0.0.1:")

@@ -77,7 +77,9 @@ def checkpoint(settings, job_id, version):
 def test_killed_after_the_checkpoint_before_the_step_redoes_the_step(
     repo, settings, job, monkeypatch
 ):
-    kill_once(monkeypatch, repo, "record_step", lambda b, version: version and version.version == 3)
+    kill_once(
+        monkeypatch, repo, "record_step", lambda b, version, **_: version and version.version == 3
+    )
     with pytest.raises(Killed):
         run_job(repo, job.id, settings)
     assert checkpoint(settings, job.id, 3).is_dir()  # written, but its step never was
@@ -99,14 +101,14 @@ def test_killed_inside_the_step_transaction_keeps_nothing_of_the_step(repo, sett
 
 
 def test_killed_after_the_step_committed_resumes_after_it(repo, settings, job, monkeypatch):
-    kill_once(monkeypatch, repo, "update_progress", lambda job_id, step, total: step == 2)
+    kill_once(monkeypatch, repo, "update_progress", lambda job_id, step, total, **_: step == 2)
     run_killed_then_resumed(repo, settings, job.id)
     assert_consistent(repo, job.id, STEPS, SAMPLES)
     assert len(repo.list_batches(job.id)) == STEPS  # no step was redone
 
 
 def test_an_interrupted_checkpoint_rename_is_finished(repo, settings, job, monkeypatch):
-    kill_once(monkeypatch, repo, "update_progress", lambda job_id, step, total: step == 2)
+    kill_once(monkeypatch, repo, "update_progress", lambda job_id, step, total, **_: step == 2)
     with pytest.raises(Killed):
         run_job(repo, job.id, settings)
     final = checkpoint(settings, job.id, 2)
@@ -126,7 +128,9 @@ def test_checkpoints_of_another_run_are_refused(repo, settings, tiny_model, tmp_
 
 
 def test_a_recorded_version_without_its_checkpoint_is_refused(repo, settings, job, monkeypatch):
-    kill_once(monkeypatch, repo, "record_step", lambda b, version: version and version.version == 3)
+    kill_once(
+        monkeypatch, repo, "record_step", lambda b, version, **_: version and version.version == 3
+    )
     with pytest.raises(Killed):
         run_job(repo, job.id, settings)
     for path in Path(settings.jobs_dir / str(job.id)).glob("version-*"):
@@ -147,3 +151,26 @@ def test_an_evaluation_killed_inside_its_write_stores_its_samples_once(repo, set
     [batch] = repo.list_batches(job.id)
     assert batch.num_samples == samples_in_db(repo, job.id) == 3
     assert [v.version for v in repo.list_versions(job.id)] == [1]
+
+
+def test_rejected_batches_after_the_last_version_are_replaced_by_the_retry(
+    repo, settings, tiny_model, monkeypatch
+):
+    """Every batch is rejected (no reward variance), so none advances the version: after a
+    crash, the retry redoes them with the same seeds and stores each once."""
+    config = train_config(tiny_model, steps=4, drop_zero_variance_groups=True)
+    job = repo.create_job("train", {**config, "max_consecutive_rejections": 3}, total_steps=4)
+    stored = []
+    kill_once(
+        monkeypatch,
+        repo,
+        "record_step",
+        lambda b, version, **_: version is None and len(stored.append(1) or stored) == 3,
+    )
+    with pytest.raises(Killed):
+        run_job(repo, job.id, settings)
+    assert len(repo.list_batches(job.id)) == 2
+    assert run_job(repo, job.id, settings).status == "failed"  # stalled: nothing to learn
+    batches = repo.list_batches(job.id)
+    assert len(batches) == 4 and {b.status for b in batches} == {"rejected"}
+    assert samples_in_db(repo, job.id) == 4 * SAMPLES  # not 6 batches: the 2 were replaced

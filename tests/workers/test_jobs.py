@@ -93,7 +93,7 @@ def test_finished_and_foreign_jobs_are_left_alone(repo, settings, tiny_model):
 def test_a_job_that_keeps_losing_its_worker_fails_after_max_attempts(repo, settings, tiny_model):
     job = repo.create_job("train", train_config(tiny_model))
     for _ in range(settings.max_attempts):
-        repo.increment_attempts(job.id)  # earlier starts whose worker died
+        repo.start_attempt(job.id)  # earlier starts whose worker died
 
     outcome = run_job(repo, job.id, settings)
 

@@ -38,7 +38,7 @@ def test_evaluate_and_compare_configs():
         ("compare", {"job_id": 1, "versions": [1, 2]}, "exactly one of 'task' or 'data'"),
         ("evaluate", {"model": "m", "task": "always7", "count": 3}, "unknown config keys"),
         ("evaluate", {"model": "m", "task": "always7", "reward": "regex:("}, "invalid regular"),
-        ("train", {"model": "m", "task": "always7", "reward": "nope"}, "unknown reward"),
+        ("train", {"model": "m", "task": "always7", "reward": "os:system"}, "not allowed"),
     ]:
         with pytest.raises(SpecError, match=message):
             validate(kind, config)

@@ -6,11 +6,11 @@ from typing import Any
 
 import pandas as pd
 
-from core_engine.rl.tasks import BUILTIN_TASKS
 from db import MAX_PAGE_SIZE, InvalidValue, NotFound, SampleFilter, SampleSummary, VersionMetrics
 from ui.handlers.common import parse_id
-from ui.render import comparison_html, fmt, histogram_html
+from ui.render import comparison_html, fmt, histogram_html, inert
 from ui.services import Services
+from workers import api
 
 PROMPTS_SHOWN = 20
 HISTOGRAM_BINS = 10
@@ -156,12 +156,12 @@ def launch_compare(
         }
         if a == b:
             raise InvalidValue("choose two different versions")
-        if task not in BUILTIN_TASKS:
-            raise InvalidValue(f"task: choose one of {', '.join(BUILTIN_TASKS)}")
+        if task not in api.TASKS:
+            raise InvalidValue(f"task: choose one of {', '.join(api.TASKS)}")
         if not counts["num_prompts"] or not counts["max_tokens"] or counts["seed"] is None:
             raise InvalidValue("prompts and max tokens must be >= 1, and a seed is required")
         config: dict[str, Any] = {"job_id": job, "versions": [a, b], "task": task, **counts}
         launched = services.submit_job("compare", config)
     except ValueError as exc:  # InvalidValue, or the queue's own validation
-        return f"**Nothing was enqueued:** {exc}"
+        return f"**Nothing was enqueued:** {inert(exc)}"
     return f"Compare job **#{launched.id}** is {launched.status.value}."

@@ -1,12 +1,21 @@
-"""Jobs tab: the live job table, cancellation, and one job's page (plots over versions)."""
+"""Jobs tab: the live job table, cancel and resume, and one job's page (plots over versions)."""
 
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
 
-from db import BatchInfo, BatchStatus, InvalidValue, JobInfo, JobNotFound, VersionMetrics
+from db import (
+    BatchInfo,
+    BatchStatus,
+    InvalidTransition,
+    InvalidValue,
+    JobInfo,
+    JobNotFound,
+    VersionMetrics,
+)
 from ui.handlers.common import parse_id
-from ui.render import fmt
+from ui.render import fmt, inert
 from ui.services import Services
 
 JOB_LIMIT = 50
@@ -68,16 +77,27 @@ def job_choices(services: Services) -> list[tuple[str, int]]:
     ]
 
 
-def cancel_job(services: Services, job_id: float | str | None) -> str:
-    """Cancel a job (a queued one at once, a running one at its next step)."""
+def _act(
+    services: Services, job_id: float | str | None, verb: str, action: Callable[[int], JobInfo]
+) -> str:
     try:
         chosen = parse_id(job_id, "job")
         if chosen is None:
-            return "Choose a job to cancel."
-        job = services.cancel_job(chosen)
-    except (InvalidValue, JobNotFound) as exc:
-        return f"**Cannot cancel:** {exc}"
+            return f"Choose a job to {verb}."
+        job = action(chosen)
+    except (InvalidValue, JobNotFound, InvalidTransition) as exc:
+        return f"**Cannot {verb}:** {inert(exc)}"
     return f"Job **#{job.id}** is {job.status.value}."
+
+
+def cancel_job(services: Services, job_id: float | str | None) -> str:
+    """Cancel a job (a queued one at once, a running one at its next step)."""
+    return _act(services, job_id, "cancel", services.cancel_job)
+
+
+def resume_job(services: Services, job_id: float | str | None) -> str:
+    """Queue a failed or cancelled train job again, from its newest checkpoint."""
+    return _act(services, job_id, "resume", services.resume_job)
 
 
 def _version_values(m: VersionMetrics) -> dict[str, float | int | None]:
@@ -131,7 +151,7 @@ def _summary(job: JobInfo) -> str:
         f"attempts {job.attempts}",
     ]
     if job.error:
-        lines.append(f"**Error:** {job.error}")
+        lines.append(f"**Error:** {inert(job.error)}")
     return "\n\n".join(lines)
 
 
@@ -145,7 +165,7 @@ def job_page(services: Services, job_id: float | str | None) -> JobPage:
         job = services.repository.get_job(chosen)
         frames = version_frames(services.repository.version_metrics(job.id))
     except (InvalidValue, JobNotFound) as exc:
-        return (f"**{exc}**", {}, *empty)
+        return (f"**{inert(exc)}**", {}, *empty)
     return (_summary(job), job.config, *frames)
 
 

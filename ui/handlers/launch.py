@@ -1,25 +1,22 @@
 """Launch tab: choices for the form, and turning the form into an enqueued training job."""
 
-import re
+import os
 from pathlib import Path
 from typing import Any
 
-from core_engine.rl.config import GRPOConfig
-from core_engine.rl.data import DataError, load_jsonl
-from core_engine.rl.rewards import resolve_reward
-from core_engine.rl.tasks import BUILTIN_TASKS
 from db import InvalidValue
 from ui.files import find_checkpoints, find_jsonl, is_under, save_upload
 from ui.handlers.common import parse_number
+from ui.render import inert
 from ui.services import Services
-from workers.specs import DEMO_MODEL
+from workers import api
 
 TASK_SOURCE = "built-in task"
 JSONL_SOURCE = "JSONL file"
 TASK_DEFAULT_REWARD = "task default"
-BUILTIN_REWARDS = ("exact_match", "numeric_match")
 KV_STRATEGIES = ("paged", "contiguous")
 OUTPUT_DIR_PLACEHOLDER = "(chosen by the worker)"
+MAX_UPLOAD_BYTES = int(os.environ.get("RLWB_MAX_UPLOAD_MB") or 64) * 2**20
 
 
 class InvalidLaunch(ValueError):
@@ -32,7 +29,7 @@ class InvalidLaunch(ValueError):
 
 def model_choices(services: Services) -> list[tuple[str, str]]:
     """(label, value): the demo policy, then every checkpoint found under the model roots."""
-    return [("built-in demo policy", DEMO_MODEL)] + [
+    return [("built-in demo policy", api.DEMO_MODEL)] + [
         (str(path), str(path)) for path in find_checkpoints(services.model_roots)
     ]
 
@@ -44,24 +41,30 @@ def dataset_choices(services: Services) -> list[str]:
 
 
 def task_choices() -> list[tuple[str, str]]:
-    return [(f"{task.name}: {task.description}", task.name) for task in BUILTIN_TASKS.values()]
+    return [(f"{name}: {description}", name) for name, description in api.TASKS.items()]
 
 
 def reward_choices() -> list[str]:
-    return [TASK_DEFAULT_REWARD, *BUILTIN_REWARDS]
+    return [TASK_DEFAULT_REWARD, *api.REWARDS]
 
 
 def upload_dataset(services: Services, file: str | None) -> tuple[list[str], str | None, str]:
     """Keep an uploaded JSONL file in the data directory: (dataset choices, the stored path,
-    a message). An unreadable file is refused and not kept."""
+    a message). A file over `MAX_UPLOAD_BYTES` or unreadable is refused and not kept; the
+    upload itself is removed either way."""
     if not file:
         return dataset_choices(services), None, ""
+    upload = Path(file)
     try:
-        records = load_jsonl(file)
-    except (DataError, OSError, UnicodeDecodeError) as exc:
-        return dataset_choices(services), None, f"**Upload refused:** {exc}"
-    stored = save_upload(file, services.data_dir)
-    message = f"Stored {len(records)} records as `{stored}`."
+        if upload.stat().st_size > MAX_UPLOAD_BYTES:
+            raise api.SpecError(f"larger than {MAX_UPLOAD_BYTES // 2**20} MiB")
+        records = api.count_records(upload)
+        stored = save_upload(upload, services.data_dir)
+    except (api.SpecError, OSError) as exc:
+        return dataset_choices(services), None, f"**Upload refused:** {inert(exc)}"
+    finally:
+        upload.unlink(missing_ok=True)
+    message = f"Stored {records} records as {inert(stored)}."
     return dataset_choices(services), str(stored), message
 
 
@@ -88,7 +91,7 @@ def _number(
 def _check_model(services: Services, model: str | None, problems: list[str]) -> None:
     if not model:
         problems.append("model: choose the demo policy or a checkpoint")
-    elif model != DEMO_MODEL:
+    elif model != api.DEMO_MODEL:
         path = Path(model)
         if not is_under(path, services.model_roots):
             problems.append(f"model: {model} is not under a model root (RLWB_MODEL_ROOTS)")
@@ -100,8 +103,8 @@ def _check_data(
     services: Services, source: str, task: str | None, data: str | None, problems: list[str]
 ) -> dict[str, str]:
     if source == TASK_SOURCE:
-        if task not in BUILTIN_TASKS:
-            problems.append(f"task: choose one of {', '.join(BUILTIN_TASKS)}")
+        if task not in api.TASKS:
+            problems.append(f"task: choose one of {', '.join(api.TASKS)}")
             return {}
         return {"task": task}
     if not data:
@@ -112,9 +115,8 @@ def _check_data(
         problems.append(f"data: {data} is not under a model root or the data directory")
         return {}
     try:
-        if not load_jsonl(path):
-            problems.append(f"data: {data} has no records")
-    except (DataError, OSError, UnicodeDecodeError) as exc:
+        api.count_records(path)
+    except api.SpecError as exc:
         problems.append(f"data: {exc}")
     return {"data": str(path)}
 
@@ -124,8 +126,8 @@ def _check_reward(reward: str | None, problems: list[str]) -> str | None:
     if spec in ("", TASK_DEFAULT_REWARD):
         return None
     try:
-        resolve_reward(spec)
-    except (ValueError, re.error) as exc:  # re.error: a bad regex: pattern
+        api.check_reward(spec)  # syntax only: a registered name is checked by the worker
+    except api.SpecError as exc:
         problems.append(f"reward: {exc}")
     return spec
 
@@ -180,8 +182,8 @@ def train_config(
     config["kv_strategy"] = kv_strategy
     if not problems:
         try:
-            GRPOConfig.from_dict({**config, "output_dir": OUTPUT_DIR_PLACEHOLDER})
-        except ValueError as exc:
+            api.validate_job("train", {**config, "output_dir": OUTPUT_DIR_PLACEHOLDER})
+        except api.SpecError as exc:
             problems.extend(str(exc).removeprefix("invalid training config: ").split("; "))
     if problems:
         raise InvalidLaunch(problems)
@@ -195,9 +197,21 @@ def launch_job(services: Services, **form: Any) -> str:
         config = train_config(services, **form)
         job = services.submit_job("train", config)
     except InvalidLaunch as exc:
-        items = "\n".join(f"- {problem}" for problem in exc.problems)
+        items = "\n".join(f"- {inert(problem)}" for problem in exc.problems)
         return f"**Nothing was enqueued.** Fix these first:\n{items}"
     except ValueError as exc:
-        return f"**Nothing was enqueued:** {exc}"
+        return f"**Nothing was enqueued:** {inert(exc)}"
     source = config.get("task") or config.get("data")
-    return f"Job **#{job.id}** is {job.status.value}: train `{config['model']}` on `{source}`."
+    what = f"train {inert(config['model'])} on {inert(source)}"
+    message = f"Job **#{job.id}** is {job.status.value}: {what}."
+    return message + no_worker_warning(services)
+
+
+def no_worker_warning(services: Services) -> str:
+    """A warning to append when no worker is online to run queued jobs (else "")."""
+    if services.queue_overview().get("workers_online"):
+        return ""
+    return (
+        "\n\n**No worker is online:** the job waits in the queue until one starts "
+        "(`rlwb worker`, or the `worker` service of `docker compose up`)."
+    )

@@ -1,28 +1,19 @@
-"""Playground tab: chat with a saved version of a job through our own engine.
-
-The engine comes from the worker's warm cache (`workers.engines`), imported lazily so the UI
-starts without torch; a checkpoint is checked against its recorded checksum once per process.
+"""Playground tab: chat with a saved version of a job. A worker of the ``interactive`` queue
+generates the reply (`workers.api.chat`): the UI process loads no model and no torch.
 """
 
-import threading
-from html import escape
 from pathlib import Path
 from typing import Any
 
 from db import InvalidValue, NotFound
 from ui.handlers.common import parse_id, parse_number
-from ui.render import fmt, token_spans
+from ui.render import fmt, inert, token_spans
 from ui.services import Services
 from ui.tokens import token_texts
-
-MAX_TOKENS_LIMIT = 1024
-MAX_TEMPERATURE = 10.0
+from workers.api import CHAT_MAX_TEMPERATURE, CHAT_MAX_TOKENS
 
 Message = dict[str, str]
 Reply = tuple[list[Message], str, str, str]  # history, coloured tokens, facts, message box
-
-_verified: set[tuple[str, int, str]] = set()
-_verify_lock = threading.Lock()
 
 
 class PlaygroundError(ValueError):
@@ -33,11 +24,11 @@ def _settings(
     temperature: float | str | None, max_tokens: float | str | None, seed: float | str | None
 ) -> tuple[float, int, int | None]:
     value = parse_number(temperature, "temperature")
-    if value is None or not 0 <= value <= MAX_TEMPERATURE:
-        raise PlaygroundError(f"temperature must be between 0 and {MAX_TEMPERATURE:g}")
+    if value is None or not 0 <= value <= CHAT_MAX_TEMPERATURE:
+        raise PlaygroundError(f"temperature must be between 0 and {CHAT_MAX_TEMPERATURE:g}")
     tokens = parse_number(max_tokens, "max tokens")
-    if tokens is None or tokens != int(tokens) or not 1 <= tokens <= MAX_TOKENS_LIMIT:
-        raise PlaygroundError(f"max tokens must be a whole number from 1 to {MAX_TOKENS_LIMIT}")
+    if tokens is None or tokens != int(tokens) or not 1 <= tokens <= CHAT_MAX_TOKENS:
+        raise PlaygroundError(f"max tokens must be a whole number from 1 to {CHAT_MAX_TOKENS}")
     return value, int(tokens), parse_id(seed, "seed")
 
 
@@ -52,45 +43,6 @@ def _history(history: list[Any] | None) -> list[Message]:
         if role in ("user", "assistant") and isinstance(content, str):
             turns.append({"role": role, "content": content})
     return turns
-
-
-def load_engine(services: Services, job_id: int, version: int) -> tuple[Any, str]:
-    """The warm engine of a job's saved version and its checkpoint directory, checked
-    against the recorded checksum (the first time in this process)."""
-    from core_engine.weights import canonical_weights, weights_checksum
-    from workers.engines import engine_cache
-    from workers.settings import Settings
-
-    info = next(
-        (v for v in services.repository.list_versions(job_id) if v.version == version), None
-    )
-    if info is None:
-        raise PlaygroundError(f"job {job_id} has no saved version {version}")
-    if info.checkpoint_path is None:
-        raise PlaygroundError(f"job {job_id} version {version} has no checkpoint")
-    if not Path(info.checkpoint_path).is_dir():
-        raise PlaygroundError(f"the checkpoint {info.checkpoint_path} is missing")
-    worker = Settings.from_env()
-    engine = engine_cache(worker.engine_cache_size, worker.device).get(
-        info.checkpoint_path, version
-    )
-    if info.weights_checksum is not None:
-        key = (str(Path(info.checkpoint_path).resolve()), version, info.weights_checksum)
-        with _verify_lock:
-            if key not in _verified:
-                if weights_checksum(canonical_weights(engine.model)) != info.weights_checksum:
-                    raise PlaygroundError(
-                        f"the checkpoint of version {version} ({info.checkpoint_path}) does "
-                        "not match its recorded checksum"
-                    )
-                _verified.add(key)
-    return engine, info.checkpoint_path
-
-
-def prompt_ids(tokenizer: Any, messages: list[Message]) -> list[int]:
-    """The chat rendered with the checkpoint's template, then encoded (as rollouts do)."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def send(
@@ -115,41 +67,34 @@ def send(
             raise PlaygroundError("choose a job and one of its saved versions")
         if not message or not message.strip():
             raise PlaygroundError("type a message")
-        params = _settings(temperature, max_tokens, seed)
-        engine, checkpoint = load_engine(services, job, chosen)
+        temp, tokens, seed_value = _settings(temperature, max_tokens, seed)
         messages = [{"role": "system", "content": system}] if system and system.strip() else []
         messages += [*turns, {"role": "user", "content": message}]
-        try:
-            ids = prompt_ids(engine.tokenizer, messages)
-        except Exception as exc:  # no template, or it rejects these messages
-            raise PlaygroundError(f"cannot apply the chat template: {exc}") from exc
-        from core_engine.task import SamplingParams
-
-        temp, tokens, seed_value = params
-        sampling = SamplingParams(max_tokens=tokens, temperature=temp, seed=seed_value)
-        result = engine.run_batch([ids], sampling)[0]
+        result = services.chat(job, chosen, messages, temp, tokens, seed_value)
+        if "problem" in result:
+            raise PlaygroundError(result["problem"])
     except (InvalidValue, NotFound, PlaygroundError) as exc:
-        return turns, "", f"**{escape(str(exc), quote=False)}**", message or ""
-    except Exception as exc:  # a checkpoint that will not load: say so, keep the UI up
-        return turns, "", f"**Could not generate:** {escape(str(exc), quote=False)}", message or ""
-    reply = result.text or ""
+        return turns, "", f"**{inert(exc)}**", message or ""
+    except Exception as exc:  # the queue is unreachable: say so, keep the UI up
+        return turns, "", f"**Could not generate:** {inert(exc)}", message or ""
+    reply = result["text"]
     turns = [*turns, {"role": "user", "content": message}, {"role": "assistant", "content": reply}]
-    texts = token_texts(result.output_ids, [Path(checkpoint)])
+    ids, logprobs = result["output_ids"], result["output_logprobs"]
+    texts = token_texts(ids, [Path(result["checkpoint"])])
     coloured = (
         f'<div style="white-space:pre-wrap;font-family:ui-monospace,monospace;line-height:1.9">'
-        f"{token_spans(result.output_ids, result.output_logprobs, texts)}</div>"
+        f"{token_spans(ids, logprobs, texts)}</div>"
     )
     facts = [
-        f"policy version **{result.policy_version}**",
-        f"finish **{result.finish_reason.value}**",
-        f"{len(ids)} prompt tokens, {len(result.output_ids)} response tokens",
+        f"policy version **{result['policy_version']}**",
+        f"finish **{result['finish_reason']}**",
+        f"{result['prompt_tokens']} prompt tokens, {len(ids)} response tokens",
     ]
-    if result.output_logprobs:
-        facts.append(f"mean log-prob {fmt(sum(result.output_logprobs) / len(result.output_ids))}")
-    if result.error is not None:
-        facts.append(
-            f"error `{result.error.code.value}`: {escape(result.error.message, quote=False)}"
-        )
+    if logprobs:
+        facts.append(f"mean log-prob {fmt(sum(logprobs) / len(ids))}")
+    if result["error"] is not None:
+        error = result["error"]
+        facts.append(f"error {inert(error['code'])}: {inert(error['message'])}")
     return turns, coloured, " · ".join(facts), ""
 
 
@@ -159,7 +104,8 @@ def clear() -> Reply:
 
 
 def saved_versions(services: Services, job_id: float | str | None) -> list[int]:
-    """The job's versions that have a checkpoint to chat with."""
+    """The job's versions that were saved with a checkpoint (chatting with one whose weights
+    were not kept says so)."""
     try:
         chosen = parse_id(job_id, "job")
         versions = [] if chosen is None else services.repository.list_versions(chosen)

@@ -4,6 +4,7 @@ from typing import Any
 
 import pandas as pd
 
+from ui.render import inert
 from ui.services import Services
 
 TASK_COLUMNS = ["worker", "task_id", "name", "args"]
@@ -24,7 +25,7 @@ def queue_view(services: Services) -> QueueView:
         overview = services.queue_overview()
     except Exception as exc:  # the broker is down or unreachable: say so, keep the page up
         empty = _tasks([])
-        message = f"**Queue unreachable:** {type(exc).__name__}: {exc}"
+        message = f"**Queue unreachable:** {type(exc).__name__}: {inert(exc)}"
         return message, pd.DataFrame(columns=["worker"]), empty, empty, ""
     workers = overview.get("workers", [])
     active, reserved = overview.get("active", []), overview.get("reserved", [])

@@ -5,7 +5,6 @@ from functools import partial
 import gradio as gr
 import pandas as pd
 
-from core_engine.rl.tasks import BUILTIN_TASKS
 from ui.handlers.compare import (
     METRIC_COLUMNS,
     compare_versions,
@@ -14,6 +13,7 @@ from ui.handlers.compare import (
 )
 from ui.services import Services
 from ui.tabs.common import job_picker, refresh_jobs
+from workers import api
 
 
 def _versions(services: Services, job_id: int | None) -> tuple[dict, dict]:
@@ -43,7 +43,7 @@ def build(services: Services, tab: gr.Tab) -> None:
     side_by_side = gr.HTML(elem_id="compare-pairs")
     with gr.Accordion("Compare on held-out prompts (launches a compare job)", open=False):
         with gr.Row():
-            task = gr.Dropdown(list(BUILTIN_TASKS), value="addition", label="Task")
+            task = gr.Dropdown(list(api.TASKS), value="addition", label="Task")
             num_prompts = gr.Number(64, label="Prompts", precision=0)
             seed = gr.Number(1, label="Held-out seed", precision=0)
             max_tokens = gr.Number(16, label="Max tokens", precision=0)

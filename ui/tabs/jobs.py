@@ -1,10 +1,17 @@
-"""Jobs tab: the live job table, cancel, and a job's page with plots over versions."""
+"""Jobs tab: the live job table, cancel, resume, and a job's page with plots over versions."""
 
 from functools import partial
 
 import gradio as gr
 
-from ui.handlers.jobs import batches_table, cancel_job, job_batches, job_page, jobs_table
+from ui.handlers.jobs import (
+    batches_table,
+    cancel_job,
+    job_batches,
+    job_page,
+    jobs_table,
+    resume_job,
+)
 from ui.services import Services
 from ui.tabs.common import first_cell
 
@@ -33,6 +40,7 @@ def build(services: Services) -> None:
         with gr.Column(min_width=120):
             open_job = gr.Button("Open", size="sm", elem_id="job-open")
             cancel = gr.Button("Cancel job", variant="stop", size="sm", elem_id="job-cancel")
+            resume = gr.Button("Resume", size="sm", elem_id="job-resume")
         refresh = gr.Button("Refresh table", size="sm", min_width=120)
         message = gr.Markdown(elem_id="job-message")
     summary = gr.Markdown(elem_id="job-summary")
@@ -65,4 +73,7 @@ def build(services: Services) -> None:
     )
     cancel.click(partial(cancel_job, services), job_id, message, api_name="cancel").then(
         refresh_table, None, table, api_name="jobs_after_cancel"
+    )
+    resume.click(partial(resume_job, services), job_id, message, api_name="resume").then(
+        refresh_table, None, table, api_name="jobs_after_resume"
     )

@@ -17,7 +17,7 @@ from ui.handlers.launch import (
     upload_dataset,
 )
 from ui.services import Services
-from workers.specs import DEMO_MODEL
+from workers import api
 
 
 def _show_source(source: str) -> tuple[dict, dict]:
@@ -30,7 +30,7 @@ def build(services: Services) -> None:
         with gr.Column(scale=3):
             model = gr.Dropdown(
                 model_choices(services),
-                value=DEMO_MODEL,
+                value=api.DEMO_MODEL,
                 allow_custom_value=True,  # API callers may name any checkpoint under a root
                 label="Model",
                 info="the built-in demo policy, or a checkpoint under RLWB_MODEL_ROOTS",
@@ -57,7 +57,7 @@ def build(services: Services) -> None:
                 value=TASK_DEFAULT_REWARD,
                 allow_custom_value=True,
                 label="Reward",
-                info="exact_match, numeric_match, regex:<pattern> or module:function",
+                info="exact_match, numeric_match, regex:<RE2 pattern> or a worker-registered name",
                 elem_id="launch-reward",
             )
         with gr.Column(scale=2):

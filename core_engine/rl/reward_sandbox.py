@@ -1,0 +1,106 @@
+"""Operator-registered reward functions, scored in a child process with a time limit.
+
+The child (``python -m core_engine.rl.reward_sandbox module:function``) imports the function
+once and answers one JSON line per batch. A batch that takes longer than the limit kills the
+child (the next batch starts a fresh one) and raises `RewardError` with ``reward_timeout``, so
+a slow or stuck reward never blocks the worker (cancel, shutdown, broker replies).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import select
+import subprocess
+import sys
+import weakref
+from collections.abc import Sequence
+
+
+class RewardError(RuntimeError):
+    """The reward function failed or returned unusable values (the batch is rejected)."""
+
+
+class SandboxedReward:
+    """A reward function ``module:function`` that runs in a child process."""
+
+    def __init__(self, target: str, timeout: float) -> None:
+        self.target = target
+        self.timeout = timeout
+        self._child: subprocess.Popen | None = None
+
+    def __repr__(self) -> str:
+        return f"SandboxedReward({self.target!r}, timeout={self.timeout})"
+
+    def _start(self) -> subprocess.Popen:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        child = subprocess.Popen(
+            [sys.executable, "-m", __name__, self.target],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        weakref.finalize(self, _kill, child)
+        return child
+
+    def close(self) -> None:
+        if self._child is not None:
+            _kill(self._child)
+            self._child = None
+
+    def __call__(
+        self, completions: Sequence[str], references: Sequence[str], prompts: Sequence[str]
+    ) -> list[float]:
+        if self._child is None or self._child.poll() is not None:
+            self._child = self._start()
+        request = {"completions": list(completions), "references": list(references)}
+        request["prompts"] = list(prompts)
+        try:
+            self._child.stdin.write(json.dumps(request).encode() + b"\n")
+            self._child.stdin.flush()
+            ready, _, _ = select.select([self._child.stdout], [], [], self.timeout)
+            line = self._child.stdout.readline() if ready else None
+        except (BrokenPipeError, OSError) as exc:
+            self.close()
+            raise RewardError(f"reward {self.target} stopped: {exc}") from None
+        if line is None:
+            self.close()
+            raise RewardError(
+                f"reward_timeout: reward {self.target} took longer than {self.timeout:g} s"
+            )
+        if not line:
+            self.close()
+            raise RewardError(f"reward {self.target} exited (import or crash; see worker log)")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RewardError(f"reward function raised {reply['error']}")
+        return reply["scores"]
+
+
+def _kill(child: subprocess.Popen) -> None:
+    if child.poll() is None:
+        child.kill()
+        child.wait()
+
+
+def _serve(target: str) -> None:
+    """The child: answer one JSON line per request on the original stdout; anything the
+    function prints goes to stderr."""
+    protocol = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    module_name, _, attr = target.partition(":")
+    fn = getattr(importlib.import_module(module_name), attr)
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            values = fn(request["completions"], request["references"], request["prompts"])
+            reply = {"scores": [float(v) for v in values]}
+        except Exception as exc:
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        protocol.write(json.dumps(reply) + "\n")
+        protocol.flush()
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1])

@@ -1,0 +1,29 @@
+"""The Playground asks a real interactive worker (Redis): the reply comes from the version's
+checked weights, bounds are checked again there, and a version whose weights were not kept
+says so."""
+
+import shutil
+
+from db import JobStatus
+from tests.workers.helpers import train_config, wait_for
+
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+def test_chat_goes_to_the_interactive_worker(stack, tiny_model):
+    [job] = stack.submit(train_config(tiny_model, steps=2))
+    with stack.worker("gpu0"):
+        wait_for(lambda: stack.status(job).is_terminal, 120, "the job")
+    assert stack.status(job) is JobStatus.SUCCEEDED
+
+    with stack.worker("chat0", "--interactive"):
+        reply = stack.api(f"api.chat({job}, 2, {HELLO!r}, 0.0, 4, 0)")
+        assert reply["policy_version"] == 2 and len(reply["output_ids"]) >= 1
+        assert reply["finish_reason"] in ("stop", "length") and reply["prompt_tokens"] > 0
+        too_long = stack.api(f"api.chat({job}, 2, {HELLO!r}, 0.0, 5000, 0)")
+        assert "max tokens must be a whole number" in too_long["problem"]
+        shutil.rmtree(stack.repo.latest_version(job).checkpoint_path)
+        gone = stack.api(f"api.chat({job}, 2, {HELLO!r}, 0.0, 4, 0)")
+        assert "weights not kept" in gone["problem"]
+    assert "Task workers.chat[" in stack.log("chat0")
+    assert "Task workers.chat[" not in stack.log("gpu0")

@@ -1,0 +1,117 @@
+"""One Playground turn, run by a worker on the ``interactive`` queue (the UI process never
+loads a model): the chosen saved version of a job answers a chat, after its weights were
+checked against the checksum recorded for that version. Every input is re-checked here.
+
+Returns plain JSON: the reply, or ``{"problem": ...}`` for anything the user can fix or must
+know (e.g. "weights not kept" when a version's checkpoint was not retained).
+"""
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from db import PolicyVersionInfo, Repository
+from workers.settings import Settings
+
+MAX_TOKENS_LIMIT = 1024
+MAX_TEMPERATURE = 10.0
+MAX_CHAT_CHARS = 32_000
+WEIGHTS_NOT_KEPT = "weights not kept"
+
+_verified: set[tuple[str, int, str]] = set()
+_verify_lock = threading.Lock()
+
+
+class ChatProblem(ValueError):
+    """Why a turn cannot be answered (shown to the user)."""
+
+
+def check_request(messages: Any, temperature: Any, max_tokens: Any, seed: Any) -> None:
+    """The bounds the UI checks, checked again where the model runs."""
+    if not isinstance(messages, list) or not messages:
+        raise ChatProblem("messages: a non-empty list is required")
+    for m in messages:
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
+            raise ChatProblem("messages: each needs a role of system, user or assistant")
+        if not isinstance(m.get("content"), str):
+            raise ChatProblem("messages: each needs a text content")
+    if sum(len(m["content"]) for m in messages) > MAX_CHAT_CHARS:
+        raise ChatProblem(f"the chat is longer than {MAX_CHAT_CHARS} characters: clear it")
+    if not isinstance(temperature, int | float) or not 0 <= temperature <= MAX_TEMPERATURE:
+        raise ChatProblem(f"temperature must be between 0 and {MAX_TEMPERATURE:g}")
+    if not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
+        raise ChatProblem(f"max tokens must be a whole number from 1 to {MAX_TOKENS_LIMIT}")
+    if seed is not None and not isinstance(seed, int):
+        raise ChatProblem("seed must be a whole number")
+
+
+def saved_version(repo: Repository, job_id: int, version: int) -> PolicyVersionInfo:
+    """The version's record, if its weights are still on disk."""
+    info = next((v for v in repo.list_versions(job_id) if v.version == version), None)
+    if info is None:
+        raise ChatProblem(f"job {job_id} has no saved version {version}")
+    if info.checkpoint_path is None or not Path(info.checkpoint_path).is_dir():
+        raise ChatProblem(f"job {job_id} version {version}: {WEIGHTS_NOT_KEPT}")
+    return info
+
+
+def verified_engine(info: PolicyVersionInfo, settings: Settings) -> Any:
+    """The warm engine of a saved version whose weights match the recorded checksum (checked
+    once per process)."""
+    from core_engine.weights import model_checksum
+    from workers.engines import engine_cache
+
+    engine = engine_cache(settings.engine_cache_size, settings.device).get(
+        info.checkpoint_path, info.version
+    )
+    if info.weights_checksum is not None:
+        key = (str(Path(info.checkpoint_path).resolve()), info.version, info.weights_checksum)
+        with _verify_lock:
+            if key not in _verified:
+                if model_checksum(engine.model) != info.weights_checksum:
+                    raise ChatProblem(
+                        f"the checkpoint of version {info.version} ({info.checkpoint_path}) "
+                        "does not match its recorded checksum"
+                    )
+                _verified.add(key)
+    return engine
+
+
+def chat_reply(
+    repo: Repository,
+    settings: Settings,
+    job_id: int,
+    version: int,
+    messages: list[dict[str, str]],
+    temperature: float,
+    max_tokens: int,
+    seed: int | None,
+) -> dict[str, Any]:
+    """The version's reply to ``messages`` (rendered with the checkpoint's chat template)."""
+    from core_engine.prompts import encode_prompt, render_prompt
+    from core_engine.task import SamplingParams
+
+    try:
+        check_request(messages, temperature, max_tokens, seed)
+        info = saved_version(repo, job_id, version)
+        engine = verified_engine(info, settings)
+        try:
+            text = render_prompt(engine.tokenizer, messages)
+        except Exception as exc:  # no template, or it rejects these messages
+            raise ChatProblem(f"cannot apply the chat template: {exc}") from exc
+        ids = encode_prompt(engine.tokenizer, text)
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
+        result = engine.run_batch([ids], params)[0]
+    except ChatProblem as exc:
+        return {"problem": str(exc)}
+    error = result.error
+    return {
+        "text": result.text or "",
+        "output_ids": list(result.output_ids),
+        "output_logprobs": list(result.output_logprobs),
+        "finish_reason": result.finish_reason.value,
+        "error": None if error is None else {"code": error.code.value, "message": error.message},
+        "policy_version": result.policy_version,
+        "prompt_tokens": len(ids),
+        "checkpoint": info.checkpoint_path,
+    }

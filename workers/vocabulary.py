@@ -1,0 +1,52 @@
+"""The job vocabulary the UI and the CLI offer, and checks of user input that import no user
+code and no torch (re-exported by `workers.api`, the UI's one door)."""
+
+from pathlib import Path
+from typing import Any
+
+from core_engine.rl.data import DataError, load_jsonl
+from core_engine.rl.rewards import BUILTIN_REWARDS, check_reward_spec
+from core_engine.rl.tasks import BUILTIN_TASKS
+from db import JobKind
+from workers.chat import MAX_TEMPERATURE as CHAT_MAX_TEMPERATURE
+from workers.chat import MAX_TOKENS_LIMIT as CHAT_MAX_TOKENS
+from workers.limits import check_sizes
+from workers.specs import DEMO_MODEL, SpecError, validate
+
+__all__ = [
+    "CHAT_MAX_TEMPERATURE",
+    "CHAT_MAX_TOKENS",
+    "DEMO_MODEL",
+    "REWARDS",
+    "TASKS",
+    "check_reward",
+    "count_records",
+    "validate_job",
+]
+
+TASKS: dict[str, str] = {name: task.description for name, task in BUILTIN_TASKS.items()}
+REWARDS: tuple[str, ...] = tuple(BUILTIN_REWARDS)
+
+
+def check_reward(spec: str) -> None:
+    """The reward spec's syntax (`SpecError`); a registered name is checked on the worker."""
+    try:
+        check_reward_spec(spec)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def count_records(path: str | Path) -> int:
+    """How many prompt records a JSONL file holds (`SpecError` if it is unusable)."""
+    try:
+        return len(load_jsonl(path))
+    except (DataError, OSError, UnicodeDecodeError) as exc:
+        raise SpecError(str(exc)) from None
+
+
+def validate_job(kind: JobKind | str, config: dict[str, Any]) -> int | None:
+    """Check a job config and its sizes as the worker will (`SpecError`); returns its
+    total steps."""
+    total_steps = validate(kind, config)
+    check_sizes(kind, config)
+    return total_steps
