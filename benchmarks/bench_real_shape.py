@@ -69,11 +69,12 @@ def run_job(root: Path, model: Path) -> dict:
         **os.environ,
         "DATABASE_URL": f"sqlite:///{root / 'rlwb.db'}",
         "RLWB_DATA_DIR": str(root / "data"),
+        "RLWB_MODEL_ROOTS": str(model.parent),
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": str(ROOT),
     }
     env.pop("REDIS_URL", None)
-    os.environ.update({k: env[k] for k in ("DATABASE_URL", "RLWB_DATA_DIR")})
+    os.environ.update({k: env[k] for k in ("DATABASE_URL", "RLWB_DATA_DIR", "RLWB_MODEL_ROOTS")})
     from db import Repository, upgrade
     from workers import api
 
