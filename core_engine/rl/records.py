@@ -48,10 +48,6 @@ class StepRecord:
     def status(self) -> str:
         return "accepted" if self.version is not None else "rejected"
 
-    @property
-    def rollout_version(self) -> int | None:
-        return None if self.rollout is None else self.rollout.policy_version
-
 
 @dataclass
 class TrainerHooks:
