@@ -31,6 +31,53 @@ class AttentionMetadata:
         return self.decode_mask is not None
 
 
+@dataclass(frozen=True)
+class PackedLayout:
+    """Sequences packed back to back, grouped by length: `order` lists the tokens group by
+    group (each group's sequences one after another), `groups` gives (sequences, length) per
+    group, and `inverse` restores packed order. A GRPO step has few distinct lengths (a group
+    shares its prompt), so attention runs as a few batched calls instead of one per sequence."""
+
+    order: torch.Tensor
+    inverse: torch.Tensor
+    groups: list[tuple[int, int]]
+
+    @classmethod
+    def from_lengths(cls, seq_lens: list[int], device: torch.device) -> PackedLayout:
+        starts: dict[int, list[int]] = {}
+        offset = 0
+        for length in seq_lens:
+            starts.setdefault(length, []).append(offset)
+            offset += length
+        order = torch.cat(
+            [
+                (torch.tensor(s)[:, None] + torch.arange(length)).reshape(-1)
+                for length, s in starts.items()
+            ]
+        ).to(device)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(len(order), device=device)
+        return cls(order, inverse, [(len(s), length) for length, s in starts.items()])
+
+
+def packed_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: PackedLayout, scale: float
+) -> torch.Tensor:
+    """Causal attention within each packed sequence, none across: q [T, H, D], k and v
+    [T, KVH, D] -> [T, H, D]. One fused (flash) call per length group, so no [T, T] scores;
+    gathers, splits and concatenations have single-node backwards (no per-sequence slices)."""
+    sizes = [n * length for n, length in layout.groups]
+    parts = [t.index_select(0, layout.order).split(sizes) for t in (q, k, v)]
+    outputs = []
+    for (n, length), qi, ki, vi in zip(layout.groups, *parts, strict=True):
+        qi, ki, vi = (t.view(n, length, *t.shape[1:]).transpose(1, 2) for t in (qi, ki, vi))
+        out = F.scaled_dot_product_attention(
+            qi, ki, vi, is_causal=True, scale=scale, enable_gqa=True
+        )
+        outputs.append(out.transpose(1, 2).reshape(n * length, *q.shape[1:]))
+    return torch.cat(outputs).index_select(0, layout.inverse)
+
+
 def gather_slots(cache: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """`cache[index]` for an index of any shape; `index_select` is several times faster than
     advanced indexing on CPU (the same copy)."""

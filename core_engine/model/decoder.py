@@ -12,7 +12,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from core_engine.model.attention import AttentionMetadata, paged_attention
+from core_engine.model.attention import (
+    AttentionMetadata,
+    PackedLayout,
+    packed_attention,
+    paged_attention,
+)
 from core_engine.model.config import ModelConfig
 
 
@@ -74,28 +79,12 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).flatten(-2))
 
     def forward_packed(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, seq_lens: list[int]
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: PackedLayout
     ) -> torch.Tensor:
         """Causal attention within each of the sequences packed back to back in x: [T, hidden]
         (no padding; no token attends across a sequence boundary)."""
-        # [1, heads, T, D]: 4-D inputs take the fused (flash) kernel, also on the CPU, so no
-        # [T, T] score matrix is ever held.
-        q, k, v = (t.transpose(0, 1)[None] for t in self._qkv(x, cos, sin))
-        outs, start = [], 0
-        for length in seq_lens:
-            span = slice(start, start + length)
-            outs.append(
-                F.scaled_dot_product_attention(
-                    q[:, :, span],
-                    k[:, :, span],
-                    v[:, :, span],
-                    is_causal=True,
-                    scale=self.scale,
-                    enable_gqa=True,
-                )
-            )
-            start += length
-        return self.o_proj(torch.cat(outs, dim=2)[0].transpose(0, 1).flatten(-2))
+        q, k, v = self._qkv(x, cos, sin)
+        return self.o_proj(packed_attention(q, k, v, layout, self.scale).flatten(-2))
 
     def forward_engine(
         self,
@@ -131,12 +120,12 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, kv=None, meta=None, seq_lens=None) -> torch.Tensor:
+    def forward(self, x, cos, sin, kv=None, meta=None, layout=None) -> torch.Tensor:
         h = self.input_layernorm(x)
         if meta is not None:
             h = self.self_attn.forward_engine(h, cos, sin, kv, meta)
-        elif seq_lens is not None:
-            h = self.self_attn.forward_packed(h, cos, sin, seq_lens)
+        elif layout is not None:
+            h = self.self_attn.forward_packed(h, cos, sin, layout)
         else:
             h = self.self_attn(h, cos, sin)
         x = x + h
@@ -207,11 +196,12 @@ class CausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         positions = torch.cat([torch.arange(n, device=input_ids.device) for n in seq_lens])
         cos, sin = self._rope(positions, x.dtype)
+        layout = PackedLayout.from_lengths(seq_lens, input_ids.device)
         for layer in self.model.layers:
             if checkpointing and torch.is_grad_enabled():
-                x = checkpoint(layer, x, cos, sin, None, None, seq_lens, use_reentrant=False)
+                x = checkpoint(layer, x, cos, sin, None, None, layout, use_reentrant=False)
             else:
-                x = layer(x, cos, sin, seq_lens=seq_lens)
+                x = layer(x, cos, sin, layout=layout)
         return self.model.norm(x)
 
     def forward_engine(

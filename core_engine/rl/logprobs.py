@@ -45,8 +45,8 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
             grad_logits.mul_(grad_out[rows, None] / ctx.temperature)
             if grad_hidden is not None:
                 grad_hidden[rows] = (grad_logits @ weight.float()).to(hidden.dtype)
-            if grad_weight is not None:
-                grad_weight.add_((grad_logits.T @ h.float()).to(weight.dtype))
+            if grad_weight is not None:  # accumulated in place: no second [vocab, hidden]
+                grad_weight.addmm_(grad_logits.T.to(weight.dtype), h.to(weight.dtype))
         return grad_hidden, grad_weight, None, None, None
 
 

@@ -48,6 +48,7 @@ from core_engine.rl.update import (
     TrainSample,
     UpdateResult,
     accumulate_gradients,
+    build_optimizer,
 )
 from core_engine.task import SamplingParams
 from core_engine.weights import canonical_weights, update_digest, weights_checksum
@@ -87,9 +88,7 @@ class GRPOTrainer:
         self.reference = (
             load_model(config.model, torch.float32, self.device).eval() if config.kl_coef else None
         )
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay
-        )
+        self.optimizer = build_optimizer(self.model, config.lr, config.weight_decay)
         if resume:
             load_optimizer_state(self.optimizer, resume)
         self.engine = colocated_engine(

@@ -251,3 +251,28 @@ def test_a_kv_budget_that_cannot_hold_one_request_fails_at_job_start(checkpoint,
         make_trainer(checkpoint, tmp_path, kv_cache_bytes=1024)
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
         GRPOConfig(model="m", output_dir="o", task="addition", gpu_memory_utilization=1.5)
+
+
+def test_packed_gradients_equal_hugging_face_per_sequence_sums():
+    """Sequences of equal and of different lengths, interleaved, packed into one forward:
+    attention is batched by length, so grouping and restoring the order must be exact."""
+    ours, hf = make_pair("llama", seed=8, vocab_size=VOCAB)
+    ours.train()
+    gen = torch.Generator().manual_seed(8)
+    shapes = [(3, 4), (5, 2), (3, 4), (2, 1), (5, 2), (4, 6), (3, 4)]
+    prompts = [torch.randint(1, VOCAB, (p,), generator=gen).tolist() for p, _ in shapes]
+    responses = [torch.randint(1, VOCAB, (r,), generator=gen).tolist() for _, r in shapes]
+    weights = torch.randn(sum(r for _, r in shapes), generator=gen)
+    rows = packed_response_logprobs(ours, prompts, responses, 0.9, chunk_rows=3)
+    (torch.cat(rows) * weights).sum().backward()
+    expected = []
+    for prompt, response in zip(prompts, responses, strict=True):
+        logits = hf(torch.tensor([prompt + response])).logits[0].float() / 0.9
+        logp = logits.log_softmax(-1)[len(prompt) - 1 : -1]
+        expected.append(logp.gather(-1, torch.tensor(response)[:, None])[:, 0])
+    expected = torch.cat(expected)
+    (expected * weights).sum().backward()
+    assert torch.allclose(torch.cat(rows), expected.detach(), atol=1e-5)
+    hf_params = dict(hf.named_parameters())
+    for name, param in ours.named_parameters():
+        assert torch.allclose(param.grad, hf_params[name].grad, atol=1e-5), name
