@@ -45,6 +45,7 @@ JOB = dict(
     drop_zero_variance_groups=False,  # random weights: every group has reward 0
     logit_chunk_rows=64,
     max_tokens_per_micro_batch=512,
+    gradient_checkpointing=True,  # activations of one layer at a time
 )
 TARGET_GB = 8.0
 

@@ -26,8 +26,9 @@ def build_model(
 ) -> CausalLM:
     """A randomly initialised decoder for a `transformers` config object."""
     cfg = ModelConfig.from_hf(hf_config)
-    model = CausalLM(cfg)
-    return model.to(device=device, dtype=dtype or default_dtype(device)).eval()
+    model = CausalLM(cfg).to(device=device, dtype=dtype or default_dtype(device))
+    model.tie_weights()  # a move that makes new parameters (e.g. to "meta") unties them
+    return model.eval()
 
 
 def load_state(model: CausalLM, state: dict[str, torch.Tensor]) -> None:
