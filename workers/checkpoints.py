@@ -11,32 +11,13 @@ those steps with the same seeds, so a retried step replaces them instead of addi
 import shutil
 from pathlib import Path
 
-from core_engine.rl.checkpoint import checkpoint_dir, read_trainer_state
+from core_engine.atomic_dir import recover
+from core_engine.rl.checkpoint import checkpoint_dir, is_complete, list_checkpoints
 from db import Repository
 
 
 class ResumeError(RuntimeError):
     """The output directory does not match the job's recorded versions."""
-
-
-def _finish_interrupted_saves(root: Path) -> None:
-    """A complete ``version-N.tmp`` whose final directory is gone was interrupted between
-    the two steps of its rename: finish it. Any other temporary directory is dropped."""
-    for tmp in root.glob("version-*.tmp"):
-        final = tmp.with_name(tmp.name.removesuffix(".tmp"))
-        if not final.exists() and (tmp / "trainer_state.json").is_file():
-            tmp.rename(final)
-        else:
-            shutil.rmtree(tmp)
-
-
-def _checkpoints(root: Path) -> list[tuple[int, Path]]:
-    found = [
-        (read_trainer_state(path)["version"], path)
-        for path in root.glob("version-*")
-        if not path.name.endswith(".tmp") and (path / "trainer_state.json").is_file()
-    ]
-    return sorted(found)
 
 
 def reconcile(repo: Repository, job_id: int, root: str | Path, fence: int) -> int | None:
@@ -46,8 +27,8 @@ def reconcile(repo: Repository, job_id: int, root: str | Path, fence: int) -> in
     root = Path(root)
     checkpoints = []
     if root.is_dir():
-        _finish_interrupted_saves(root)
-        checkpoints = _checkpoints(root)
+        recover(root, is_complete)
+        checkpoints = list_checkpoints(root)
     latest = repo.latest_version(job_id)
     if latest is None:
         if checkpoints:
@@ -61,6 +42,6 @@ def reconcile(repo: Repository, job_id: int, root: str | Path, fence: int) -> in
         if version > latest.version:
             shutil.rmtree(path)
     known = latest.version
-    if known and not (checkpoint_dir(root, known) / "trainer_state.json").is_file():
+    if known and not is_complete(checkpoint_dir(root, known)):
         raise ResumeError(f"the checkpoint of recorded version {known} is missing from {root}")
     return known

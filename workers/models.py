@@ -1,9 +1,8 @@
 """Model choices: a local checkpoint directory, or the built-in demo policy (built on first use)."""
 
 import fcntl
-import shutil
-from pathlib import Path
 
+from core_engine.rl.demo_policy import build_demo_policy
 from workers.settings import Settings
 from workers.specs import DEMO_MODEL
 
@@ -16,25 +15,4 @@ def resolve_model(model: str, settings: Settings) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time, across workers
-        return str(_build_demo(path))
-
-
-def _build_demo(path: Path) -> Path:
-    """The addition demo policy if `core_engine.rl.demo_policy` exists, else a tiny random
-    checkpoint (a model that runs, but learns nothing in a demo)."""
-    try:
-        from core_engine.rl.demo_policy import build_demo_policy
-    except ImportError:
-        return _tiny_random(path)
-    return Path(build_demo_policy(path))
-
-
-def _tiny_random(path: Path) -> Path:
-    from core_engine.toy import save_tiny_checkpoint
-
-    if not (path / "config.json").is_file():
-        tmp = path.with_name(path.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        save_tiny_checkpoint(tmp, arch="llama")
-        tmp.rename(path)
-    return path
+        return str(build_demo_policy(path))
