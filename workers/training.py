@@ -4,6 +4,7 @@ checkpoint first, then the step's batches and version row in one transaction (se
 
 from pathlib import Path
 
+from core_engine.atomic_dir import Writer
 from core_engine.rl.records import StepRecord, StopReason, TrainerHooks
 from core_engine.rl.tasks import training_records
 from core_engine.rl.trainer import GRPOTrainer, TrainingError
@@ -58,6 +59,13 @@ class Recorder:
         )
 
 
+def checkpoint_writer(repo: Repository, control: JobControl) -> Writer:
+    """Checkpoints of this attempt: staged under its own name, and committed (renamed into
+    place) only while it owns the job, with the job row locked, so a stale owner can never
+    replace a newer owner's checkpoint, nor commit one while the new owner cleans up."""
+    return Writer(f"attempt{control.fence}", lambda: repo.owning(control.job_id, control.fence))
+
+
 def output_dir(job: JobInfo, settings: Settings) -> Path:
     """The job's checkpoint directory: ``output_dir`` from its config, else the data dir's."""
     return Path(job.config.get("output_dir") or settings.jobs_dir / str(job.id))
@@ -73,7 +81,7 @@ def run_training(
     reconcile(repo, job.id, config.output_dir, control.fence)
     records = training_records(config.task, config.data, seed=config.seed)
     recorder = Recorder(repo, job.id, control, config.steps)
-    hooks = TrainerHooks(recorder.on_step, control.should_stop)
+    hooks = TrainerHooks(recorder.on_step, control.should_stop, checkpoint_writer(repo, control))
     trainer = recorder.trainer = GRPOTrainer(config, records, hooks)
     if trainer.version == 0 and repo.latest_version(job.id) is None:
         repo.record_policy_version(
