@@ -140,6 +140,17 @@ class VersionsMixin(RepositoryBase):
             ).one_or_none()
             return None if row is None else version_info(row)
 
+    def get_version(self, job_id: int, version: int) -> PolicyVersionInfo | None:
+        """The job's recorded ``version``, or None if it has no such version."""
+        with self._read() as session:
+            load_job(session, job_id)
+            row = session.scalars(
+                select(PolicyVersion).where(
+                    PolicyVersion.job_id == job_id, PolicyVersion.version == version
+                )
+            ).one_or_none()
+            return None if row is None else version_info(row)
+
     def list_versions(self, job_id: int) -> list[PolicyVersionInfo]:
         """The job's recorded versions, oldest first."""
         with self._read() as session:
