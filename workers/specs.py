@@ -13,6 +13,7 @@ from typing import Any
 
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.rewards import check_reward_spec
+from core_engine.task import SamplingParams
 from db import JobKind
 
 DEMO_MODEL = "demo"  # the built-in demo policy, built by the worker on first use
@@ -40,15 +41,21 @@ class EvalSettings:
     def __post_init__(self) -> None:
         if (self.task is None) == (self.data is None):
             raise SpecError("give exactly one of 'task' or 'data'")
-        if self.num_prompts < 1 or self.max_tokens < 1:
-            raise SpecError("num_prompts and max_tokens must be >= 1")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise SpecError("temperature must be >= 0 and top_p in (0, 1]")
+        if self.num_prompts < 1:
+            raise SpecError("num_prompts must be >= 1")
+        problem = self.sampling_params().validation_error()
+        if problem:
+            raise SpecError(problem)
         if self.reward is not None:
             try:
                 check_reward_spec(self.reward)
             except ValueError as exc:
                 raise SpecError(str(exc)) from None
+
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens
+        )
 
 
 @dataclass(frozen=True)

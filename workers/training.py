@@ -6,13 +6,13 @@ from pathlib import Path
 
 from core_engine.atomic_dir import Writer
 from core_engine.rl.records import StepRecord, StopReason, TrainerHooks
-from core_engine.rl.tasks import training_records
+from core_engine.rl.tasks import prompt_records
 from core_engine.rl.trainer import GRPOTrainer, TrainingError
 from core_engine.weights import model_checksum
 from db import JobInfo, PolicyVersionRecord, Repository
 from workers.checkpoints import reconcile
 from workers.control import JobControl, Outcome
-from workers.models import resolve_model
+from workers.engines import resolve_model
 from workers.records import policy_metrics, trainer_batches
 from workers.settings import Settings
 from workers.specs import train_config
@@ -79,7 +79,7 @@ def run_training(
     values = {"device": settings.device, **job.config, "model": model}
     config = train_config(values, str(output_dir(job, settings)))
     reconcile(repo, job.id, config.output_dir, control.fence)
-    records = training_records(config.task, config.data, seed=config.seed)
+    records = prompt_records(config.task, config.data, seed=config.seed)
     recorder = Recorder(repo, job.id, control, config.steps)
     hooks = TrainerHooks(recorder.on_step, control.should_stop, checkpoint_writer(repo, control))
     trainer = recorder.trainer = GRPOTrainer(config, records, hooks)
