@@ -20,6 +20,7 @@ from db.errors import (
 )
 from db.migrate import downgrade, upgrade
 from db.records import (
+    METRIC_TYPES,
     BatchInfo,
     BatchRecord,
     JobInfo,
@@ -41,6 +42,7 @@ from db.session import make_engine, resolve_url
 
 __all__ = [
     "MAX_PAGE_SIZE",
+    "METRIC_TYPES",
     "BatchInfo",
     "BatchNotFound",
     "BatchRecord",
