@@ -38,7 +38,7 @@ from db.records import (
 )
 from db.repository import Repository
 from db.repository.base import MAX_PAGE_SIZE
-from db.session import make_engine, resolve_url
+from db.session import data_dir, make_engine, resolve_url
 
 __all__ = [
     "MAX_PAGE_SIZE",
@@ -72,6 +72,7 @@ __all__ = [
     "VersionConflict",
     "VersionMetrics",
     "VersionNotFound",
+    "data_dir",
     "downgrade",
     "make_engine",
     "resolve_url",

@@ -12,7 +12,7 @@ from celery import Celery
 
 from db import JobInfo, JobKind, JobStatus
 from workers.exposure import exposure_problem
-from workers.limits import check_paths, is_under
+from workers.limits import check_paths, is_under, model_roots
 from workers.settings import GPU_QUEUE, Settings
 from workers.specs import SpecError
 from workers.storage import repository
@@ -40,6 +40,7 @@ __all__ = [
     "count_records",
     "exposure_problem",
     "is_under",
+    "model_roots",
     "queue_overview",
     "resume_job",
     "submit_job",

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from db import JobKind
+from db import JobKind, data_dir
 from workers.settings import Settings
 from workers.specs import DEMO_MODEL, SpecError
 
@@ -30,11 +30,12 @@ def _limit(name: str) -> int:
     return int(os.environ.get(name) or _DEFAULTS[name])
 
 
-def model_roots(settings: Settings) -> tuple[Path, ...]:
-    """Where checkpoints may be read: ``RLWB_MODEL_ROOTS``, default the data directory."""
+def model_roots(default: Path | None = None) -> tuple[Path, ...]:
+    """Where checkpoints may be read: ``RLWB_MODEL_ROOTS`` (colon-separated), default
+    ``default`` (the data directory)."""
     raw = os.environ.get("RLWB_MODEL_ROOTS", "")
     roots = tuple(Path(part).expanduser() for part in raw.split(":") if part)
-    return roots or (settings.data_dir,)
+    return roots or (default or data_dir(),)
 
 
 def is_under(path: Path, roots: Sequence[Path]) -> bool:
@@ -72,7 +73,7 @@ def check_sizes(kind: JobKind | str, config: dict[str, Any]) -> None:
 
 def check_paths(config: dict[str, Any], settings: Settings) -> None:
     """`SpecError` unless every file the job names is one it may use (see the docstring)."""
-    roots = model_roots(settings)
+    roots = model_roots(settings.data_dir)
     model = config.get("model")
     if isinstance(model, str) and model != DEMO_MODEL:
         path = Path(model)

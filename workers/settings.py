@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from db import data_dir
+
 GPU_QUEUE = "gpu"
 INTERACTIVE_QUEUE = "interactive"  # short tasks (Playground chat) that never wait behind jobs
 TASK_FOR_KIND = {kind: f"workers.{kind}" for kind in ("train", "evaluate", "compare")}
@@ -37,7 +39,7 @@ class Settings:
         recovery re-queues a running job, default 60)."""
         env = os.environ
         return cls(
-            data_dir=Path(env.get("RLWB_DATA_DIR") or "data").absolute(),
+            data_dir=data_dir().absolute(),
             redis_url=env.get("REDIS_URL") or None,
             visibility_timeout_s=int(env.get("RLWB_VISIBILITY_TIMEOUT") or DAY_S),
             max_attempts=int(env.get("RLWB_MAX_ATTEMPTS") or 3),
