@@ -9,8 +9,8 @@ from core_engine.rl.evaluate import evaluate
 from core_engine.rl.rewards import resolve_reward
 from core_engine.rl.tasks import default_reward, prompt_records
 from db import JobInfo, PolicyMetrics, PolicyVersionRecord, Repository
-from workers.control import JobControl, Outcome
 from workers.engines import engine_cache, resolve_model, saved_version
+from workers.jobs import JobControl, Outcome
 from workers.records import sample_records, split_batch
 from workers.settings import Settings
 from workers.specs import EvalSettings, compare_spec, evaluate_spec

@@ -13,8 +13,7 @@ import sqlalchemy as sa
 
 from db import JobStatus
 from tests.workers.helpers import assert_consistent, samples_in_db, train_config
-from workers.control import Stop
-from workers.jobs import run_job
+from workers.jobs import Stop, run_job
 
 STEPS = 4
 SAMPLES = 4  # batch_size 2 x group_size 2
