@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -36,6 +35,7 @@ from transformers import TrainerCallback
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+import db
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.demo_policy import build_demo_policy
 from core_engine.rl.rewards import exact_match
@@ -252,7 +252,7 @@ def measure(policy: Path, args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(1)
-    data_dir = Path(os.environ.get("RLWB_DATA_DIR", "data"))
+    data_dir = db.data_dir()
     policy = build_demo_policy(data_dir / "demo-policy", seed=args.seed, max_minutes=8)
     print(f"threads {torch.get_num_threads()}, policy {policy}")
     results = measure(policy, args)

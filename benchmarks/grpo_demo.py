@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -24,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+import db
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.demo_policy import build_demo_policy, greedy_accuracy, heldout_records
 from core_engine.rl.tasks import addition_records
@@ -156,7 +156,7 @@ def write_curve(path: Path, curve: list[Point], totals: dict) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(1)
-    data_dir = Path(os.environ.get("RLWB_DATA_DIR", "data"))
+    data_dir = db.data_dir()
     policy = build_demo_policy(
         data_dir / "demo-policy", seed=args.seed, max_minutes=args.warmup_minutes, log=print
     )

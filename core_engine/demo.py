@@ -1,7 +1,7 @@
 """A short engine demo: build a small checkpoint, generate, update the policy, generate again.
 
 Run with `python -m core_engine.demo [--model DIR]`. Without `--model` a small random
-Qwen2-shaped checkpoint with a character tokenizer is built once under the data directory.
+Qwen2-shaped checkpoint with a character tokenizer is built once under `--data-dir` (`data`).
 """
 
 from __future__ import annotations
@@ -35,10 +35,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", type=Path, help="local Hugging Face checkpoint directory")
     parser.add_argument("--kv-strategy", default="paged", choices=["paged", "contiguous"])
     parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument(
+        "--data-dir", type=Path, default=Path("data"), help="where the small checkpoint is built"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    data_dir = Path(os.environ.get("RLWB_DATA_DIR", "data"))
-    model_path = args.model or demo_checkpoint(data_dir)
+    model_path = args.model or demo_checkpoint(args.data_dir)
     engine = load_engine(model_path, EngineConfig(kv_strategy=args.kv_strategy, max_batch_size=16))
     tok = engine.tokenizer
     prompts = [chat_prompt_ids(tok, [{"role": "user", "content": p}]) for p in PROMPTS]

@@ -1,4 +1,5 @@
-"""Requests, sampling parameters and structured outcomes of the engine."""
+"""Requests, sampling parameters and structured outcomes of the engine (no torch at import:
+job validation uses `SamplingParams` without loading the engine)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import math
 import numbers
 import operator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 class FinishReason(enum.StrEnum):

@@ -20,6 +20,7 @@ from db.errors import (
 )
 from db.migrate import downgrade, upgrade
 from db.records import (
+    METRIC_TYPES,
     BatchInfo,
     BatchRecord,
     JobInfo,
@@ -37,10 +38,11 @@ from db.records import (
 )
 from db.repository import Repository
 from db.repository.base import MAX_PAGE_SIZE
-from db.session import make_engine, resolve_url
+from db.session import data_dir, make_engine, resolve_url
 
 __all__ = [
     "MAX_PAGE_SIZE",
+    "METRIC_TYPES",
     "BatchInfo",
     "BatchNotFound",
     "BatchRecord",
@@ -70,6 +72,7 @@ __all__ = [
     "VersionConflict",
     "VersionMetrics",
     "VersionNotFound",
+    "data_dir",
     "downgrade",
     "make_engine",
     "resolve_url",

@@ -27,6 +27,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from db.arrays import Float32Array, Int32Array
 from db.enums import BatchStatus, FinishReason, JobKind, JobStatus
+from db.records import METRIC_TYPES
 from db.timestamps import UTCDateTime, utcnow
 
 NAMING_CONVENTION = {
@@ -113,14 +114,13 @@ class PolicyVersion(Base):
     parent_version: Mapped[int | None]
     checkpoint_path: Mapped[str | None] = mapped_column(Text)
     weights_checksum: Mapped[str | None] = mapped_column(String(128))
-    reward_mean: Mapped[float | None]
-    reward_std: Mapped[float | None]
-    loss: Mapped[float | None]
-    kl: Mapped[float | None]
-    train_infer_mismatch: Mapped[float | None]
-    num_accepted: Mapped[int | None]
-    num_rejected: Mapped[int | None]
-    tokens_per_second: Mapped[float | None]
+    # one nullable column per named metric of `PolicyMetrics` (db.records.METRIC_TYPES)
+    vars().update(
+        {
+            name: mapped_column(Integer if kind is int else Double, nullable=True)
+            for name, kind in METRIC_TYPES.items()
+        }
+    )
     extra_metrics: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 

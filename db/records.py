@@ -5,9 +5,9 @@ Per-token arrays are plain Python lists: token ids are int32, log-probs float32.
 """
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
-from typing import Any
+from typing import Any, get_args, get_type_hints
 
 from db.enums import BatchStatus, FinishReason, JobKind, JobStatus
 
@@ -31,6 +31,15 @@ class PolicyMetrics:
     num_rejected: int | None = None
     tokens_per_second: float | None = None
     extra: Mapping[str, float] = field(default_factory=dict)
+
+
+# Each named metric (a nullable column of ``policy_versions``, see `db.models`) and its type:
+# float, or int for the counts. A new metric is a field above (and a migration).
+METRIC_TYPES: dict[str, type] = {
+    f.name: int if int in get_args(get_type_hints(PolicyMetrics)[f.name]) else float
+    for f in fields(PolicyMetrics)
+    if f.name != "extra"
+}
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,18 @@ SQLITE_BUSY_TIMEOUT_S = 30.0
 WRITE_OPTION = "rlwb_write"
 
 
+def data_dir() -> Path:
+    """``RLWB_DATA_DIR`` (unset or empty: ``data``, relative to the working directory); the
+    one reader of that variable, for the database file, the worker and the UI alike."""
+    return Path(os.environ.get("RLWB_DATA_DIR") or "data")
+
+
 def resolve_url(url: str | URL | None = None) -> URL:
     """The URL to use: ``url``, else ``DATABASE_URL``, else the default SQLite file."""
     if url is None:
         url = os.environ.get("DATABASE_URL") or None
     if url is None:
-        data_dir = Path(os.environ.get("RLWB_DATA_DIR", "data"))
-        return URL.create("sqlite+pysqlite", database=str(data_dir / SQLITE_FILENAME))
+        return URL.create("sqlite+pysqlite", database=str(data_dir() / SQLITE_FILENAME))
     resolved = make_url(url)
     if resolved.drivername in ("postgresql", "postgres"):
         resolved = resolved.set(drivername="postgresql+psycopg")

@@ -14,18 +14,6 @@ MAX_FOUND = 200
 UPLOADS_DIR = "datasets"
 
 
-def data_dir_from_env() -> Path:
-    """``RLWB_DATA_DIR``, default ``./data`` (the same default as `db`)."""
-    return Path(os.environ.get("RLWB_DATA_DIR", "data"))
-
-
-def model_roots_from_env() -> tuple[Path, ...]:
-    """``RLWB_MODEL_ROOTS`` (colon-separated directories), default the data directory."""
-    raw = os.environ.get("RLWB_MODEL_ROOTS", "")
-    roots = tuple(Path(part).expanduser() for part in raw.split(":") if part)
-    return roots or (data_dir_from_env(),)
-
-
 def _walk(roots: Sequence[Path]) -> Iterator[tuple[Path, list[str], list[str]]]:
     """``os.walk`` over each root, at most `MAX_DEPTH` levels deep, skipping hidden folders."""
     for root in roots:

@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from db import JobInfo, Repository
-from ui.files import data_dir_from_env, model_roots_from_env
+from db import JobInfo, Repository, data_dir
+from workers.api import model_roots
 
 
 @dataclass(frozen=True)
@@ -23,8 +23,8 @@ class Services:
     queue_overview: Callable[[], dict[str, Any]]
     resume_job: Callable[[int], JobInfo]
     chat: Callable[..., dict[str, Any]]
-    model_roots: tuple[Path, ...] = field(default_factory=model_roots_from_env)
-    data_dir: Path = field(default_factory=data_dir_from_env)
+    model_roots: tuple[Path, ...] = field(default_factory=model_roots)
+    data_dir: Path = field(default_factory=data_dir)
 
 
 def default_services() -> Services:

@@ -1,7 +1,7 @@
-"""``python -m workers``: the ``rlwb`` command (`workers.cli`)."""
+"""``python -m workers``: the worker side of ``rlwb`` (`workers.commands`)."""
 
 import sys
 
-from workers.cli import main
+from workers.commands import main
 
 sys.exit(main())

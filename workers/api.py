@@ -1,30 +1,35 @@
-"""What the UI and the CLI call: the job vocabulary and validation (`workers.vocabulary`),
-submitting, cancelling and resuming jobs, and the queue. Imports no torch and no user code;
-Celery is configured on first use, not at import.
+"""What the UI and the CLI call: the job vocabulary and checks of user input (no user code is
+imported), when the UI may be served, the worker side of ``rlwb`` (`workers.commands`),
+submitting, cancelling and resuming jobs, and the queue. Imports no torch; Celery is
+configured on first use, not at import.
 
 from workers.api import submit_job, cancel_job, queue_overview
 job = submit_job("train", {"model": DEMO_MODEL, "task": "addition", "steps": 200})
 """
 
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
 
+from core_engine.rl.data import DataError, load_jsonl
+from core_engine.rl.rewards import BUILTIN_REWARDS, check_reward_spec
+from core_engine.rl.tasks import BUILTIN_TASKS
 from db import JobInfo, JobKind, JobStatus
-from workers.exposure import exposure_problem
-from workers.limits import check_paths, is_under
+from workers.chat import MAX_TEMPERATURE as CHAT_MAX_TEMPERATURE
+from workers.chat import MAX_TOKENS_LIMIT as CHAT_MAX_TOKENS
+from workers.commands import COMMANDS as WORKER_COMMANDS
+from workers.commands import add_commands as add_worker_commands
+from workers.commands import run as run_worker_command
 from workers.settings import GPU_QUEUE, Settings
-from workers.specs import SpecError
-from workers.storage import repository
-from workers.vocabulary import (
-    CHAT_MAX_TEMPERATURE,
-    CHAT_MAX_TOKENS,
+from workers.specs import (
     DEMO_MODEL,
-    REWARDS,
-    TASKS,
-    check_reward,
-    count_records,
-    validate_job,
+    SpecError,
+    check_paths,
+    check_sizes,
+    is_under,
+    model_roots,
+    validate,
 )
 
 __all__ = [
@@ -33,19 +38,27 @@ __all__ = [
     "DEMO_MODEL",
     "REWARDS",
     "TASKS",
+    "WORKER_COMMANDS",
     "SpecError",
+    "add_worker_commands",
     "cancel_job",
     "chat",
     "check_reward",
     "count_records",
+    "deployment",
     "exposure_problem",
     "is_under",
+    "model_roots",
     "queue_overview",
     "resume_job",
+    "run_worker_command",
     "submit_job",
     "validate_job",
 ]
 
+TASKS: dict[str, str] = {name: task.description for name, task in BUILTIN_TASKS.items()}
+REWARDS: tuple[str, ...] = tuple(BUILTIN_REWARDS)
+LOOPBACK_NAMES = ("localhost", "::1")
 CHAT_TIMEOUT_S = 120.0
 CELERY = "celery -A workers.app"
 COMMANDS = {
@@ -58,6 +71,50 @@ COMMANDS = {
 }
 
 
+def check_reward(spec: str) -> None:
+    """The reward spec's syntax (`SpecError`); a registered name is checked on the worker."""
+    try:
+        check_reward_spec(spec)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def count_records(path: str | Path) -> int:
+    """How many prompt records a JSONL file holds (`SpecError` if it is unusable)."""
+    try:
+        return len(load_jsonl(path))
+    except (DataError, OSError, UnicodeDecodeError) as exc:
+        raise SpecError(str(exc)) from None
+
+
+def validate_job(kind: JobKind | str, config: dict[str, Any]) -> int | None:
+    """Check a job config and its sizes as the worker will (`SpecError`); returns its
+    total steps."""
+    total_steps = validate(kind, config)
+    check_sizes(kind, config)
+    return total_steps
+
+
+def exposure_problem(
+    host: str,
+    auth: tuple[str, str] | None,
+    share: bool = False,
+    allow_unauthenticated: bool = False,
+) -> str | None:
+    """Why the UI may not be served as asked, or None: a non-loopback address or a public
+    share link needs a password, unless the operator says that address is private
+    (``allow_unauthenticated``)."""
+    loopback = host in LOOPBACK_NAMES or host.startswith("127.")
+    if auth is not None or (not share and (loopback or allow_unauthenticated)):
+        return None
+    if share:
+        return "refusing a public share link without a password: pass --auth USER:PASSWORD"
+    return (
+        f"refusing to serve the UI on {host} without a password: pass --auth USER:PASSWORD "
+        "(or set RLWB_AUTH), or --allow-unauthenticated if that address is private"
+    )
+
+
 def celery_app() -> Celery:
     """The Celery app with the tasks registered."""
     from workers import tasks
@@ -68,7 +125,7 @@ def celery_app() -> Celery:
 def submit_job(kind: JobKind | str, config: dict[str, Any]) -> JobInfo:
     """Validate ``config`` (see `workers.specs`; raises `SpecError`), store a queued job and
     send its task to the ``gpu`` queue."""
-    from workers.dispatch import enqueue
+    from workers.app import enqueue, repository
 
     total_steps = validate_job(kind, config)
     check_paths(config, Settings.from_env())
@@ -81,6 +138,8 @@ def submit_job(kind: JobKind | str, config: dict[str, Any]) -> JobInfo:
 def cancel_job(job_id: int) -> JobInfo:
     """Cancel a job: a queued one at once (and its task is revoked), a running one at its
     next step (it ends ``cancelled`` with everything so far kept)."""
+    from workers.app import repository
+
     job = repository().request_cancel(job_id)
     if job.status is JobStatus.CANCELLED and job.celery_task_id:
         celery_app().control.revoke(job.celery_task_id)
@@ -90,7 +149,7 @@ def cancel_job(job_id: int) -> JobInfo:
 def resume_job(job_id: int) -> JobInfo:
     """Queue a failed or cancelled train job again: it continues from its newest checkpoint
     at that version (`db.InvalidTransition` for any other job)."""
-    from workers.dispatch import enqueue
+    from workers.app import enqueue, repository
 
     repo = repository()
     job = repo.reopen(job_id)
@@ -123,6 +182,16 @@ def chat(
         }
 
 
+def _broker(settings: Settings) -> str:
+    return "embedded (filesystem)" if settings.embedded else "redis"
+
+
+def deployment() -> str:
+    """Where this deployment keeps its data and which broker it uses (one line)."""
+    settings = Settings.from_env()
+    return f"data: {settings.data_dir}; broker: {_broker(settings)}"
+
+
 def _tasks(reply: dict[str, list[dict[str, Any]]] | None) -> list[dict[str, Any]]:
     return [
         {"worker": worker, "task_id": task["id"], "name": task["name"], "args": task["args"]}
@@ -137,6 +206,8 @@ def queue_overview(timeout: float = 1.0) -> dict[str, Any]:
 
     Takes about ``timeout`` seconds: workers are found by a ping, then asked until each answered.
     """
+    from workers.app import repository
+
     app = celery_app()
     online = sorted(app.control.inspect(timeout=timeout).ping() or {})
     active = reserved = None
@@ -145,7 +216,7 @@ def queue_overview(timeout: float = 1.0) -> dict[str, Any]:
         active, reserved = inspect.active(), inspect.reserved()
     repo = repository()
     return {
-        "broker": "embedded (filesystem)" if Settings.from_env().embedded else "redis",
+        "broker": _broker(Settings.from_env()),
         "workers": online,
         "workers_online": len(online),
         "active": _tasks(active),

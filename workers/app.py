@@ -1,24 +1,231 @@
-"""The Celery app, configured from the environment (see `workers.settings`).
+"""The Celery app and its plumbing: configuration from the environment (`workers.settings`),
+the repository of this process, sending a job's task, the revoke hook, and recovery of jobs
+whose worker died or whose message was lost.
 
 ``celery -A workers.app worker --pool threads -c 1 -Q gpu`` runs a GPU worker (``rlwb worker``
 does the same). This module imports no torch: tasks load the engine lazily, in the worker.
+Recovery: every worker checks, every few seconds, for running (or cancelling) jobs whose
+heartbeat is older than ``RLWB_HEARTBEAT_TIMEOUT`` (or that a warm shutdown released) and takes
+them from their owner (a new fencing token: the old owner can store nothing more) to queue them
+again under a new task id; and (Redis only) for queued jobs whose message the broker no longer
+holds (``celery purge``, a lost message), which are sent again: the database, not the broker,
+says what is queued. The embedded broker loses a message its worker had taken; Redis keeps it
+unacknowledged until the visibility timeout (a day). Either way the job resumes from its last
+saved version (and, when the old message finally comes back, it finds the job owned by the new
+task and is dropped).
 """
 
+import functools
+import json
+import logging
 import threading
+import uuid
+from datetime import timedelta
 from typing import Any
 
+import redis
 from celery import Celery
 from celery.signals import worker_ready, worker_shutting_down
+from celery.utils.functional import maybe_list
+from celery.worker.control import Panel
 
-from workers import revocation  # noqa: F401  (revoke also cancels the job in the database)
-from workers.control import SHUTTING_DOWN
-from workers.recovery import watch
-from workers.settings import Settings, celery_config
-from workers.storage import repository
+from db import JobInfo, JobStatus, Repository, resolve_url
+from db.timestamps import utcnow
+from workers.jobs import SHUTTING_DOWN
+from workers.settings import DAY_S, GPU_QUEUE, INTERACTIVE_QUEUE, TASK_FOR_KIND, Settings
+
+log = logging.getLogger(__name__)
+
+ACTIVE = (JobStatus.RUNNING, JobStatus.CANCELLING)
+UNACKED = "unacked"  # kombu's Redis transport: messages delivered and not yet acknowledged
+
+
+# --- configuration ----------------------------------------------------------------------
+
+
+def broker_settings(settings: Settings) -> dict[str, Any]:
+    """Broker and result backend: Redis, or the embedded filesystem broker + SQLite results."""
+    if not settings.embedded:
+        return {
+            "broker_url": settings.redis_url,
+            "result_backend": settings.redis_url,
+            "broker_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
+        }
+    queue_dir = settings.broker_dir / "queue"
+    control_dir = settings.broker_dir / "control"
+    for folder in (queue_dir, control_dir):
+        folder.mkdir(parents=True, exist_ok=True)
+    return {
+        "broker_url": "filesystem://localhost/",
+        "broker_transport_options": {
+            "data_folder_in": str(queue_dir),
+            "data_folder_out": str(queue_dir),
+            "control_folder": str(control_dir),
+        },
+        "result_backend": f"db+sqlite:///{settings.data_dir / 'celery-results.db'}",
+    }
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """The whole Celery configuration (RL notes, section 11)."""
+    return {
+        **broker_settings(settings),
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "task_routes": {
+            **{name: {"queue": GPU_QUEUE} for name in TASK_FOR_KIND.values()},
+            "workers.chat": {"queue": INTERACTIVE_QUEUE},
+        },
+        "task_default_queue": GPU_QUEUE,
+        "worker_concurrency": 1,
+        "worker_prefetch_multiplier": 1,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_track_started": True,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "worker_soft_shutdown_timeout": 60.0,
+        "broker_connection_retry_on_startup": True,
+        "worker_hijack_root_logger": False,
+        "result_expires": DAY_S,
+        "timezone": "UTC",
+    }
+
 
 app = Celery("rlwb", include=["workers.tasks"])
 app.conf.update(celery_config(Settings.from_env()))
 RECOVERY_STOP = threading.Event()
+
+
+# --- storage and dispatch -----------------------------------------------------------------
+
+
+@functools.cache
+def _repository(url: str) -> Repository:
+    return Repository.from_url(url)
+
+
+def repository() -> Repository:
+    """One `Repository` per process and database URL: the one the environment names now
+    (``DATABASE_URL``, else the SQLite file)."""
+    return _repository(resolve_url().render_as_string(hide_password=False))
+
+
+def send(app: Celery, job: JobInfo, task_id: str) -> None:
+    """Send the message that runs ``job`` under ``task_id`` (already recorded on its row)."""
+    app.tasks[TASK_FOR_KIND[job.kind]].apply_async(args=[job.id], task_id=task_id)
+
+
+def enqueue(app: Celery, repo: Repository, job: JobInfo) -> str:
+    """Send the task that runs ``job`` and return its id (now the job's owner token): the job
+    row learns the task id before the message exists."""
+    task_id = str(uuid.uuid4())
+    repo.set_celery_task_id(job.id, task_id)
+    send(app, job, task_id)
+    return task_id
+
+
+# --- revoke ---------------------------------------------------------------------------------
+# ``celery control revoke TASK_ID`` also cancels the job in the database, so a revoked job
+# stays revoked when the worker restarts (Celery keeps revoked ids in worker memory only):
+# the worker's ``revoke`` control command is wrapped once, here; Celery's own handling runs
+# first, then the job row is cancelled.
+_celery_revoke = Panel.data["revoke"]
+
+
+def revoke(state: Any, task_id: Any, terminate: bool = False, signal: Any = None, **kw: Any):
+    reply = _celery_revoke(state, task_id, terminate, signal, **kw)
+    task_ids = {str(t) for t in maybe_list(task_id) or []}
+    for job in repository().cancel_tasks(task_ids):
+        log.warning("task revoked: job %s is %s", job.id, job.status.value)
+    return reply
+
+
+revoke.__doc__ = _celery_revoke.__doc__
+Panel.data["revoke"] = revoke
+
+
+# --- recovery -------------------------------------------------------------------------------
+
+
+def recover_stale(app: Celery, repo: Repository, timeout_s: float) -> list[int]:
+    """One pass: re-queue the jobs without a recent heartbeat; returns their ids."""
+    older_than = utcnow() - timedelta(seconds=timeout_s)
+    recovered = []
+    for status in ACTIVE:
+        for job in repo.list_jobs(limit=1000, status=status):
+            task_id = str(uuid.uuid4())
+            taken = repo.requeue_stale(job.id, older_than, task_id)
+            if taken is None:
+                continue
+            recovered.append(job.id)
+            if taken.status is JobStatus.CANCELLED:
+                log.warning("job %s had no live worker: cancelled as requested", job.id)
+                continue
+            send(app, taken, task_id)
+            log.warning("job %s had no live worker: re-queued as task %s", job.id, task_id)
+    return recovered
+
+
+def _task_id(payload: bytes | str) -> str | None:
+    message = json.loads(payload)
+    if isinstance(message, list):  # an unacked entry: [message, exchange, routing_key]
+        message = message[0]
+    return message.get("headers", {}).get("id")
+
+
+def broker_task_ids(redis_url: str) -> set[str]:
+    """The task ids of every message the Redis broker holds for the queue."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        queued = [
+            payload
+            for key in client.scan_iter(match=f"{GPU_QUEUE}*", _type="list")
+            for payload in client.lrange(key, 0, -1)
+        ]
+        held = client.hvals(UNACKED)
+    finally:
+        client.close()
+    return {task_id for task_id in map(_task_id, [*queued, *held]) if task_id}
+
+
+def resend_lost(app: Celery, repo: Repository, settings: Settings, grace_s: float) -> list[int]:
+    """Send again the jobs queued for over ``grace_s`` seconds without a message (Redis only:
+    the embedded broker is not checked). Cancel a job to drop it."""
+    if settings.embedded:
+        return []
+    older = utcnow() - timedelta(seconds=grace_s)
+    waiting = [
+        j for j in repo.list_jobs(limit=1000, status=JobStatus.QUEUED) if j.updated_at < older
+    ]
+    if not waiting:
+        return []
+    present = broker_task_ids(settings.redis_url)
+    resent = []
+    for job in waiting:
+        if job.celery_task_id in present:
+            continue
+        current = repo.get_job(job.id)
+        if current.status is JobStatus.QUEUED and current.celery_task_id == job.celery_task_id:
+            task_id = enqueue(app, repo, current)
+            log.warning("job %s was queued without a message: sent again as %s", job.id, task_id)
+            resent.append(job.id)
+    return resent
+
+
+def watch(app: Celery, repo: Repository, settings: Settings, stop: threading.Event) -> None:
+    """Every ``heartbeat_timeout_s / 5`` seconds until ``stop`` is set: `recover_stale`, and
+    `resend_lost` for queued jobs that have no message any more."""
+    timeout_s = settings.heartbeat_timeout_s
+    while True:
+        try:
+            recover_stale(app, repo, timeout_s)
+            resend_lost(app, repo, settings, grace_s=timeout_s)
+        except Exception:  # the database or the broker is briefly away: try again
+            log.exception("recovery pass failed")
+        if stop.wait(timeout_s / 5):
+            return
 
 
 @worker_ready.connect

@@ -6,28 +6,23 @@ Returns plain JSON: the reply, or ``{"problem": ...}`` for anything the user can
 know (e.g. "weights not kept" when a version's checkpoint was not retained).
 """
 
-import threading
-from pathlib import Path
 from typing import Any
 
-from db import PolicyVersionInfo, Repository
+from core_engine.task import SamplingParams
+from db import Repository, VersionNotFound
 from workers.settings import Settings
 
 MAX_TOKENS_LIMIT = 1024
 MAX_TEMPERATURE = 10.0
 MAX_CHAT_CHARS = 32_000
-WEIGHTS_NOT_KEPT = "weights not kept"
-
-_verified: set[tuple[str, int, str]] = set()
-_verify_lock = threading.Lock()
 
 
 class ChatProblem(ValueError):
     """Why a turn cannot be answered (shown to the user)."""
 
 
-def check_request(messages: Any, temperature: Any, max_tokens: Any, seed: Any) -> None:
-    """The bounds the UI checks, checked again where the model runs."""
+def check_request(messages: Any, temperature: Any, max_tokens: Any, seed: Any) -> SamplingParams:
+    """The bounds the UI checks, checked again where the model runs; the turn's sampling."""
     if not isinstance(messages, list) or not messages:
         raise ChatProblem("messages: a non-empty list is required")
     for m in messages:
@@ -43,38 +38,11 @@ def check_request(messages: Any, temperature: Any, max_tokens: Any, seed: Any) -
         raise ChatProblem(f"max tokens must be a whole number from 1 to {MAX_TOKENS_LIMIT}")
     if seed is not None and not isinstance(seed, int):
         raise ChatProblem("seed must be a whole number")
-
-
-def saved_version(repo: Repository, job_id: int, version: int) -> PolicyVersionInfo:
-    """The version's record, if its weights are still on disk."""
-    info = next((v for v in repo.list_versions(job_id) if v.version == version), None)
-    if info is None:
-        raise ChatProblem(f"job {job_id} has no saved version {version}")
-    if info.checkpoint_path is None or not Path(info.checkpoint_path).is_dir():
-        raise ChatProblem(f"job {job_id} version {version}: {WEIGHTS_NOT_KEPT}")
-    return info
-
-
-def verified_engine(info: PolicyVersionInfo, settings: Settings) -> Any:
-    """The warm engine of a saved version whose weights match the recorded checksum (checked
-    once per process)."""
-    from core_engine.weights import model_checksum
-    from workers.engines import engine_cache
-
-    engine = engine_cache(settings.engine_cache_size, settings.device).get(
-        info.checkpoint_path, info.version
-    )
-    if info.weights_checksum is not None:
-        key = (str(Path(info.checkpoint_path).resolve()), info.version, info.weights_checksum)
-        with _verify_lock:
-            if key not in _verified:
-                if model_checksum(engine.model) != info.weights_checksum:
-                    raise ChatProblem(
-                        f"the checkpoint of version {info.version} ({info.checkpoint_path}) "
-                        "does not match its recorded checksum"
-                    )
-                _verified.add(key)
-    return engine
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
+    problem = params.validation_error()
+    if problem:
+        raise ChatProblem(problem)
+    return params
 
 
 def chat_reply(
@@ -89,20 +57,23 @@ def chat_reply(
 ) -> dict[str, Any]:
     """The version's reply to ``messages`` (rendered with the checkpoint's chat template)."""
     from core_engine.prompts import encode_prompt, render_prompt
-    from core_engine.task import SamplingParams
+    from workers.engines import ChecksumMismatch, WeightsNotKept, engine_cache, saved_version
 
     try:
-        check_request(messages, temperature, max_tokens, seed)
+        params = check_request(messages, temperature, max_tokens, seed)
         info = saved_version(repo, job_id, version)
-        engine = verified_engine(info, settings)
+        engine, _ = engine_cache(settings).verified(
+            info.checkpoint_path, info.version, info.weights_checksum
+        )
         try:
             text = render_prompt(engine.tokenizer, messages)
         except Exception as exc:  # no template, or it rejects these messages
             raise ChatProblem(f"cannot apply the chat template: {exc}") from exc
         ids = encode_prompt(engine.tokenizer, text)
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
         result = engine.run_batch([ids], params)[0]
-    except ChatProblem as exc:
+    except VersionNotFound:
+        return {"problem": f"job {job_id} has no saved version {version}"}
+    except (ChatProblem, WeightsNotKept, ChecksumMismatch) as exc:
         return {"problem": str(exc)}
     error = result.error
     return {

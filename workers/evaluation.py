@@ -5,20 +5,15 @@ together, so a version row means its samples are stored (a redelivered job skips
 import statistics
 from dataclasses import dataclass
 
-from core_engine.rl.data import load_jsonl
 from core_engine.rl.evaluate import evaluate
 from core_engine.rl.rewards import resolve_reward
-from core_engine.rl.tasks import BUILTIN_TASKS, default_reward
-from core_engine.task import SamplingParams
-from core_engine.weights import model_checksum
-from db import JobInfo, PolicyMetrics, PolicyVersionRecord, Repository, VersionNotFound
-from workers.chat import ChatProblem, saved_version
-from workers.control import JobControl, Outcome
-from workers.engines import engine_cache
-from workers.models import resolve_model
+from core_engine.rl.tasks import default_reward, prompt_records
+from db import JobInfo, PolicyMetrics, PolicyVersionRecord, Repository
+from workers.engines import engine_cache, resolve_model, saved_version
+from workers.jobs import JobControl, Outcome
 from workers.records import sample_records, split_batch
 from workers.settings import Settings
-from workers.specs import EvalSettings, SpecError, compare_spec, evaluate_spec
+from workers.specs import EvalSettings, compare_spec, evaluate_spec
 
 
 @dataclass(frozen=True)
@@ -32,21 +27,8 @@ class Target:
 
 def source_version(repo: Repository, job_id: int, version: int) -> Target:
     """A recorded version of a (training) job, with its checkpoint still on disk."""
-    try:
-        info = saved_version(repo, job_id, version)
-    except ChatProblem as exc:
-        if any(v.version == version for v in repo.list_versions(job_id)):
-            raise SpecError(str(exc)) from None
-        raise VersionNotFound(job_id, version) from None
+    info = saved_version(repo, job_id, version)
     return Target(info.checkpoint_path, version, info.weights_checksum)
-
-
-def prompt_records(settings: EvalSettings) -> list[dict[str, str]]:
-    if settings.data is not None:
-        return load_jsonl(settings.data)[: settings.num_prompts]
-    if settings.task not in BUILTIN_TASKS:
-        raise SpecError(f"unknown task {settings.task!r}; built-in tasks: {sorted(BUILTIN_TASKS)}")
-    return BUILTIN_TASKS[settings.task].make_records(settings.num_prompts, settings.seed)
 
 
 def evaluate_target(
@@ -60,20 +42,13 @@ def evaluate_target(
 ) -> None:
     """Generate with ``target`` on the prompt set and store the samples (as batches of
     ``step``) with the version's evaluation record, in one transaction."""
-    engine = engine_cache(worker.engine_cache_size, worker.device).get(
-        target.checkpoint, target.version
+    engine, checksum = engine_cache(worker).verified(
+        target.checkpoint, target.version, target.checksum
     )
-    checksum = model_checksum(engine.model)
-    if target.checksum is not None and checksum != target.checksum:
-        raise SpecError(
-            f"the checkpoint of version {target.version} ({target.checkpoint}) does not match "
-            "its recorded checksum"
-        )
-    params = SamplingParams(
-        temperature=settings.temperature, top_p=settings.top_p, max_tokens=settings.max_tokens
-    )
+    params = settings.sampling_params()
     reward = resolve_reward(settings.reward or default_reward(settings.task))
-    result = evaluate(engine, prompt_records(settings), reward, params, settings.seed)
+    records = prompt_records(settings.task, settings.data, settings.num_prompts, settings.seed)
+    result = evaluate(engine, records[: settings.num_prompts], reward, params, settings.seed)
     samples = sample_records(result.rollout, result.rewards)
     metrics = PolicyMetrics(
         reward_mean=result.mean_reward,
@@ -87,10 +62,6 @@ def evaluate_target(
     )
 
 
-def _recorded(repo: Repository, job_id: int, version: int) -> bool:
-    return any(info.version == version for info in repo.list_versions(job_id))
-
-
 def run_evaluate(
     repo: Repository, job: JobInfo, settings: Settings, control: JobControl
 ) -> Outcome:
@@ -99,7 +70,7 @@ def run_evaluate(
         target = Target(resolve_model(spec.model, settings), 0)
     else:
         target = source_version(repo, spec.job_id, spec.version)
-    if not _recorded(repo, job.id, target.version):
+    if repo.get_version(job.id, target.version) is None:
         control.report(0, 1)
         evaluate_target(repo, job.id, target, spec.eval, settings, 0, control.fence)
     control.report(1, 1, version=target.version)
@@ -112,7 +83,7 @@ def run_compare(repo: Repository, job: JobInfo, settings: Settings, control: Job
     spec = compare_spec(job.config)
     targets = [source_version(repo, spec.job_id, version) for version in sorted(spec.versions)]
     for step, target in enumerate(targets):
-        if _recorded(repo, job.id, target.version):
+        if repo.get_version(job.id, target.version) is not None:
             continue  # done by an earlier attempt
         control.report(step, len(targets))
         if control.should_stop():

@@ -1,30 +1,118 @@
-"""Run one job by id: the lifecycle around the runners (attempts, ownership, status, failures).
+"""Run one job by id: the lifecycle around the runners (attempts, ownership, status, failures),
+what a running job consults between steps (`JobControl`: stop?, progress) and its heartbeat.
 
-Plain functions, no Celery: the tasks, ``rlwb train`` and the tests call `run_job`.
+Plain functions, no Celery: the tasks, ``rlwb train`` and the tests call `run_job`. Torch-free:
+the runners (`workers.training`, `workers.evaluation`) are imported when a job runs.
 """
 
+import enum
 import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 from core_engine.rl.data import DataError
 from db import InvalidTransition, JobInfo, JobKind, JobStatus, Repository, StaleOwner, StorageError
-from workers.checkpoints import ResumeError
-from workers.control import JobControl, Outcome, ProgressFn, Stop
-from workers.evaluation import run_compare, run_evaluate
-from workers.heartbeat import heartbeat
-from workers.limits import check_paths, check_sizes
 from workers.settings import Settings
-from workers.specs import SpecError
-from workers.training import run_training
+from workers.specs import SpecError, check_paths, check_sizes
 
 log = logging.getLogger(__name__)
 
-RUNNERS = {
-    JobKind.TRAIN: run_training,
-    JobKind.EVALUATE: run_evaluate,
-    JobKind.COMPARE: run_compare,
-}
-# Errors that mean "this job cannot run as configured", reported without a traceback.
-EXPECTED_ERRORS = (SpecError, ResumeError, DataError, StorageError, ValueError, OSError)
+ProgressFn = Callable[[dict[str, Any]], None]
+
+# Set when the worker begins a warm shutdown: running jobs stop at their next step and are
+# handed back to the queue (they resume from their last version).
+SHUTTING_DOWN = threading.Event()
+
+
+class Stop(enum.StrEnum):
+    CANCEL = "cancel"  # the user asked (cancel_requested on the job row)
+    SHUTDOWN = "shutdown"  # this worker is shutting down: requeue
+    LOST = "lost"  # this attempt no longer owns the job (recovery or a new attempt took it)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended: ``succeeded``, ``cancelled``, ``failed`` (with ``error``), or
+    ``interrupted`` (``stop`` says why; the job stays running for its next attempt)."""
+
+    status: str
+    error: str | None = None
+    stop: Stop | None = None
+
+
+class JobControl:
+    """One attempt at a job: its fencing token (``fence``, passed with every write), whether
+    to stop, and where progress goes."""
+
+    def __init__(
+        self,
+        repo: Repository,
+        job_id: int,
+        fence: int,
+        progress: ProgressFn | None = None,
+    ) -> None:
+        self.repo = repo
+        self.job_id = job_id
+        self.fence = fence
+        self.progress = progress
+
+    def stop_reason(self) -> Stop | None:
+        """Why the job should stop now (one read of the job row), or None."""
+        job = self.repo.get_job(self.job_id)
+        if job.fence != self.fence:
+            return Stop.LOST
+        if job.cancel_requested:
+            return Stop.CANCEL
+        if SHUTTING_DOWN.is_set():
+            return Stop.SHUTDOWN
+        return None
+
+    def should_stop(self) -> bool:
+        return self.stop_reason() is not None
+
+    def report(self, step: int, total_steps: int | None, **meta: Any) -> None:
+        """Durable progress on the job row, plus a live ping to the caller (Celery state)."""
+        self.repo.update_progress(self.job_id, step, total_steps, fence=self.fence)
+        if self.progress is not None:
+            self.progress({"job_id": self.job_id, "step": step, "total_steps": total_steps, **meta})
+
+    def stopped(self) -> Outcome:
+        """The outcome of a run that ended early because `stop_reason` said so."""
+        reason = self.stop_reason()
+        if reason is Stop.CANCEL:
+            return Outcome("cancelled")
+        return Outcome("interrupted", stop=reason)
+
+
+@contextmanager
+def heartbeat(repo: Repository, job_id: int, fence: int, interval: float) -> Iterator[None]:
+    """Beat while the block runs."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(interval):
+            try:
+                repo.heartbeat(job_id, fence)
+            except StaleOwner:
+                return  # the job was taken: the runner sees it at its next stop check
+            except Exception as exc:  # the database is briefly unreachable: try again
+                log.warning("job %s: heartbeat failed: %s", job_id, exc)
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-{job_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+# Errors that mean "this job cannot run as configured", reported without a traceback
+# (`workers.training.ResumeError` is a ValueError).
+EXPECTED_ERRORS = (SpecError, DataError, StorageError, ValueError, OSError)
 
 
 def run_job(
@@ -64,6 +152,14 @@ def run_job(
     return finish(control, outcome)
 
 
+def _runner(kind: JobKind) -> Callable[[Repository, JobInfo, Settings, JobControl], Outcome]:
+    """The runner of a job kind (imported here, in the worker: they load torch)."""
+    from workers.evaluation import run_compare, run_evaluate
+    from workers.training import run_training
+
+    return {JobKind.TRAIN: run_training, JobKind.EVALUATE: run_evaluate}.get(kind, run_compare)
+
+
 def _run(
     repo: Repository, job: JobInfo, settings: Settings, control: JobControl, queued: bool
 ) -> Outcome:
@@ -71,7 +167,7 @@ def _run(
         if queued:
             check_sizes(job.kind, job.config)
             check_paths(job.config, settings)
-        return RUNNERS[job.kind](repo, job, settings, control)
+        return _runner(job.kind)(repo, job, settings, control)
     except StaleOwner:
         return Outcome("interrupted", stop=Stop.LOST)
     except EXPECTED_ERRORS as exc:

@@ -6,15 +6,12 @@ from dataclasses import replace
 
 from core_engine.rl.records import StepRecord
 from core_engine.rl.rollout import RawRollout
-from db import BatchRecord, BatchStatus, FinishReason, PolicyMetrics, SampleRecord
+from db import METRIC_TYPES, BatchRecord, BatchStatus, FinishReason, PolicyMetrics, SampleRecord
 
+# The trainer's key of each recorded metric (`db.METRIC_TYPES`' floats) where the names differ.
+_TRAINER_KEYS = {"train_infer_mismatch": "mismatch_max", "tokens_per_second": "tokens_per_s"}
 _RECORDED_METRICS = {
-    "reward_mean": "reward_mean",
-    "reward_std": "reward_std",
-    "loss": "loss",
-    "kl": "kl",
-    "mismatch_max": "train_infer_mismatch",
-    "tokens_per_s": "tokens_per_second",
+    _TRAINER_KEYS.get(name, name): name for name, kind in METRIC_TYPES.items() if kind is float
 }
 
 

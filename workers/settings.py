@@ -1,4 +1,5 @@
-"""Worker settings from the environment, and the Celery configuration they imply.
+"""Worker settings from the environment (the Celery configuration they imply is
+`workers.app.celery_config`).
 
 ``REDIS_URL`` set: Redis is the broker and the result backend. Unset: the embedded default,
 a broker that needs no server (kombu's filesystem transport under ``RLWB_DATA_DIR/broker``,
@@ -9,7 +10,8 @@ which also carries ``inspect`` and ``revoke`` broadcasts) and results in a SQLit
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from db import data_dir
 
 GPU_QUEUE = "gpu"
 INTERACTIVE_QUEUE = "interactive"  # short tasks (Playground chat) that never wait behind jobs
@@ -37,7 +39,7 @@ class Settings:
         recovery re-queues a running job, default 60)."""
         env = os.environ
         return cls(
-            data_dir=Path(env.get("RLWB_DATA_DIR") or "data").absolute(),
+            data_dir=data_dir().absolute(),
             redis_url=env.get("REDIS_URL") or None,
             visibility_timeout_s=int(env.get("RLWB_VISIBILITY_TIMEOUT") or DAY_S),
             max_attempts=int(env.get("RLWB_MAX_ATTEMPTS") or 3),
@@ -69,53 +71,3 @@ class Settings:
     def demo_policy_dir(self) -> Path:
         """The built-in demo policy, built on first use (the UI reads its tokenizer here)."""
         return self.data_dir / "demo-policy"
-
-
-def broker_settings(settings: Settings) -> dict[str, Any]:
-    """Broker and result backend: Redis, or the embedded filesystem broker + SQLite results."""
-    if not settings.embedded:
-        return {
-            "broker_url": settings.redis_url,
-            "result_backend": settings.redis_url,
-            "broker_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
-        }
-    queue_dir = settings.broker_dir / "queue"
-    control_dir = settings.broker_dir / "control"
-    for folder in (queue_dir, control_dir):
-        folder.mkdir(parents=True, exist_ok=True)
-    return {
-        "broker_url": "filesystem://localhost/",
-        "broker_transport_options": {
-            "data_folder_in": str(queue_dir),
-            "data_folder_out": str(queue_dir),
-            "control_folder": str(control_dir),
-        },
-        "result_backend": f"db+sqlite:///{settings.data_dir / 'celery-results.db'}",
-    }
-
-
-def celery_config(settings: Settings) -> dict[str, Any]:
-    """The whole Celery configuration (RL notes, section 11)."""
-    return {
-        **broker_settings(settings),
-        "task_serializer": "json",
-        "result_serializer": "json",
-        "accept_content": ["json"],
-        "result_accept_content": ["json"],
-        "task_routes": {
-            **{name: {"queue": GPU_QUEUE} for name in TASK_FOR_KIND.values()},
-            "workers.chat": {"queue": INTERACTIVE_QUEUE},
-        },
-        "task_default_queue": GPU_QUEUE,
-        "worker_concurrency": 1,
-        "worker_prefetch_multiplier": 1,
-        "task_acks_late": True,
-        "task_reject_on_worker_lost": True,
-        "task_track_started": True,
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
-        "worker_soft_shutdown_timeout": 60.0,
-        "broker_connection_retry_on_startup": True,
-        "worker_hijack_root_logger": False,
-        "result_expires": DAY_S,
-        "timezone": "UTC",
-    }

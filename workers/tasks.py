@@ -8,10 +8,9 @@ from typing import Any
 from celery import Task
 from celery.exceptions import Reject
 
-from workers.app import app
-from workers.control import Stop
+from workers.app import app, repository
+from workers.jobs import Stop
 from workers.settings import Settings
-from workers.storage import repository
 
 
 def _run(task: Task, job_id: int) -> dict[str, Any]:

@@ -1,20 +1,60 @@
-"""Train jobs: the GRPO loop with every step written to the database as it happens: the
-checkpoint first, then the step's batches and version row in one transaction (see
-`workers.checkpoints` for why that makes crashes harmless)."""
+"""Train jobs: the GRPO loop with every step written to the database as it happens, and the
+job's checkpoints and database rows kept in agreement across crashes.
 
+A worker-run job writes, per version: the checkpoint (atomic rename), then the step's batches
+and the version row in one transaction (`Repository.record_step`). So every version row has
+its checkpoint, and after a crash `reconcile` finds either nothing newer than the database
+(resume there) or a checkpoint whose step never committed (deleted; the step is redone).
+Rejected batches stored after the latest version are deleted too: the resumed run redoes
+those steps with the same seeds, so a retried step replaces them instead of adding copies.
+"""
+
+import shutil
 from pathlib import Path
 
+from core_engine.atomic_dir import Writer, recover
+from core_engine.rl.checkpoint import checkpoint_dir, is_complete, list_checkpoints
 from core_engine.rl.records import StepRecord, StopReason, TrainerHooks
-from core_engine.rl.tasks import training_records
+from core_engine.rl.tasks import prompt_records
 from core_engine.rl.trainer import GRPOTrainer, TrainingError
 from core_engine.weights import model_checksum
 from db import JobInfo, PolicyVersionRecord, Repository
-from workers.checkpoints import reconcile
-from workers.control import JobControl, Outcome
-from workers.models import resolve_model
+from workers.engines import resolve_model
+from workers.jobs import JobControl, Outcome
 from workers.records import policy_metrics, trainer_batches
 from workers.settings import Settings
 from workers.specs import train_config
+
+
+class ResumeError(ValueError):
+    """The output directory does not match the job's recorded versions."""
+
+
+def reconcile(repo: Repository, job_id: int, root: str | Path, fence: int) -> int | None:
+    """Make ``root`` hold exactly the job's recorded versions, and the database hold nothing
+    stored after the latest one (see the module docstring; the attempt's ``fence`` guards
+    the deletion); returns the latest recorded version (None: a fresh job)."""
+    root = Path(root)
+    checkpoints = []
+    if root.is_dir():
+        recover(root, is_complete)
+        checkpoints = list_checkpoints(root)
+    latest = repo.latest_version(job_id)
+    if latest is None:
+        if checkpoints:
+            raise ResumeError(
+                f"{root} holds checkpoints of another run (version {checkpoints[0][0]}): "
+                "use an empty output_dir"
+            )
+        return None
+    repo.discard_unversioned(job_id, latest.version, fence)
+    for version, path in checkpoints:
+        if version > latest.version:
+            shutil.rmtree(path)
+    known = latest.version
+    if known and not is_complete(checkpoint_dir(root, known)):
+        raise ResumeError(f"the checkpoint of recorded version {known} is missing from {root}")
+    return known
 
 
 class Recorder:
@@ -58,6 +98,13 @@ class Recorder:
         )
 
 
+def checkpoint_writer(repo: Repository, control: JobControl) -> Writer:
+    """Checkpoints of this attempt: staged under its own name, and committed (renamed into
+    place) only while it owns the job, with the job row locked, so a stale owner can never
+    replace a newer owner's checkpoint, nor commit one while the new owner cleans up."""
+    return Writer(f"attempt{control.fence}", lambda: repo.owning(control.job_id, control.fence))
+
+
 def output_dir(job: JobInfo, settings: Settings) -> Path:
     """The job's checkpoint directory: ``output_dir`` from its config, else the data dir's."""
     return Path(job.config.get("output_dir") or settings.jobs_dir / str(job.id))
@@ -71,9 +118,9 @@ def run_training(
     values = {"device": settings.device, **job.config, "model": model}
     config = train_config(values, str(output_dir(job, settings)))
     reconcile(repo, job.id, config.output_dir, control.fence)
-    records = training_records(config.task, config.data, seed=config.seed)
+    records = prompt_records(config.task, config.data, seed=config.seed)
     recorder = Recorder(repo, job.id, control, config.steps)
-    hooks = TrainerHooks(recorder.on_step, control.should_stop)
+    hooks = TrainerHooks(recorder.on_step, control.should_stop, checkpoint_writer(repo, control))
     trainer = recorder.trainer = GRPOTrainer(config, records, hooks)
     if trainer.version == 0 and repo.latest_version(job.id) is None:
         repo.record_policy_version(

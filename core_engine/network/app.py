@@ -30,6 +30,7 @@ from core_engine.network.schemas import (
     GenerationRequest,
 )
 from core_engine.network.stream import EventStreamResponse, StreamContext, sse_stream
+from core_engine.prompts import encode_prompt, render_prompt
 from core_engine.scheduler import InferenceScheduler
 from core_engine.serving import ServingLoop
 from core_engine.task import GenerationResult, SamplingParams
@@ -151,14 +152,12 @@ def create_app(
         check_model(body)
         messages = [m.for_template() for m in body.messages]
         try:
-            text = tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
+            text = render_prompt(tokenizer, messages)
         except Exception as exc:  # no template, or the template rejects these messages
             raise APIError(
                 400, f"cannot apply the chat template: {exc}", "invalid_messages", "messages"
             ) from exc
-        prompt = tokenizer.encode(text, add_special_tokens=False)
+        prompt = encode_prompt(tokenizer, text)
         max_tokens = body.token_limit or max(1, engine.max_seq_len - len(prompt))
         fmt = ChatFormat(
             tokenizer, model_name, body.n, bool(body.logprobs), bool(body.top_logprobs)

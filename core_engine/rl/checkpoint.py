@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from core_engine.atomic_dir import Writer, atomic_dir, is_staging
 from core_engine.weights import canonical_weights
 
 COPIED_FILES = (
@@ -40,6 +41,21 @@ def checkpoint_dir(root: str | Path, version: int) -> Path:
     return Path(root) / f"version-{version:05d}"
 
 
+def is_complete(path: Path) -> bool:
+    """Whether ``path`` holds a whole checkpoint (its trainer state is written last)."""
+    return (path / "trainer_state.json").is_file()
+
+
+def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
+    """The complete checkpoints under ``root`` as (version, directory), oldest first."""
+    found = [
+        (read_trainer_state(path)["version"], path)
+        for path in Path(root).glob("version-*")
+        if not is_staging(path) and is_complete(path)
+    ]
+    return sorted(found)
+
+
 def save_checkpoint(
     root: str | Path,
     model: torch.nn.Module,
@@ -49,26 +65,23 @@ def save_checkpoint(
     source_dir: str | Path,
     extra: dict[str, Any] | None = None,
     pending_rollout: dict[str, Any] | None = None,
+    writer: Writer | None = None,
 ) -> Path:
-    """Write version `version` atomically (a temporary directory renamed into place);
-    `extra` joins the JSON trainer state."""
+    """Write version `version` atomically (`core_engine.atomic_dir`, as ``writer``); `extra`
+    joins the JSON trainer state."""
     final = checkpoint_dir(root, version)
-    tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    weights = {k: v.detach().contiguous() for k, v in canonical_weights(model).items()}
-    save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
-    for name in COPIED_FILES:
-        if (Path(source_dir) / name).exists():
-            shutil.copy(Path(source_dir) / name, tmp / name)
-    tensors, scalars = _split_optimizer_state(optimizer.state_dict())
-    save_file(tensors, tmp / OPTIMIZER_FILE)
-    state = {"version": version, "step": step, "optimizer": scalars, **(extra or {})}
-    (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
-    if pending_rollout is not None:
-        (tmp / PENDING_ROLLOUT).write_text(json.dumps(pending_rollout))
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+    with atomic_dir(final, writer) as tmp:
+        weights = {k: v.detach().contiguous() for k, v in canonical_weights(model).items()}
+        save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
+        for name in COPIED_FILES:
+            if (Path(source_dir) / name).exists():
+                shutil.copy(Path(source_dir) / name, tmp / name)
+        tensors, scalars = _split_optimizer_state(optimizer.state_dict())
+        save_file(tensors, tmp / OPTIMIZER_FILE)
+        state = {"version": version, "step": step, "optimizer": scalars, **(extra or {})}
+        if pending_rollout is not None:
+            (tmp / PENDING_ROLLOUT).write_text(json.dumps(pending_rollout))
+        (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
     return final
 
 
@@ -80,13 +93,8 @@ def read_pending_rollout(path: str | Path) -> dict[str, Any] | None:
 def prune_checkpoints(root: str | Path, keep_last: int, keep_every: int = 0) -> list[int]:
     """Apply the retention policy (module docstring); returns the versions whose weights were
     dropped. `keep_last` = 0 keeps every version's weights."""
-    found = sorted(
-        (read_trainer_state(p)["version"], p)
-        for p in Path(root).glob("version-*")
-        if not p.name.endswith(".tmp") and (p / "trainer_state.json").is_file()
-    )
     dropped = []
-    for rank, (version, path) in enumerate(reversed(found)):
+    for rank, (version, path) in enumerate(reversed(list_checkpoints(root))):
         if rank == 0:
             continue
         (path / OPTIMIZER_FILE).unlink(missing_ok=True)
@@ -99,8 +107,8 @@ def prune_checkpoints(root: str | Path, keep_last: int, keep_every: int = 0) -> 
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:
-    dirs = sorted(p for p in Path(root).glob("version-*") if (p / "trainer_state.json").exists())
-    return dirs[-1] if dirs else None
+    found = list_checkpoints(root)
+    return found[-1][1] if found else None
 
 
 def read_trainer_state(path: str | Path) -> dict[str, Any]:

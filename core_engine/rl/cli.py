@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.records import StepRecord, TrainerHooks
-from core_engine.rl.tasks import training_records
+from core_engine.rl.tasks import prompt_records
 from core_engine.rl.trainer import GRPOTrainer, TrainingError
 
 
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("config", help="path to a .json or .toml GRPOConfig file")
     args = parser.parse_args(argv)
     config = GRPOConfig.from_file(args.config)
-    records = training_records(config.task, config.data, seed=config.seed)
+    records = prompt_records(config.task, config.data, seed=config.seed)
     bar = tqdm(total=config.steps, desc="GRPO", unit="step")
     trainer: GRPOTrainer | None = None
 

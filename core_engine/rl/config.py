@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from core_engine.rl.rewards import check_reward_spec
+from core_engine.task import SamplingParams
 
 ENGINE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICE_TYPES = ("cpu", "cuda")
@@ -82,8 +83,8 @@ class GRPOConfig:
                 problems.append(f"{name} must be >= 1")
         if self.lr <= 0:
             problems.append("lr must be > 0")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            problems.append("temperature must be >= 0 and top_p in (0, 1]")
+        sampling = SamplingParams(temperature=self.temperature, top_p=self.top_p)
+        problems.extend(filter(None, [sampling.validation_error()]))
         if self.reject_scope not in ("batch", "group"):
             problems.append("reject_scope must be 'batch' or 'group'")
         if self.max_policy_lag < 0 or self.checkpoint_every < 0 or self.clip_eps <= 0:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import json
 import random
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 import transformers
 from safetensors.torch import save_file
 
+from core_engine.atomic_dir import atomic_dir
 from core_engine.engine import load_engine
 from core_engine.model import CausalLM, build_model, load_state
 from core_engine.rl.evaluate import evaluate
@@ -142,17 +142,13 @@ def supervised_step(model: CausalLM, optimizer, inputs, targets) -> float:
 
 
 def save_policy(path: Path, model: CausalLM, config, tokenizer, info: dict) -> Path:
-    """A Hugging Face checkpoint directory, written to a temporary name and renamed into place."""
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    weights = {k: v.detach().contiguous() for k, v in canonical_weights(model).items()}
-    save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
-    config.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / INFO_FILE).write_text(json.dumps(info, indent=1))
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
+    """A Hugging Face checkpoint directory, written atomically (`core_engine.atomic_dir`)."""
+    with atomic_dir(path) as tmp:
+        weights = {k: v.detach().contiguous() for k, v in canonical_weights(model).items()}
+        save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
+        config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / INFO_FILE).write_text(json.dumps(info, indent=1))
     return path
 
 

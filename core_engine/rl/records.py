@@ -6,6 +6,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from core_engine.atomic_dir import Writer
 from core_engine.rl.rollout import RawRollout
 
 
@@ -53,3 +54,4 @@ class StepRecord:
 class TrainerHooks:
     on_step: Callable[[StepRecord], None] | None = None
     should_stop: Callable[[], bool] | None = None
+    checkpoint_writer: Writer | None = None  # e.g. a worker attempt's tag and fencing guard

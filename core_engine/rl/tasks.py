@@ -43,8 +43,11 @@ BUILTIN_TASKS = {
 }
 
 
-def training_records(task: str | None, data: str | None, count: int = 2000, seed: int = 0):
-    """Records of a built-in task (seeded) or of a JSONL file."""
+def prompt_records(
+    task: str | None, data: str | None, count: int = 2000, seed: int = 0
+) -> list[dict[str, str]]:
+    """Prompt records of a built-in task (``count`` of them, seeded) or of a JSONL file (all):
+    training and evaluation sets alike."""
     from core_engine.rl.data import load_jsonl
 
     if data is not None:

@@ -36,20 +36,10 @@ from core_engine.rl.data import collate
 from core_engine.rl.loss import group_advantages
 from core_engine.rl.records import StepRecord, StopReason, TrainerHooks, VersionRecord
 from core_engine.rl.rewards import RewardError, resolve_reward
-from core_engine.rl.rollout import (
-    RolloutGenerator,
-    RolloutResult,
-    RolloutRunner,
-    longest_prompt,
-)
+from core_engine.rl.rollout import RolloutGenerator, RolloutResult, RolloutRunner, longest_prompt
 from core_engine.rl.screen import screen_groups
 from core_engine.rl.tasks import default_reward
-from core_engine.rl.update import (
-    TrainSample,
-    UpdateResult,
-    accumulate_gradients,
-    build_optimizer,
-)
+from core_engine.rl.update import TrainSample, UpdateResult, accumulate_gradients, build_optimizer
 from core_engine.task import SamplingParams
 from core_engine.weights import canonical_weights, update_digest, weights_checksum
 
@@ -343,6 +333,7 @@ class GRPOTrainer:
             self.config.model,
             {"batches_drawn": self.batches_drawn, "updates_done": done},
             pending,
+            self.hooks.checkpoint_writer,
         )
 
     def stats(self) -> dict[str, Any]:

@@ -167,10 +167,6 @@ class JobsMixin(RepositoryBase):
             ids = list(session.scalars(statement))
         return [self.request_cancel(job_id) for job_id in ids]
 
-    def is_cancel_requested(self, job_id: int) -> bool:
-        with self._read() as session:
-            return load_job(session, job_id).cancel_requested
-
     def mark_running(
         self, job_id: int, *, celery_task_id: str | None = None, fence: int | None = None
     ) -> JobInfo:

@@ -6,6 +6,8 @@ token is checked in the transaction of the write (`lock_job`), so once recovery 
 attempt has taken the job, the old owner cannot store anything more.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 
 from sqlalchemy import delete, select
@@ -50,6 +52,15 @@ class OwnershipMixin(RepositoryBase):
             job.heartbeat_at = utcnow()
             session.flush()
             return job_info(job)
+
+    @contextmanager
+    def owning(self, job_id: int, fence: int) -> Iterator[None]:
+        """Run the block as the job's owner: `StaleOwner` unless attempt ``fence`` still owns
+        the job, which stays locked until the block ends (recovery and a new attempt wait),
+        so what the block does on disk can never interleave with a newer owner's work."""
+        with self._write() as session:
+            lock_job(session, job_id, fence)
+            yield
 
     def release(self, job_id: int, fence: int) -> JobInfo:
         """A clean hand-back (the worker is shutting down): the attempt does not count, the

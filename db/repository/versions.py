@@ -5,7 +5,7 @@ from sqlalchemy.orm import Session
 
 from db.errors import InvalidValue, VersionConflict, VersionNotFound
 from db.models import Job, PolicyVersion
-from db.records import PolicyMetrics, PolicyVersionInfo, PolicyVersionRecord
+from db.records import METRIC_TYPES, PolicyMetrics, PolicyVersionInfo, PolicyVersionRecord
 from db.repository.base import (
     RepositoryBase,
     check_finite,
@@ -14,15 +14,6 @@ from db.repository.base import (
     load_job,
     lock_job,
     require_active,
-)
-
-_METRIC_FLOATS = (
-    "reward_mean",
-    "reward_std",
-    "loss",
-    "kl",
-    "train_infer_mismatch",
-    "tokens_per_second",
 )
 
 
@@ -34,27 +25,19 @@ def version_info(row: PolicyVersion) -> PolicyVersionInfo:
         checkpoint_path=row.checkpoint_path,
         weights_checksum=row.weights_checksum,
         metrics=PolicyMetrics(
-            reward_mean=row.reward_mean,
-            reward_std=row.reward_std,
-            loss=row.loss,
-            kl=row.kl,
-            train_infer_mismatch=row.train_infer_mismatch,
-            num_accepted=row.num_accepted,
-            num_rejected=row.num_rejected,
-            tokens_per_second=row.tokens_per_second,
-            extra=row.extra_metrics,
+            **{name: getattr(row, name) for name in METRIC_TYPES}, extra=row.extra_metrics
         ),
         created_at=row.created_at,
     )
 
 
 def _check_metrics(metrics: PolicyMetrics) -> None:
-    for name in _METRIC_FLOATS:
-        check_finite(getattr(metrics, name), f"metrics.{name}")
-    for name in ("num_accepted", "num_rejected"):
-        count = getattr(metrics, name)
-        if count is not None:
-            check_non_negative(count, f"metrics.{name}")
+    for name, kind in METRIC_TYPES.items():
+        value = getattr(metrics, name)
+        if kind is float:
+            check_finite(value, f"metrics.{name}")
+        elif value is not None:
+            check_non_negative(value, f"metrics.{name}")
     check_json(dict(metrics.extra), "metrics.extra")
 
 
@@ -97,14 +80,7 @@ def insert_version(session: Session, job: Job, record: PolicyVersionRecord) -> P
         parent_version=record.parent_version,
         checkpoint_path=record.checkpoint_path,
         weights_checksum=record.weights_checksum,
-        reward_mean=metrics.reward_mean,
-        reward_std=metrics.reward_std,
-        loss=metrics.loss,
-        kl=metrics.kl,
-        train_infer_mismatch=metrics.train_infer_mismatch,
-        num_accepted=metrics.num_accepted,
-        num_rejected=metrics.num_rejected,
-        tokens_per_second=metrics.tokens_per_second,
+        **{name: getattr(metrics, name) for name in METRIC_TYPES},
         extra_metrics=dict(metrics.extra),
     )
     session.add(row)
@@ -137,6 +113,17 @@ class VersionsMixin(RepositoryBase):
                 .where(PolicyVersion.job_id == job_id)
                 .order_by(PolicyVersion.version.desc())
                 .limit(1)
+            ).one_or_none()
+            return None if row is None else version_info(row)
+
+    def get_version(self, job_id: int, version: int) -> PolicyVersionInfo | None:
+        """The job's recorded ``version``, or None if it has no such version."""
+        with self._read() as session:
+            load_job(session, job_id)
+            row = session.scalars(
+                select(PolicyVersion).where(
+                    PolicyVersion.job_id == job_id, PolicyVersion.version == version
+                )
             ).one_or_none()
             return None if row is None else version_info(row)
 

@@ -200,10 +200,10 @@ def test_one_end_of_sequence_rule_with_two_eos_ids(tmp_path):
     engine = load_engine(path)
     assert set(engine.eos_token_ids) == {2, 7}
     config = GRPOConfig(model=str(path), output_dir=str(tmp_path / "o"), task="always7")
-    from core_engine.rl.tasks import training_records
+    from core_engine.rl.tasks import prompt_records
     from core_engine.rl.trainer import GRPOTrainer
 
-    trainer = GRPOTrainer(config, training_records("always7", None, count=8))
+    trainer = GRPOTrainer(config, prompt_records("always7", None, count=8))
     assert trainer.engine.eos_token_ids == engine.eos_token_ids
 
 

@@ -10,7 +10,7 @@ from core_engine.rl.config import GRPOConfig
 from core_engine.rl.records import TrainerHooks
 from core_engine.rl.rewards import RewardError
 from core_engine.rl.rollout import RolloutRunner, StaleRolloutError, check_policy_lag
-from core_engine.rl.tasks import training_records
+from core_engine.rl.tasks import prompt_records
 from core_engine.rl.trainer import GRPOTrainer, TrainingError
 from core_engine.weights import canonical_weights, weights_checksum
 
@@ -33,7 +33,7 @@ def make_config(checkpoint, tmp_path, **overrides):
 
 def make_trainer(checkpoint, tmp_path, hooks=None, **overrides):
     config = make_config(checkpoint, tmp_path, **overrides)
-    return GRPOTrainer(config, training_records(config.task, None, count=64), hooks)
+    return GRPOTrainer(config, prompt_records(config.task, None, count=64), hooks)
 
 
 def snapshot(trainer):

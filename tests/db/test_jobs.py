@@ -84,7 +84,6 @@ def test_invalid_job_input_is_refused(repo: Repository, call, match: str) -> Non
         lambda repo: repo.mark_running(999),
         lambda repo: repo.update_progress(999, 1),
         lambda repo: repo.request_cancel(999),
-        lambda repo: repo.is_cancel_requested(999),
         lambda repo: repo.start_attempt(999),
         lambda repo: repo.mark_failed(999, "boom"),
         lambda repo: repo.set_celery_task_id(999, "t"),
@@ -185,10 +184,10 @@ def test_cancel_a_queued_job_cancels_it_at_once(repo: Repository) -> None:
 def test_cancel_a_running_job_is_cooperative(repo: Repository) -> None:
     job = repo.create_job("train", {}, total_steps=10)
     repo.mark_running(job.id)
-    assert not repo.is_cancel_requested(job.id)
+    assert not repo.get_job(job.id).cancel_requested
     assert repo.request_cancel(job.id).status is JobStatus.CANCELLING
     assert repo.request_cancel(job.id).status is JobStatus.CANCELLING  # idempotent
-    assert repo.is_cancel_requested(job.id)
+    assert repo.get_job(job.id).cancel_requested
     assert repo.update_progress(job.id, 4).cancel_requested  # the worker's per-step check
     stopped = repo.mark_cancelled(job.id, "cancelled by user at step 4")
     assert stopped.status is JobStatus.CANCELLED

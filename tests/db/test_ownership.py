@@ -1,6 +1,7 @@
 """Fencing tokens, heartbeats and recovery: once a job is taken from an owner, nothing that
 owner sends is stored; a retried step replaces what the interrupted attempt stored."""
 
+import threading
 from datetime import timedelta
 
 import pytest
@@ -49,6 +50,22 @@ def test_every_write_of_a_stale_owner_is_refused_and_the_new_owner_is_unaffected
 
     repo.record_step([make_batch(old.id, samples)], version(old.id, 1), fence=new.fence)
     assert repo.mark_succeeded(old.id, fence=new.fence).status is JobStatus.SUCCEEDED
+
+
+def test_while_an_owner_acts_as_owner_no_new_attempt_can_take_the_job(repo):
+    """`owning` (a checkpoint commit): recovery and a new attempt wait for the block; then
+    the old owner is refused."""
+    old = started(repo)
+    taken = []
+    with repo.owning(old.id, old.fence):
+        thread = threading.Thread(target=lambda: taken.append(repo.start_attempt(old.id)))
+        thread.start()
+        thread.join(0.5)
+        assert thread.is_alive() and taken == []
+    thread.join(30)
+    assert taken[0].fence == old.fence + 1
+    with pytest.raises(StaleOwner), repo.owning(old.id, old.fence):
+        pytest.fail("a stale owner ran as owner")
 
 
 def test_recovery_takes_only_jobs_without_a_recent_heartbeat(repo):

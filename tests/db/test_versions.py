@@ -49,6 +49,7 @@ def test_record_and_read_back_versions(repo: Repository) -> None:
     assert [v.version for v in versions] == [0, 1]
     assert versions[0].metrics == PolicyMetrics()
     assert versions[1] == recorded
+    assert repo.get_version(job.id, 1) == recorded and repo.get_version(job.id, 2) is None
 
 
 def test_latest_version_of_a_job_without_versions(repo: Repository) -> None:
@@ -57,6 +58,8 @@ def test_latest_version_of_a_job_without_versions(repo: Repository) -> None:
     assert repo.list_versions(job.id) == []
     with pytest.raises(JobNotFound):
         repo.latest_version(job.id + 1)
+    with pytest.raises(JobNotFound):
+        repo.get_version(job.id + 1, 0)
 
 
 @pytest.mark.parametrize("version", [2, 1])

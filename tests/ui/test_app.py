@@ -8,7 +8,8 @@ from pathlib import Path
 import gradio as gr
 import pytest
 
-from ui import __main__ as cli
+import ui.app
+from ui import cli
 from ui.app import build_app, launch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,7 +61,7 @@ def test_every_event_has_its_own_api_name(services):
 
 
 def test_importing_the_ui_imports_no_torch():
-    code = "import sys, ui.app, ui.__main__; print('torch' in sys.modules)"
+    code = "import sys, ui.app, ui.cli, ui.__main__; print('torch' in sys.modules)"
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
@@ -96,21 +97,32 @@ def test_launch_binds_to_localhost_without_share_by_default(services, monkeypatc
 
 def test_the_command_line_takes_host_port_share_and_auth(monkeypatch):
     calls = []
-    monkeypatch.setattr(cli, "launch", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(ui.app, "launch", lambda **kwargs: calls.append(kwargs))
     monkeypatch.setattr(cli, "upgrade", lambda: calls.append("upgrade"))
     monkeypatch.delenv("RLWB_AUTH", raising=False)
-    cli.main([])
-    assert calls == ["upgrade", {"host": "127.0.0.1", "port": 7860, "auth": None, "share": False}]
-    cli.main(["--host", "0.0.0.0", "--port", "8000", "--share", "--auth", "ann:secret"])
-    assert calls[-1] == {"host": "0.0.0.0", "port": 8000, "auth": ("ann", "secret"), "share": True}
+    local = {"allow_unauthenticated": False}
+    cli.main(["ui"])
+    assert calls == [
+        "upgrade",
+        {"host": "127.0.0.1", "port": 7860, "auth": None, "share": False, **local},
+    ]
+    cli.main(["ui", "--host", "0.0.0.0", "--port", "8000", "--share", "--auth", "ann:secret"])
+    assert calls[-1] == {
+        "host": "0.0.0.0",
+        "port": 8000,
+        "auth": ("ann", "secret"),
+        "share": True,
+        **local,
+    }
     monkeypatch.setenv("RLWB_AUTH", "bob:pw:with:colons")
-    cli.main([])
+    cli.main(["ui"])
     assert calls[-1]["auth"] == ("bob", "pw:with:colons")
     with pytest.raises(SystemExit):
-        cli.main(["--auth", "nopassword"])
+        cli.main(["ui", "--auth", "nopassword"])
     monkeypatch.delenv("RLWB_AUTH")
     for public in (["--share"], ["--host", "0.0.0.0"]):  # never public without a password
-        with pytest.raises(SystemExit):
-            cli.main(public)
+        served = len(calls)
+        assert cli.main(["ui", *public]) == 2
+        assert len(calls) == served
         with pytest.raises(ValueError, match="without a password"):
             launch(host="0.0.0.0" if "--host" in public else "127.0.0.1", share="--share" in public)

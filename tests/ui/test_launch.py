@@ -138,7 +138,7 @@ def test_launch_warns_when_no_worker_is_online(services, world):
 def test_trainer_config_rules_are_reported_too(services, world):
     message = launch_job(services, **form(steps=0, top_p=1.5, group_size=0))
     assert inert("steps must be >= 1") in message and inert("group_size must be >= 1") in message
-    assert inert("top_p in (0, 1]") in message
+    assert inert("top_p must be in (0, 1]") in message
     assert world["queue"].submitted == []
 
 

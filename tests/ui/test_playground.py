@@ -56,11 +56,13 @@ def chat(services, job_id, message, history=(), **settings):
 
 def expected(services, job_id, messages, max_tokens=8):
     from core_engine.task import SamplingParams
-    from workers.chat import saved_version, verified_engine
+    from workers.engines import engine_cache, saved_version
     from workers.settings import Settings
 
     info = saved_version(services.repository, job_id, VERSION)
-    engine = verified_engine(info, Settings.from_env())
+    engine, _ = engine_cache(Settings.from_env()).verified(
+        info.checkpoint_path, info.version, info.weights_checksum
+    )
     text = engine.tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=True
     )

@@ -2,9 +2,10 @@
 
 import re
 
-from ui.files import find_checkpoints, find_jsonl, is_under, model_roots_from_env, save_upload
+from ui.files import find_checkpoints, find_jsonl, is_under, save_upload
 from ui.render import inert, logprob_colour, token_spans
 from ui.tokens import token_texts
+from workers.api import model_roots
 
 
 def hue(colour: str) -> int:
@@ -45,10 +46,10 @@ def test_checkpoints_and_prompt_sets_are_found_under_the_roots(tmp_path, monkeyp
     assert find_jsonl([tmp_path]) == [tmp_path / "a" / "set.jsonl"]
     assert is_under(model, [tmp_path]) and not is_under(tmp_path / ".." / "x", [tmp_path])
     monkeypatch.setenv("RLWB_MODEL_ROOTS", f"{tmp_path}:/opt/models")
-    assert model_roots_from_env() == (tmp_path, tmp_path.__class__("/opt/models"))
+    assert model_roots() == (tmp_path, tmp_path.__class__("/opt/models"))
     monkeypatch.delenv("RLWB_MODEL_ROOTS")
     monkeypatch.setenv("RLWB_DATA_DIR", str(tmp_path / "data"))
-    assert model_roots_from_env() == (tmp_path / "data",)
+    assert model_roots() == (tmp_path / "data",)
 
 
 def test_uploads_never_overwrite(tmp_path):

@@ -48,7 +48,7 @@ def settings(env: Path) -> Settings:
 
 @pytest.fixture
 def repo(env: Path) -> Iterator[Repository]:
-    from workers.storage import repository
+    from workers.app import repository
 
     yield repository()
 

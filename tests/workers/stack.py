@@ -116,7 +116,7 @@ class Stack:
 
     def rlwb(self, *args: str) -> str:
         """The ``rlwb`` command line against this deployment; its output."""
-        argv = [sys.executable, "-m", "workers", *args]
+        argv = [sys.executable, "-m", "ui", *args]
         done = subprocess.run(
             argv, cwd=self.root, env=self.env, capture_output=True, text=True, timeout=120
         )

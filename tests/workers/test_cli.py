@@ -1,22 +1,21 @@
-"""The ``rlwb`` command: help everywhere, db upgrade, train without the queue, ui, and ``up``
-on embedded defaults (no broker server, SQLite) end to end."""
+"""The ``rlwb`` command (`ui.cli`): help everywhere, db upgrade, train without the queue, ui,
+and ``up`` on embedded defaults (no broker server, SQLite) end to end."""
 
-import importlib
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import types
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
+import ui.app
 from db import JobStatus
 from tests.workers.helpers import running, train_config, wait_for
-from workers import cli
+from ui import cli
+from workers.commands import worker_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 SUBMIT = (
@@ -54,25 +53,31 @@ def test_train_runs_a_job_here_and_records_it(env, repo, tiny_model, tmp_path, c
     assert job.status is JobStatus.SUCCEEDED and job.current_version == 2
 
 
-def test_ui_launches_the_ui_module_or_says_it_is_missing(monkeypatch, capsys):
+@pytest.fixture
+def served(monkeypatch):
+    """What `rlwb ui` would serve (nothing is served), after migrating (not done here)."""
     calls = []
-    fake = types.SimpleNamespace(launch=lambda *args, **kwargs: calls.append(args))
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
-    monkeypatch.setattr(importlib, "import_module", lambda name: fake)
+    monkeypatch.setattr(ui.app, "launch", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(cli, "upgrade", lambda: calls.append("upgrade"))
+    return calls
+
+
+def test_ui_migrates_then_serves_the_ui(served):
     assert cli.main(["ui", "--port", "9999", "--auth", "ann:secret"]) == 0
-    assert calls == [("127.0.0.1", 9999, ("ann", "secret"))]
+    assert served == [
+        "upgrade",
+        {
+            "host": "127.0.0.1",
+            "port": 9999,
+            "auth": ("ann", "secret"),
+            "share": False,
+            "allow_unauthenticated": False,
+        },
+    ]
 
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    assert cli.main(["ui"]) == 1
-    assert "not available" in capsys.readouterr().err
 
-
-def test_a_public_address_needs_a_password(monkeypatch, capsys):
+def test_a_public_address_needs_a_password(served, monkeypatch, capsys):
     """Also the image's default command: it serves nothing public without RLWB_AUTH."""
-    calls = []
-    fake = types.SimpleNamespace(launch=lambda *args, **kwargs: calls.append(args))
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
-    monkeypatch.setattr(importlib, "import_module", lambda name: fake)
     monkeypatch.delenv("RLWB_AUTH", raising=False)
     cmd = next(
         line for line in (ROOT / "Dockerfile").read_text().splitlines() if line[:4] == "CMD "
@@ -80,18 +85,18 @@ def test_a_public_address_needs_a_password(monkeypatch, capsys):
     for argv in (["ui", "--host", "0.0.0.0"], json.loads(cmd.removeprefix("CMD "))):
         assert cli.main(argv) == 2
         assert "without a password" in capsys.readouterr().err
-    assert calls == []
+    assert served == []
     assert cli.main(["ui", "--host", "0.0.0.0", "--auth", "ann:secret"]) == 0
     assert cli.main(["ui", "--host", "0.0.0.0", "--allow-unauthenticated"]) == 0
     monkeypatch.setenv("RLWB_AUTH", "ann:secret")
     assert cli.main(["ui", "--host", "0.0.0.0"]) == 0
-    assert [call[0] for call in calls] == ["0.0.0.0"] * 3
+    assert [call["host"] for call in served if call != "upgrade"] == ["0.0.0.0"] * 3
 
 
 def test_worker_arguments():
-    argv = cli.worker_argv(["-n", "gpu0@%h"])
+    argv = worker_argv(["-n", "gpu0@%h"])
     assert argv[:4] == ["worker", "--pool=threads", "--concurrency=1", "--queues=gpu"]
-    chat = cli.worker_argv([], interactive=True)
+    chat = worker_argv([], interactive=True)
     assert chat[:4] == ["worker", "--pool=threads", "--concurrency=2", "--queues=interactive"]
     assert argv[-2:] == ["-n", "gpu0@%h"]
 
@@ -108,7 +113,7 @@ def test_up_runs_a_submitted_job_on_embedded_defaults(tmp_path, tiny_model):
     env.update(RLWB_DATA_DIR=str(tmp_path / "data"), OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     env["RLWB_MODEL_ROOTS"] = tempfile.gettempdir()  # where the tests' models are
     log = tmp_path / "up.log"
-    argv = [sys.executable, "-m", "workers", "up", "--no-ui"]
+    argv = [sys.executable, "-m", "ui", "up", "--no-ui"]
     with running(argv, env, tmp_path, log) as up:
         wait_for(lambda: "ready" in log.read_text(), 60, "the worker to start")
         job_id = subprocess.run(

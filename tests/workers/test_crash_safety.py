@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from db import JobStatus
 from tests.workers.helpers import assert_consistent, samples_in_db, train_config
-from workers.jobs import run_job
+from workers.jobs import Stop, run_job
 
 STEPS = 4
 SAMPLES = 4  # batch_size 2 x group_size 2
@@ -114,6 +114,35 @@ def test_an_interrupted_checkpoint_rename_is_finished(repo, settings, job, monke
     final = checkpoint(settings, job.id, 2)
     final.rename(final.with_name("version-00002.tmp"))  # died between rmtree and rename
     assert run_job(repo, job.id, settings).status == "succeeded"
+    assert_consistent(repo, job.id, STEPS, SAMPLES)
+
+
+def _files(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_a_stale_owners_checkpoint_commit_is_refused(repo, settings, job, monkeypatch):
+    """Attempt A freezes just before committing its first checkpoint; recovery gives the job
+    to attempt B, which runs it to the end. When A wakes up its commit is refused, and B's
+    checkpoint of the same version is left exactly as B wrote it."""
+    owning, after_b = repo.owning, {}
+
+    def frozen_once(job_id, fence):
+        if not after_b:  # A, frozen: the job is taken from it and B runs it
+            after_b["fence"] = fence
+            after_b["outcome"] = run_job(repo, job_id, settings)
+            after_b["files"] = _files(checkpoint(settings, job_id, 1))
+        return owning(job_id, fence)
+
+    monkeypatch.setattr(repo, "owning", frozen_once)
+    outcome = run_job(repo, job.id, settings)
+
+    assert after_b["outcome"].status == "succeeded"
+    assert outcome.status == "interrupted" and outcome.stop is Stop.LOST
+    assert _files(checkpoint(settings, job.id, 1)) == after_b["files"]
+    assert [p.name for p in checkpoint(settings, job.id, 1).parent.glob("*.tmp*")] == []
+    info = repo.get_job(job.id)
+    assert info.status is JobStatus.SUCCEEDED and info.attempts == 2
     assert_consistent(repo, job.id, STEPS, SAMPLES)
 
 

@@ -4,8 +4,7 @@ import pytest
 
 from db import BatchStatus, JobStatus, SampleFilter
 from tests.workers.helpers import train_config
-from workers.control import Stop
-from workers.jobs import run_job
+from workers.jobs import Stop, run_job
 
 
 def test_train_job_records_every_batch_and_version(repo, settings, tiny_model):

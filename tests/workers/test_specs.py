@@ -48,7 +48,7 @@ def test_evaluate_and_compare_configs():
 
 def test_the_api_and_the_app_import_no_torch(tmp_path):
     code = (
-        "import sys, workers.api, workers.app, workers.tasks, workers.cli;"
+        "import sys, workers.api, workers.app, workers.tasks, workers.jobs, workers.commands;"
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     env = {**os.environ, "RLWB_DATA_DIR": str(tmp_path)}
