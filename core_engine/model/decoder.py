@@ -193,7 +193,11 @@ class CausalLM(nn.Module):
         [T, hidden]. Each sequence starts at position 0; the LM head is left to the caller, so
         logits are only ever computed where they are needed. `checkpointing` recomputes each
         layer in the backward instead of keeping its activations."""
-        x = self.model.embed_tokens(input_ids)
+        embed = self.model.embed_tokens
+        # Tied: the lookup's gradient comes back sparse and is added in place into the LM
+        # head's dense one, so the backward never holds a second [vocab, hidden] tensor.
+        sparse = self.config.tie_word_embeddings and torch.is_grad_enabled()
+        x = F.embedding(input_ids, embed.weight, embed.padding_idx, sparse=sparse)
         positions = torch.cat([torch.arange(n, device=input_ids.device) for n in seq_lens])
         cos, sin = self._rope(positions, x.dtype)
         layout = PackedLayout.from_lengths(seq_lens, input_ids.device)
