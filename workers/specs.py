@@ -18,6 +18,7 @@ step (4,194,304), ``RLWB_MAX_STEPS`` (1,000,000), ``RLWB_MAX_NEW_TOKENS`` per sa
 or the data dir, an ``output_dir`` under the data dir; links are resolved first.
 """
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -198,6 +199,29 @@ def check_sizes(kind: JobKind | str, config: dict[str, Any]) -> None:
         raise SpecError("too large for the workers: " + "; ".join(problems))
 
 
+def check_kv_budget(config: dict[str, Any], model_dir: Path) -> None:
+    """`SpecError` when an explicit ``kv_cache_bytes`` is below the least one request can
+    need: one prompt token plus ``max_tokens``, at 2 bytes per value (the engine's smallest
+    dtype). The worker checks the exact need (real prompts, its dtype) at job start."""
+    budget = config.get("kv_cache_bytes")
+    if not isinstance(budget, int) or isinstance(budget, bool):
+        return
+    try:
+        model = json.loads((model_dir / "config.json").read_text())
+        heads = model["num_attention_heads"]
+        head_dim = model.get("head_dim") or model["hidden_size"] // heads
+        kv_heads = model.get("num_key_value_heads") or heads
+        per_token = 2 * model["num_hidden_layers"] * kv_heads * head_dim * 2
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return  # an unusual config: the worker's exact check decides
+    tokens = 1 + _number(config, "max_tokens", 16)
+    if budget < per_token * tokens:
+        raise SpecError(
+            f"kv_cache_bytes {budget:,} cannot hold one request: {tokens} tokens (1 prompt "
+            f"token + max_tokens) x {per_token:,} bytes per token need {per_token * tokens:,}"
+        )
+
+
 def check_paths(config: dict[str, Any], settings: Settings) -> None:
     """`SpecError` unless every file the job names is one it may use (see the docstring)."""
     roots = model_roots(settings.data_dir)
@@ -208,6 +232,7 @@ def check_paths(config: dict[str, Any], settings: Settings) -> None:
             raise SpecError(f"model: {model} is not under a model root (RLWB_MODEL_ROOTS)")
         if not (path / "config.json").is_file():
             raise SpecError(f"model: {model} has no config.json")
+        check_kv_budget(config, path)
     data = config.get("data")
     if isinstance(data, str) and not is_under(Path(data), (*roots, settings.data_dir)):
         raise SpecError(f"data: {data} is not under a model root or the data directory")

@@ -49,3 +49,19 @@ def test_the_worker_checks_again(repo, settings, tiny_model, monkeypatch):
     assert run_job(repo, other.id, settings, queued=True).status == "failed"
     info = repo.get_job(other.id)
     assert info.status is JobStatus.FAILED and "not under a model root" in info.error
+
+
+def test_a_kv_budget_below_one_request_is_refused_before_queueing(env, repo, tiny_model):
+    import torch
+    from transformers import AutoConfig
+
+    from core_engine.cache.sizing import model_kv_bytes_per_token
+
+    per_token = model_kv_bytes_per_token(AutoConfig.from_pretrained(tiny_model), torch.bfloat16)
+    config = train_config(tiny_model, max_tokens=8)
+    floor = per_token * 9  # one prompt token + max_tokens
+    with pytest.raises(SpecError, match=f"cannot hold one request: 9 tokens .* need {floor:,}"):
+        api.submit_job("train", {**config, "kv_cache_bytes": floor - 1})
+    assert repo.list_jobs() == []
+    api.submit_job("train", {**config, "kv_cache_bytes": floor})  # the worker decides exactly
+    assert len(repo.list_jobs()) == 1

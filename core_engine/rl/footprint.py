@@ -1,0 +1,103 @@
+"""What a training job needs at the least, checked against what the worker has before any
+weights are loaded.
+
+The floor: the trainer's fp32 weights, gradients and AdamW's two moments (16 bytes per
+parameter), a KL reference model (4 bytes per parameter), the engine's own copy when it computes
+in a lower precision, and the engine's KV pool when it is kept during the training phase.
+Activations, the log-softmax chunks and the process itself come on top, so a job refused here
+could never have run; one that passes may still need more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core_engine.cache.sizing import DEFAULT_CPU_KV_BYTES
+from core_engine.engine import resolve_dtype
+from core_engine.model.loader import build_model
+from core_engine.rl.config import GRPOConfig
+
+GIB = 2**30
+
+
+class InsufficientMemoryError(ValueError):
+    """The worker cannot hold even the job's floor (see the module docstring)."""
+
+
+@dataclass(frozen=True)
+class Footprint:
+    parameters: int
+    trainer_bytes: int  # fp32 weights + gradients + AdamW moments
+    reference_bytes: int
+    engine_copy_bytes: int
+    kv_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.trainer_bytes + self.reference_bytes + self.engine_copy_bytes + self.kv_bytes
+
+    def describe(self) -> str:
+        parts = [f"{self.trainer_bytes / GIB:.2f} GiB fp32 weights + gradients + AdamW"]
+        if self.reference_bytes:
+            parts.append(f"{self.reference_bytes / GIB:.2f} GiB KL reference")
+        if self.engine_copy_bytes:
+            parts.append(f"{self.engine_copy_bytes / GIB:.2f} GiB engine copy")
+        if self.kv_bytes:
+            parts.append(f"{self.kv_bytes / GIB:.2f} GiB KV kept while training")
+        return f"{self.parameters:,} parameters: " + " + ".join(parts)
+
+
+def count_parameters(hf_config: Any) -> int:
+    """Distinct parameters of the model a config describes (tied embeddings once), counted on
+    the meta device: nothing is allocated."""
+    return sum(p.numel() for p in build_model(hf_config, torch.float32, "meta").parameters())
+
+
+def training_footprint(config: GRPOConfig, hf_config: Any, device: torch.device) -> Footprint:
+    parameters = count_parameters(hf_config)
+    engine_dtype = resolve_dtype(config.engine_dtype, device)
+    engine_copy = 0 if engine_dtype == torch.float32 else parameters * engine_dtype.itemsize
+    kv = 0
+    if not config.release_kv_during_training and device.type == "cpu":
+        kv = config.kv_cache_bytes or DEFAULT_CPU_KV_BYTES
+    return Footprint(
+        parameters=parameters,
+        trainer_bytes=16 * parameters,
+        reference_bytes=4 * parameters if config.kl_coef else 0,
+        engine_copy_bytes=engine_copy,
+        kv_bytes=kv,
+    )
+
+
+def available_bytes(device: torch.device) -> int:
+    """Memory this job may still take: free device memory on CUDA, else the host's
+    MemAvailable (what Linux can hand out without swapping)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("cannot read MemAvailable from /proc/meminfo")
+
+
+def check_footprint(footprint: Footprint, available: int, device: torch.device) -> None:
+    if footprint.total_bytes > available:
+        raise InsufficientMemoryError(
+            f"this job needs at least {footprint.total_bytes / GIB:.2f} GiB on {device} "
+            f"({footprint.describe()}), but only {available / GIB:.2f} GiB is available: use a "
+            "smaller model or a worker with more memory"
+        )
+
+
+def check_room_for(config: GRPOConfig, device: torch.device) -> Footprint:
+    """Refuse (`InsufficientMemoryError`) a job whose floor exceeds what `device` has free."""
+    from transformers import AutoConfig
+
+    hf_config = AutoConfig.from_pretrained(config.model, local_files_only=True)
+    footprint = training_footprint(config, hf_config, device)
+    check_footprint(footprint, available_bytes(device), device)
+    return footprint
