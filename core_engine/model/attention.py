@@ -25,6 +25,9 @@ class AttentionMetadata:
     context_lens: list[int]
     gather_index: torch.Tensor  # [num_seqs, max_context] int64
     decode_mask: torch.Tensor | None = None  # [num_seqs, 1, 1, max_context] bool, decode only
+    # Decode only: the first `shared_prefix` context slots are the same for every sequence (a
+    # shared header in the prefix cache); they are read once and attended by all rows together.
+    shared_prefix: int = 0
 
     @property
     def is_decode(self) -> bool:
@@ -96,6 +99,8 @@ def paged_attention(
     """Write the new K/V into the pool, then attend. q: [N, H, D]; k, v: [N, KVH, D]."""
     k_cache.index_copy_(0, meta.slot_mapping, k)
     v_cache.index_copy_(0, meta.slot_mapping, v)
+    if meta.is_decode and meta.shared_prefix:
+        return cascade_decode(q, k_cache, v_cache, meta, scale)
     if meta.is_decode:
         keys = gather_slots(k_cache, meta.gather_index).transpose(1, 2)  # [B, KVH, L, D]
         values = gather_slots(v_cache, meta.gather_index).transpose(1, 2)
@@ -124,3 +129,47 @@ def paged_attention(
         outputs.append(oi.squeeze(0).transpose(0, 1))
         start += n
     return torch.cat(outputs, dim=0)
+
+
+def cascade_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Decode attention in two parts merged by their log-sum-exp (FlashInfer's cascade): the
+    shared prefix is gathered once and attended by every row in one batched product, each row's
+    own suffix separately. q: [B, H, D] -> [B, H, D]."""
+    shared = meta.shared_prefix
+    prefix_slots = meta.gather_index[0, :shared]
+    prefix_k = gather_slots(k_cache, prefix_slots).transpose(0, 1)[None]  # [1, KVH, P, D]
+    prefix_v = gather_slots(v_cache, prefix_slots).transpose(0, 1)[None]
+    suffix_slots = meta.gather_index[:, shared:]
+    suffix_k = gather_slots(k_cache, suffix_slots).transpose(1, 2)  # [B, KVH, S, D]
+    suffix_v = gather_slots(v_cache, suffix_slots).transpose(1, 2)
+    suffix_mask = meta.decode_mask[..., shared:]  # [B, 1, 1, S]
+    out_p, lse_p = _attend(q, prefix_k, prefix_v, None, scale)
+    out_s, lse_s = _attend(q, suffix_k, suffix_v, suffix_mask, scale)
+    lse = torch.logaddexp(lse_p, lse_s)
+    out = out_p * torch.exp(lse_p - lse) + out_s * torch.exp(lse_s - lse)
+    return out.flatten(1, 2).to(q.dtype)
+
+
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One query per row against k, v [B or 1, KVH, L, D] (GQA by grouping the query heads):
+    fp32 outputs [B, KVH, group, D] and log-sum-exps [B, KVH, group, 1]."""
+    batch, heads, dim = q.shape
+    kv_heads = k.shape[1]
+    grouped = q.view(batch, kv_heads, heads // kv_heads, dim).float()
+    scores = grouped @ k.float().transpose(-1, -2) * scale  # [B, KVH, group, L]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    return torch.exp(scores - lse) @ v.float(), lse

@@ -16,6 +16,19 @@ from core_engine.runtime.graph import GraphDecodeRunner, graphs_supported
 from core_engine.runtime.sample import SampleOutput, sample
 from core_engine.task import Task
 
+# Below this many shared context slots, splitting decode attention costs more than it saves.
+MIN_SHARED_PREFIX = 32
+
+
+def shared_prefix(gather_index: torch.Tensor, limit: int) -> int:
+    """How many leading context slots every row has in common (0 below `MIN_SHARED_PREFIX` or
+    for a single row), at most `limit` (each row keeps its newest token to itself)."""
+    if gather_index.shape[0] < 2 or limit < MIN_SHARED_PREFIX:
+        return 0
+    same = (gather_index[:, :limit] == gather_index[:1, :limit]).all(0)
+    shared = int(same.int().cumprod(0).sum())
+    return shared if shared >= MIN_SHARED_PREFIX else 0
+
 
 class Executor:
     def __init__(self, model: CausalLM, cache: TaskCacheManager, cuda_graph: bool = True) -> None:
@@ -62,14 +75,16 @@ class Executor:
         lens = torch.tensor(context_lens, device=self.device)
         positions = lens - 1
         max_len = max(context_lens)
+        gather_index = self.table[rows, :max_len]
         meta = AttentionMetadata(
             slot_mapping=self.table[rows, positions],
             query_lens=[1] * len(tasks),
             context_lens=context_lens,
-            gather_index=self.table[rows, :max_len],
+            gather_index=gather_index,
             decode_mask=(torch.arange(max_len, device=self.device)[None, :] < lens[:, None])[
                 :, None, None, :
             ],
+            shared_prefix=shared_prefix(gather_index, min(context_lens) - 1),
         )
         ids = self._tensor([t.output_ids[-1] if t.output_ids else t.prompt_ids[-1] for t in tasks])
         return ids, positions, meta, torch.arange(len(tasks), device=self.device)

@@ -5,6 +5,7 @@ HF's and to the unshared run."""
 import pytest
 import torch
 
+from core_engine.model import attention
 from core_engine.task import SamplingParams
 from core_engine.weights import canonical_weights
 
@@ -83,3 +84,55 @@ def test_pages_of_a_failed_prefill_are_never_hit(qwen2_pair, monkeypatch):
     monkeypatch.undo()
     assert_exact(engine.run_batch(PROMPTS, GREEDY), hf)
     assert_idle(engine)
+
+
+LONG_HEADER = list(range(10, 58))  # 48 tokens: decode reads it once for every row
+LONG_PROMPTS = [[*LONG_HEADER, 70 + i, 90 + i][: len(LONG_HEADER) + 1 + i % 2] for i in range(5)]
+
+
+def test_decode_attends_a_shared_header_once_with_results_equal_to_hf(qwen2_pair, monkeypatch):
+    ours, hf = qwen2_pair
+    calls = []
+    real = attention.cascade_decode
+
+    def spy(q, k_cache, v_cache, meta, scale):
+        calls.append((meta.shared_prefix, len(meta.context_lens)))
+        return real(q, k_cache, v_cache, meta, scale)
+
+    monkeypatch.setattr(attention, "cascade_decode", spy)
+    engine = make_engine(ours, page_size=4)
+    sampling = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    results = engine.run_batch(LONG_PROMPTS, sampling)
+    assert calls and all(shared >= 48 and rows == 5 for shared, rows in calls)
+    for prompt, result in zip(LONG_PROMPTS, results, strict=True):
+        assert result.output_ids == hf_greedy(hf, prompt, 6)
+        truth = hf_logprobs(hf, prompt, result.output_ids)
+        assert result.output_temp_logprobs == pytest.approx(truth.tolist(), abs=1e-4)
+    assert_idle(engine)
+
+
+def test_cascade_decode_equals_one_attention_over_the_whole_context():
+    gen = torch.Generator().manual_seed(0)
+    heads, kv_heads, dim, slots = 8, 2, 16, 64
+    k_cache = torch.randn(slots, kv_heads, dim, generator=gen)
+    v_cache = torch.randn(slots, kv_heads, dim, generator=gen)
+    lens = torch.tensor([20, 23, 21])
+    gather = torch.stack([torch.arange(23), torch.arange(30, 53), torch.arange(40, 63)])
+    gather[:, :18] = torch.arange(18)  # 18 shared slots, then each row's own
+    q = torch.randn(3, heads, dim, generator=gen)
+    mask = (torch.arange(23)[None, :] < lens[:, None])[:, None, None, :]
+    meta = attention.AttentionMetadata(
+        slot_mapping=torch.zeros(3, dtype=torch.long),
+        query_lens=[1, 1, 1],
+        context_lens=lens.tolist(),
+        gather_index=gather,
+        decode_mask=mask,
+        shared_prefix=18,
+    )
+    keys = attention.gather_slots(k_cache, gather).transpose(1, 2)
+    values = attention.gather_slots(v_cache, gather).transpose(1, 2)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q.unsqueeze(2), keys, values, attn_mask=mask, scale=0.25, enable_gqa=True
+    ).squeeze(2)
+    got = attention.cascade_decode(q, k_cache, v_cache, meta, 0.25)
+    assert torch.allclose(got, expected, atol=1e-6)
