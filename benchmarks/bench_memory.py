@@ -54,7 +54,8 @@ class LiveTensorBytes(TorchDispatchMode):
         if func.is_view or func._schema.is_mutable:
             return out
         for t in out if isinstance(out, tuple | list) else [out]:
-            if isinstance(t, torch.Tensor) and not t.is_meta:
+            # A sparse tensor's indices and values are dense tensors, counted when made.
+            if isinstance(t, torch.Tensor) and not t.is_meta and t.layout == torch.strided:
                 self._track(t)
         return out
 
