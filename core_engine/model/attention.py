@@ -139,21 +139,45 @@ def cascade_decode(
     scale: float,
 ) -> torch.Tensor:
     """Decode attention in two parts merged by their log-sum-exp (FlashInfer's cascade): the
-    shared prefix is gathered once and attended by every row in one batched product, each row's
-    own suffix separately. q: [B, H, D] -> [B, H, D]."""
+    shared prefix is gathered once and attended by every row's query heads in one product per
+    KV head, each row's own suffix separately. q: [B, H, D] -> [B, H, D]."""
+    batch, heads, dim = q.shape
+    kv_heads = k_cache.shape[1]
+    group = heads // kv_heads
     shared = meta.shared_prefix
+    by_kv_head = q.view(batch, kv_heads, group, dim)
+    # Prefix: [KVH, B x group, D] queries against [KVH, P, D] keys; no row copies the prefix.
     prefix_slots = meta.gather_index[0, :shared]
-    prefix_k = gather_slots(k_cache, prefix_slots).transpose(0, 1)[None]  # [1, KVH, P, D]
-    prefix_v = gather_slots(v_cache, prefix_slots).transpose(0, 1)[None]
+    out_p, lse_p = _attend(
+        by_kv_head.transpose(0, 1).reshape(kv_heads, batch * group, dim),
+        gather_slots(k_cache, prefix_slots).transpose(0, 1),
+        gather_slots(v_cache, prefix_slots).transpose(0, 1),
+        None,
+        scale,
+    )
+    out_p = out_p.view(kv_heads, batch, group, dim).transpose(0, 1)
+    lse_p = lse_p.view(kv_heads, batch, group, 1).transpose(0, 1)
+    # Suffix: each row against its own slots, [B x KVH, group, D] against [B x KVH, S, D].
     suffix_slots = meta.gather_index[:, shared:]
-    suffix_k = gather_slots(k_cache, suffix_slots).transpose(1, 2)  # [B, KVH, S, D]
-    suffix_v = gather_slots(v_cache, suffix_slots).transpose(1, 2)
-    suffix_mask = meta.decode_mask[..., shared:]  # [B, 1, 1, S]
-    out_p, lse_p = _attend(q, prefix_k, prefix_v, None, scale)
-    out_s, lse_s = _attend(q, suffix_k, suffix_v, suffix_mask, scale)
+    length = suffix_slots.shape[1]
+
+    def rows(cache: torch.Tensor) -> torch.Tensor:
+        gathered = gather_slots(cache, suffix_slots).transpose(1, 2)  # [B, KVH, S, D]
+        return gathered.reshape(batch * kv_heads, length, dim)
+
+    mask = meta.decode_mask[..., shared:].expand(batch, kv_heads, 1, length)
+    out_s, lse_s = _attend(
+        by_kv_head.reshape(batch * kv_heads, group, dim),
+        rows(k_cache),
+        rows(v_cache),
+        mask.reshape(batch * kv_heads, 1, length),
+        scale,
+    )
+    out_s = out_s.view(batch, kv_heads, group, dim)
+    lse_s = lse_s.view(batch, kv_heads, group, 1)
     lse = torch.logaddexp(lse_p, lse_s)
     out = out_p * torch.exp(lse_p - lse) + out_s * torch.exp(lse_s - lse)
-    return out.flatten(1, 2).to(q.dtype)
+    return out.reshape(batch, heads, dim).to(q.dtype)
 
 
 def _attend(
@@ -163,13 +187,12 @@ def _attend(
     mask: torch.Tensor | None,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One query per row against k, v [B or 1, KVH, L, D] (GQA by grouping the query heads):
-    fp32 outputs [B, KVH, group, D] and log-sum-exps [B, KVH, group, 1]."""
-    batch, heads, dim = q.shape
-    kv_heads = k.shape[1]
-    grouped = q.view(batch, kv_heads, heads // kv_heads, dim).float()
-    scores = grouped @ k.float().transpose(-1, -2) * scale  # [B, KVH, group, L]
+    """Batched attention without a causal order: q [N, G, D] against k, v [N, L, D]; fp32
+    outputs [N, G, D] and log-sum-exps [N, G, 1]."""
+    scores = torch.bmm(q.float(), k.float().transpose(1, 2)) * scale  # [N, G, L]
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-    return torch.exp(scores - lse) @ v.float(), lse
+    top = scores.amax(dim=-1, keepdim=True)  # finite: every row attends at least one slot
+    weights = torch.exp(scores - top)
+    total = weights.sum(dim=-1, keepdim=True)
+    return torch.bmm(weights, v.float()) / total, top + total.log()
