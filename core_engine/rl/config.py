@@ -13,6 +13,7 @@ from core_engine.rl.rewards import check_reward_spec
 from core_engine.task import SamplingParams
 
 ENGINE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+OPTIMIZER_STATE_DTYPES = ("float32", "bfloat16")  # AdamW moments (core_engine.rl.optimizer)
 DEVICE_TYPES = ("cpu", "cuda")
 
 
@@ -61,6 +62,7 @@ class GRPOConfig:
     max_tokens_per_micro_batch: int = 8192  # prompt + response tokens per training forward
     logit_chunk_rows: int = 256  # rows x vocabulary the log-softmax holds at once
     gradient_checkpointing: bool = False
+    optimizer_state_dtype: str = "float32"  # AdamW's moments: float32 or bfloat16 (half)
     release_kv_during_training: bool = True  # the engine's KV memory is freed while training
     kv_cache_bytes: int | None = None  # the engine's KV budget (default: the engine's)
     gpu_memory_utilization: float | None = None  # on CUDA: the budget as a share of free memory
@@ -95,6 +97,8 @@ class GRPOConfig:
             problems.append("gpu_memory_utilization must be in (0, 1]")
         if self.keep_last < 0 or self.keep_every < 0:
             problems.append("keep_last and keep_every must be >= 0")
+        if self.optimizer_state_dtype not in OPTIMIZER_STATE_DTYPES:
+            problems.append(f"optimizer_state_dtype must be one of {list(OPTIMIZER_STATE_DTYPES)}")
         if self.engine_dtype not in ENGINE_DTYPES:
             problems.append(f"engine_dtype must be one of {sorted(ENGINE_DTYPES)}")
         if self.tis_cap is not None and not (math.isfinite(self.tis_cap) and self.tis_cap >= 0):

@@ -2,8 +2,9 @@
 weights are loaded.
 
 The floor: the trainer's fp32 weights, gradients and AdamW's two moments (16 bytes per
-parameter), a KL reference model (4 bytes per parameter), the engine's own copy when it computes
-in a lower precision, and the engine's KV pool when it is kept during the training phase.
+parameter, 12 with bfloat16 moments), a KL reference model (4 bytes per parameter), the
+engine's own copy when it computes in a lower precision, and the engine's KV pool when it is
+kept during the training phase.
 Activations, the log-softmax chunks and the process itself come on top, so a job refused here
 could never have run; one that passes may still need more.
 """
@@ -20,6 +21,7 @@ from core_engine.cache.sizing import DEFAULT_CPU_KV_BYTES
 from core_engine.engine import resolve_dtype
 from core_engine.model.loader import build_model
 from core_engine.rl.config import GRPOConfig
+from core_engine.rl.optimizer import optimizer_state_bytes
 
 GIB = 2**30
 
@@ -66,7 +68,7 @@ def training_footprint(config: GRPOConfig, hf_config: Any, device: torch.device)
         kv = config.kv_cache_bytes or DEFAULT_CPU_KV_BYTES
     return Footprint(
         parameters=parameters,
-        trainer_bytes=16 * parameters,
+        trainer_bytes=(8 + optimizer_state_bytes(config.optimizer_state_dtype)) * parameters,
         reference_bytes=4 * parameters if config.kl_coef else 0,
         engine_copy_bytes=engine_copy,
         kv_bytes=kv,

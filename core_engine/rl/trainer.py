@@ -35,12 +35,13 @@ from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data import collate
 from core_engine.rl.footprint import check_room_for
 from core_engine.rl.loss import group_advantages
+from core_engine.rl.optimizer import build_optimizer
 from core_engine.rl.records import StepRecord, StopReason, TrainerHooks, VersionRecord
 from core_engine.rl.rewards import RewardError, resolve_reward
 from core_engine.rl.rollout import RolloutGenerator, RolloutResult, RolloutRunner, longest_prompt
 from core_engine.rl.screen import screen_groups
 from core_engine.rl.tasks import default_reward
-from core_engine.rl.update import TrainSample, UpdateResult, accumulate_gradients, build_optimizer
+from core_engine.rl.update import TrainSample, UpdateResult, accumulate_gradients
 from core_engine.task import SamplingParams
 from core_engine.weights import canonical_weights, update_digest, weights_checksum
 
@@ -80,7 +81,9 @@ class GRPOTrainer:
         self.reference = (
             load_model(config.model, torch.float32, self.device).eval() if config.kl_coef else None
         )
-        self.optimizer = build_optimizer(self.model, config.lr, config.weight_decay)
+        self.optimizer = build_optimizer(
+            self.model.parameters(), config.lr, config.weight_decay, config.optimizer_state_dtype
+        )
         if resume:
             load_optimizer_state(self.optimizer, resume)
         self.engine = colocated_engine(

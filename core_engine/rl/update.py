@@ -21,12 +21,6 @@ from core_engine.rl.logprobs import packed_response_logprobs
 from core_engine.rl.loss import grpo_loss
 
 
-def build_optimizer(model: CausalLM, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW with the fused kernel: it updates each parameter in one pass, without the
-    parameter-sized temporaries of the per-tensor loop (about 1 GiB at 0.5B parameters)."""
-    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=True)
-
-
 @dataclass(frozen=True)
 class TrainSample:
     prompt: list[int]

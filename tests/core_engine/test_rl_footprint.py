@@ -65,3 +65,11 @@ def test_a_job_the_worker_cannot_hold_fails_before_loading_weights(
 
 def test_available_memory_is_read_from_the_host():
     assert 0 < footprint_module.available_bytes(CPU) < 1 << 50
+
+
+def test_bfloat16_moments_lower_the_floor_to_12_bytes_per_parameter():
+    hf = tiny_config("qwen2", vocab_size=1000)
+    config = GRPOConfig(model="m", output_dir="o", task="addition", optimizer_state_dtype="bfloat16")
+    assert training_footprint(config, hf, CPU).total_bytes == 12 * count_parameters(hf)
+    with pytest.raises(ValueError, match="optimizer_state_dtype must be one of"):
+        GRPOConfig(model="m", output_dir="o", task="addition", optimizer_state_dtype="int8")
