@@ -11,6 +11,8 @@ could never have run; one that passes may still need more.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,8 @@ from core_engine.rl.config import GRPOConfig
 from core_engine.rl.optimizer import optimizer_state_bytes
 
 GIB = 2**30
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+MMAP_THRESHOLD = 1 << 20
 
 
 class InsufficientMemoryError(ValueError):
@@ -103,3 +107,16 @@ def check_room_for(config: GRPOConfig, device: torch.device) -> Footprint:
     footprint = training_footprint(config, hf_config, device)
     check_footprint(footprint, available_bytes(device), device)
     return footprint
+
+
+def return_large_frees_to_the_os() -> bool:
+    """Have glibc give every allocation of `MMAP_THRESHOLD` or more its own mapping, unmapped
+    when freed. By default the threshold climbs to 32 MiB as large blocks are freed, and then
+    layer-sized tensors live in the heap and per-thread arenas, where freed memory fragments:
+    on the 0.5B-shape job through the queue that cost 1.2 GiB of peak RSS. Returns False where
+    glibc is not the allocator (nothing changes)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    except (OSError, AttributeError):
+        return False

@@ -33,7 +33,7 @@ from core_engine.rl.checkpoint import (
 from core_engine.rl.colocate import colocated_engine, update_settings
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data import collate
-from core_engine.rl.footprint import check_room_for
+from core_engine.rl.footprint import check_room_for, return_large_frees_to_the_os
 from core_engine.rl.loss import group_advantages
 from core_engine.rl.optimizer import build_optimizer
 from core_engine.rl.records import StepRecord, StopReason, TrainerHooks, VersionRecord
@@ -76,6 +76,7 @@ class GRPOTrainer:
                 f"the longest sample: prompt + max_tokens = {self.max_seq_len} tokens"
             )
         check_room_for(config, self.device)  # before anything is loaded
+        return_large_frees_to_the_os()
         self.model = load_model(resume or config.model, torch.float32, self.device).train()
         # The KL anchor is the starting policy, also when resuming.
         self.reference = (

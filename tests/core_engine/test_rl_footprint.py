@@ -69,7 +69,12 @@ def test_available_memory_is_read_from_the_host():
 
 def test_bfloat16_moments_lower_the_floor_to_12_bytes_per_parameter():
     hf = tiny_config("qwen2", vocab_size=1000)
-    config = GRPOConfig(model="m", output_dir="o", task="addition", optimizer_state_dtype="bfloat16")
+    base = dict(model="m", output_dir="o", task="addition")
+    config = GRPOConfig(**base, optimizer_state_dtype="bfloat16")
     assert training_footprint(config, hf, CPU).total_bytes == 12 * count_parameters(hf)
     with pytest.raises(ValueError, match="optimizer_state_dtype must be one of"):
-        GRPOConfig(model="m", output_dir="o", task="addition", optimizer_state_dtype="int8")
+        GRPOConfig(**base, optimizer_state_dtype="int8")
+
+
+def test_large_frees_go_back_to_the_os_under_glibc():
+    assert footprint_module.return_large_frees_to_the_os() is True  # Linux/glibc here

@@ -86,5 +86,7 @@ def test_a_bf16_moment_run_resumes_exactly(checkpoint, tmp_path):
     resumed = make_trainer(checkpoint, tmp_path / "b", **settings)
     assert isinstance(resumed.optimizer, BF16StateAdamW)
     resumed.train()
-    for (name, a), b in zip(straight.model.named_parameters(), resumed.model.parameters()):
+    for (name, a), b in zip(
+        straight.model.named_parameters(), resumed.model.parameters(), strict=True
+    ):
         assert torch.equal(a, b), name
