@@ -34,6 +34,7 @@ __all__ = [
     "REWARDS",
     "TASKS",
     "SpecError",
+    "audit",
     "cancel_job",
     "chat",
     "check_reward",
@@ -43,10 +44,12 @@ __all__ = [
     "queue_overview",
     "resume_job",
     "submit_job",
+    "token_diff",
     "validate_job",
 ]
 
 CHAT_TIMEOUT_S = 120.0
+AUDIT_TIMEOUT_S = 600.0
 CELERY = "celery -A workers.app"
 COMMANDS = {
     "workers online": f"{CELERY} inspect ping",
@@ -109,10 +112,30 @@ def chat(
 ) -> dict[str, Any]:
     """One Playground turn, answered by a worker of the ``interactive`` queue (see
     `workers.chat`); ``{"problem": ...}`` when none answers within ``timeout`` seconds."""
+    args = [job_id, version, messages, temperature, max_tokens, seed]
+    return _interactive("workers.chat", args, timeout)
+
+
+def audit(sample_ids: list[int], timeout: float = AUDIT_TIMEOUT_S) -> dict[str, Any]:
+    """Re-score stored samples under their stamped versions' kept weights on an
+    ``interactive`` worker (see `workers.scoring.audit_samples`)."""
+    return _interactive("workers.audit", [list(sample_ids)], timeout)
+
+
+def token_diff(
+    sample_id: int, version_a: int, version_b: int, timeout: float = CHAT_TIMEOUT_S
+) -> dict[str, Any]:
+    """One stored response scored under two versions on an ``interactive`` worker (see
+    `workers.scoring.token_diff`)."""
+    return _interactive("workers.token_diff", [sample_id, version_a, version_b], timeout)
+
+
+def _interactive(name: str, args: list[Any], timeout: float) -> dict[str, Any]:
+    """Run task ``name`` on the ``interactive`` queue and wait for its JSON answer;
+    ``{"problem": ...}`` when no worker answers within ``timeout`` seconds."""
     from celery.exceptions import TimeoutError as CeleryTimeout
 
-    args = [job_id, version, messages, temperature, max_tokens, seed]
-    result = celery_app().tasks["workers.chat"].apply_async(args=args, expires=timeout)
+    result = celery_app().tasks[name].apply_async(args=args, expires=timeout)
     try:
         return result.get(timeout=timeout)
     except CeleryTimeout:

@@ -11,6 +11,7 @@
     rlwb jobs               list the jobs
     rlwb resume JOB_ID      queue a failed or cancelled train job again, from its newest version
     rlwb cancel JOB_ID      cancel a job
+    rlwb audit JOB_ID [--samples N]   re-score stored samples under their versions' weights
 
 Environment: DATABASE_URL, REDIS_URL, RLWB_DATA_DIR (see workers/README.md).
 """
@@ -25,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from workers import cli_jobs
+from workers import cli_audit, cli_jobs
 
 WORKER_ARGS = ["--pool=threads", "--concurrency=1", "--queues=gpu"]
 # Playground turns: short, two at a time, never behind a training job.
@@ -92,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     train.add_argument("config", type=Path, help="a .json or .toml config file")
     cli_jobs.add_commands(commands)
+    cli_audit.add_command(commands)
     return parser
 
 
@@ -224,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_ui(args)
     if args.command in cli_jobs.JOB_COMMANDS:
         return cli_jobs.run(args)
+    if args.command == "audit":
+        return cli_audit.run(args)
     if args.command == "db":
         from db import migrate
 

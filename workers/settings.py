@@ -13,6 +13,7 @@ from typing import Any
 
 GPU_QUEUE = "gpu"
 INTERACTIVE_QUEUE = "interactive"  # short tasks (Playground chat) that never wait behind jobs
+INTERACTIVE_TASKS = ("workers.chat", "workers.audit", "workers.token_diff")
 TASK_FOR_KIND = {kind: f"workers.{kind}" for kind in ("train", "evaluate", "compare")}
 DAY_S = 24 * 3600
 
@@ -104,7 +105,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_accept_content": ["json"],
         "task_routes": {
             **{name: {"queue": GPU_QUEUE} for name in TASK_FOR_KIND.values()},
-            "workers.chat": {"queue": INTERACTIVE_QUEUE},
+            **{name: {"queue": INTERACTIVE_QUEUE} for name in INTERACTIVE_TASKS},
         },
         "task_default_queue": GPU_QUEUE,
         "worker_concurrency": 1,

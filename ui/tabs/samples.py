@@ -33,6 +33,12 @@ def build(services: Services, tab: gr.Tab) -> None:
         max_reward = gr.Textbox(label="Max reward", placeholder="any")
         status = gr.Dropdown(STATUS_CHOICES, value=ANY, label="Batch")
         text = gr.Textbox(label="Text in prompt or response", scale=2)
+        min_gap = gr.Textbox(
+            label="Min |log ratio|",
+            placeholder="any",
+            info="trained samples with a token whose |trainer − behaviour| log-prob is at least",
+            elem_id="samples-min-gap",
+        )
         newest_first = gr.Checkbox(label="Newest first")
     with gr.Row():
         search = gr.Button("Search", variant="primary", elem_id="samples-search")
@@ -70,6 +76,7 @@ def build(services: Services, tab: gr.Tab) -> None:
         status,
         text,
         newest_first,
+        min_gap,
     ]
     page = [table, page_state, info]
     show_detail = partial(sample_detail, services)
