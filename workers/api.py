@@ -12,6 +12,7 @@ from celery import Celery
 
 from db import JobInfo, JobKind, JobStatus
 from workers.exposure import exposure_problem
+from workers.heldout import METRIC as HELDOUT_METRIC
 from workers.limits import check_paths, is_under
 from workers.settings import GPU_QUEUE, Settings
 from workers.specs import SpecError
@@ -20,8 +21,10 @@ from workers.vocabulary import (
     CHAT_MAX_TEMPERATURE,
     CHAT_MAX_TOKENS,
     DEMO_MODEL,
+    LAUNCH_DEFAULTS,
     REWARDS,
     TASKS,
+    TRAINER_DEFAULTS,
     check_reward,
     count_records,
     validate_job,
@@ -31,8 +34,11 @@ __all__ = [
     "CHAT_MAX_TEMPERATURE",
     "CHAT_MAX_TOKENS",
     "DEMO_MODEL",
+    "HELDOUT_METRIC",
+    "LAUNCH_DEFAULTS",
     "REWARDS",
     "TASKS",
+    "TRAINER_DEFAULTS",
     "SpecError",
     "audit",
     "cancel_job",

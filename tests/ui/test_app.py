@@ -50,6 +50,10 @@ API_NAMES = {
     "playground_clear",
     "queue",
     "queue_opened",
+    "audit",
+    "clone",
+    "job_csv",
+    "token_diff",
 }
 
 

@@ -13,7 +13,7 @@ def test_versions_of_a_job(services, job):
 
 
 def test_two_versions_side_by_side(services, job):
-    metrics, rewards, lengths, pairs = compare_versions(services, job.id, 0, 3)
+    metrics, rewards, lengths, pairs, sample = compare_versions(services, job.id, 0, 3)
     rows = metrics.set_index("metric")
     assert rows.loc["sample reward mean"].tolist() == ["0.25", "1", "0.75"]
     assert rows.loc["samples"].tolist() == ["12", "12", "0"]

@@ -3,9 +3,10 @@ the workers."""
 
 import dataclasses
 
+import pytest
+
 from ui.handlers import jobs as jobs_module
 from ui.handlers.jobs import (
-    PLOT_SERIES,
     cancel_job,
     job_batches,
     job_page,
@@ -13,6 +14,7 @@ from ui.handlers.jobs import (
     resume_job,
 )
 from ui.handlers.queue import queue_view
+from ui.plots import PLOTS, ema, has_data
 
 
 def test_the_table_shows_status_progress_version_reward_and_speed(services, job):
@@ -24,30 +26,35 @@ def test_the_table_shows_status_progress_version_reward_and_speed(services, job)
 
 
 def test_a_job_page_plots_every_series_over_every_version(services, job):
-    summary, config, reward, length, kl, mismatch, batches = job_page(services, job.id)
+    summary, config, frames, hidden = job_page(services, job.id)
     assert summary.startswith(f"### Job #{job.id} · train · succeeded")
     assert config["task"] == "always7"
-    frames = (reward, length, kl, mismatch, batches)
-    for frame, series in zip(frames, PLOT_SERIES, strict=True):
+    plots = {spec.key: frame for spec, frame in zip(PLOTS, frames, strict=True)}
+    for spec, frame in zip(PLOTS, frames, strict=True):
         assert list(frame.columns) == ["version", "value", "series"]
-        assert sorted(set(frame["series"])) == sorted(series)
-        assert len(frame) == 4 * len(series)  # versions 0..3, gaps kept as NaN
-    trained = reward[reward["series"] == "reward mean (trained batch)"]
-    assert trained["value"].tolist() == [0.0, 0.25, 0.5, 0.75]
-    samples = reward[reward["series"] == "reward mean (samples of version)"]
-    assert samples["value"].tolist()[0] == 0.25
-    rejected = batches[batches["series"] == "rejected batches"]
+        assert sorted(set(frame["series"])) == sorted(spec.names())
+        assert len(frame) == 4 * len(spec.names())  # versions 0..3, gaps kept as NaN
+    reward = plots["reward"]
+    raw = reward[reward["series"] == "reward mean (raw)"]["value"].tolist()
+    assert raw == [0.0, 0.25, 0.5, 0.75]
+    smoothed = reward[reward["series"] == "reward mean (EMA)"]["value"].tolist()
+    assert smoothed == pytest.approx([0.0, 0.05, 0.14, 0.262])  # 0.8 previous + 0.2 new
+    rejected = plots["batches"][plots["batches"]["series"] == "rejected"]
     assert rejected["value"].tolist() == [0, 1, 0, 0]
+    assert not has_data(plots["heldout"])  # no held-out accuracy recorded: "no data yet"
+    assert hidden == {"kl"}  # the job has no KL coefficient: KL could only be flat
+
+
+def test_ema_skips_unknown_values():
+    assert ema([None, 1.0, None, 2.0], weight=0.5) == [None, 1.0, None, 1.5]
+    assert ema([float("nan"), 4.0]) == [None, 4.0]
 
 
 def test_a_missing_or_unreadable_job_is_said_so(services):
     assert job_page(services, None)[0] == "Choose a job."
     assert job_page(services, 999)[0] == "**job 999 does not exist**"
     assert "is not a number" in job_page(services, "abc")[0]
-    assert all(
-        len(frame) == len(series)
-        for frame, series in zip(job_page(services, 999)[2:], PLOT_SERIES, strict=True)
-    )
+    assert not any(has_data(frame) for frame in job_page(services, 999)[2])
 
 
 def test_batches_list_rejections_with_their_reasons(services, job):

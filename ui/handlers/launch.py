@@ -16,6 +16,27 @@ JSONL_SOURCE = "JSONL file"
 TASK_DEFAULT_REWARD = "task default"
 KV_STRATEGIES = ("paged", "contiguous")
 OUTPUT_DIR_PLACEHOLDER = "(chosen by the worker)"
+# The form's fields, in `train_config`'s order (also what "Clone job" fills in).
+FORM_FIELDS = (
+    "model",
+    "source",
+    "task",
+    "data",
+    "reward",
+    "steps",
+    "batch_size",
+    "group_size",
+    "lr",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_policy_lag",
+    "kv_strategy",
+    "clip_eps",
+    "kl_coef",
+    "seed",
+    "updates_per_batch",
+)
 MAX_UPLOAD_BYTES = int(os.environ.get("RLWB_MAX_UPLOAD_MB") or 64) * 2**20
 
 
@@ -61,11 +82,22 @@ def upload_dataset(services: Services, file: str | None) -> tuple[list[str], str
         records = api.count_records(upload)
         stored = save_upload(upload, services.data_dir)
     except (api.SpecError, OSError) as exc:
-        return dataset_choices(services), None, f"**Upload refused:** {inert(exc)}"
+        why = _without_paths(str(exc), upload)
+        return dataset_choices(services), None, f"**Upload refused:** {inert(why)}"
     finally:
         upload.unlink(missing_ok=True)
     message = f"Stored {records} records as {inert(stored)}."
     return dataset_choices(services), str(stored), message
+
+
+def _without_paths(message: str, upload: Path) -> str:
+    """An error message with the server's temporary upload path replaced by the file's name
+    (a temporary folder is nothing the user can act on, and none of their business)."""
+    shown = {upload.resolve(): upload.name, upload: upload.name}
+    shown |= {upload.parent.resolve(): "…", upload.parent: "…"}
+    for path, name in shown.items():
+        message = message.replace(str(path), name)
+    return message
 
 
 def _number(

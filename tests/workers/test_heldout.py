@@ -1,0 +1,56 @@
+"""Held-out accuracy during training: stored with the due versions, equal to a fresh engine's
+greedy score of the version's checkpoint on the same held-out prompts, none of them a training
+prompt; bad settings are refused before the job is queued."""
+
+import pytest
+
+from core_engine.engine import load_engine
+from core_engine.rl.tasks import training_records
+from tests.workers.helpers import train_config
+from workers.heldout import HeldoutEval, heldout_settings
+from workers.jobs import run_job
+from workers.specs import SpecError, validate
+
+REWARD = "regex:.*[0-4].*"  # a random model's greedy answers satisfy it for some prompts
+
+
+def test_heldout_accuracy_is_stored_every_n_versions(repo, settings, tiny_model):
+    config = train_config(
+        tiny_model, steps=3, reward=REWARD, heldout_every=2, heldout_prompts=12, lr=0.01
+    )
+    job = repo.create_job("train", config, total_steps=3)
+    assert run_job(repo, job.id, settings).status == "succeeded"
+    versions = repo.list_versions(job.id)
+    scored = {v.version: v.metrics.extra.get("heldout_accuracy") for v in versions}
+    assert [v for v, acc in scored.items() if acc is not None] == [0, 2, 3]  # due + last
+
+    heldout = HeldoutEval("always7", REWARD, 12, 4, training_records("always7", None, seed=0))
+    assert len(heldout.records) == 12
+    accuracies = set()
+    for v in versions:
+        if scored[v.version] is not None:
+            engine = load_engine(v.checkpoint_path, policy_version=v.version)
+            assert heldout.accuracy(engine) == pytest.approx(scored[v.version])
+            accuracies.add(scored[v.version])
+    assert accuracies - {0.0, 1.0}  # a score, not a constant
+
+
+def test_heldout_prompts_are_never_training_prompts_when_the_task_has_enough():
+    records = training_records("addition", None, seed=0)
+    heldout = HeldoutEval("addition", None, 200, 6, records)
+    assert len(heldout.records) == 200
+    assert not {r["input"] for r in heldout.records} & {r["input"] for r in records}
+
+
+def test_heldout_settings_are_checked_before_queueing(tiny_model):
+    assert heldout_settings({"task": "addition"}).every == 10
+    assert heldout_settings({"data": "x.jsonl"}).every == 0
+    for bad, message in (
+        ({"heldout_every": -1}, "heldout_every must be a whole number"),
+        ({"heldout_prompts": 0}, "heldout_prompts must be from 1"),
+        ({"heldout_every": 2.5}, "heldout_every must be a whole number"),
+    ):
+        with pytest.raises(SpecError, match=message):
+            validate("train", train_config(tiny_model, **bad))
+    with pytest.raises(SpecError, match="needs a built-in task"):
+        heldout_settings({"data": "x.jsonl", "heldout_every": 5})
