@@ -33,6 +33,7 @@ from workers.vocabulary import (
 __all__ = [
     "CHAT_MAX_TEMPERATURE",
     "CHAT_MAX_TOKENS",
+    "COMMANDS",
     "DEMO_MODEL",
     "HELDOUT_METRIC",
     "LAUNCH_DEFAULTS",
@@ -47,6 +48,7 @@ __all__ = [
     "count_records",
     "exposure_problem",
     "is_under",
+    "queue_counts",
     "queue_overview",
     "resume_job",
     "submit_job",
@@ -164,21 +166,32 @@ def queue_overview(timeout: float = 1.0) -> dict[str, Any]:
     """Workers online, the tasks they run (``active``) and hold (``reserved``), the job
     counts of the database, and the equivalent ``celery`` commands.
 
-    Takes about ``timeout`` seconds: workers are found by a ping, then asked until each answered.
+    Takes about ``timeout`` seconds: the workers that answer a broadcast for their active
+    tasks are the ones online; those are then asked for their reserved tasks, which returns
+    as soon as each answered.
     """
     app = celery_app()
-    online = sorted(app.control.inspect(timeout=timeout).ping() or {})
-    active = reserved = None
+    active = app.control.inspect(timeout=timeout).active() or {}
+    online = sorted(active)
+    reserved = None
     if online:
         inspect = app.control.inspect(timeout=timeout, destination=online, limit=len(online))
-        active, reserved = inspect.active(), inspect.reserved()
-    repo = repository()
+        reserved = inspect.reserved()
     return {
-        "broker": "embedded (filesystem)" if Settings.from_env().embedded else "redis",
+        **queue_counts(),
         "workers": online,
         "workers_online": len(online),
         "active": _tasks(active),
         "reserved": _tasks(reserved),
+    }
+
+
+def queue_counts() -> dict[str, Any]:
+    """What the queue view knows without asking the workers (milliseconds): the broker,
+    the database's queued / running / cancelling job counts and the ``celery`` commands."""
+    repo = repository()
+    return {
+        "broker": "embedded (filesystem)" if Settings.from_env().embedded else "redis",
         "jobs": {
             status.value: repo.count_jobs(status=status)
             for status in (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING)

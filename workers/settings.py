@@ -13,6 +13,7 @@ from typing import Any
 
 GPU_QUEUE = "gpu"
 INTERACTIVE_QUEUE = "interactive"  # short tasks (Playground chat) that never wait behind jobs
+EMBEDDED_POLL_S = 0.1  # how often the embedded broker's folders are read
 INTERACTIVE_TASKS = ("workers.chat", "workers.audit", "workers.token_diff")
 TASK_FOR_KIND = {kind: f"workers.{kind}" for kind in ("train", "evaluate", "compare")}
 DAY_S = 24 * 3600
@@ -90,6 +91,8 @@ def broker_settings(settings: Settings) -> dict[str, Any]:
             "data_folder_in": str(queue_dir),
             "data_folder_out": str(queue_dir),
             "control_folder": str(control_dir),
+            # kombu's default (1 s) delays every broadcast reply, e.g. the Queue tab's
+            "polling_interval": EMBEDDED_POLL_S,
         },
         "result_backend": f"db+sqlite:///{settings.data_dir / 'celery-results.db'}",
     }

@@ -86,7 +86,7 @@ def test_jobs_cancel_and_job_page(client, world, job):
     table = rows(client.predict(api_name="/jobs"))
     trained = next(row for row in table if row["job"] == job.id)
     assert trained["status"] == "succeeded" and trained["progress"] == "3/3 (100%)"
-    summary, config, reward, reward_note, *_ = client.predict(job.id, api_name="/job")
+    summary, config, reward, *_ = client.predict(job.id, api_name="/job")
     assert summary.startswith(f"### Job #{job.id}") and config["task"] == "always7"
     assert {row["series"] for row in rows_of_plot(reward)} == {
         "reward mean (raw)",

@@ -50,6 +50,7 @@ API_NAMES = {
     "playground_clear",
     "queue",
     "queue_opened",
+    "queue_workers",
     "audit",
     "clone",
     "job_csv",

@@ -14,6 +14,8 @@ def test_versions_of_a_job(services, job):
 
 def test_two_versions_side_by_side(services, job):
     metrics, rewards, lengths, pairs, sample = compare_versions(services, job.id, 0, 3)
+    first = services.repository.get_sample(sample)  # the token diff's default: from B
+    assert (first.policy_version, first.prompt_index, first.group_index) == (3, 0, 0)
     rows = metrics.set_index("metric")
     assert rows.loc["sample reward mean"].tolist() == ["0.25", "1", "0.75"]
     assert rows.loc["samples"].tolist() == ["12", "12", "0"]
