@@ -12,6 +12,8 @@ from core_engine.rl.tasks import BUILTIN_TASKS
 from db import JobKind
 from workers.chat import MAX_TEMPERATURE as CHAT_MAX_TEMPERATURE
 from workers.chat import MAX_TOKENS_LIMIT as CHAT_MAX_TOKENS
+from workers.heldout import DEFAULT_EVERY as HELDOUT_EVERY
+from workers.heldout import DEFAULT_PROMPTS as HELDOUT_PROMPTS
 from workers.limits import check_sizes
 from workers.specs import DEMO_MODEL, SpecError, validate
 
@@ -43,6 +45,8 @@ LAUNCH_DEFAULTS: dict[str, Any] = {
     "group_size": 8,
     "lr": 3e-4,
     "max_tokens": 6,
+    "heldout_every": HELDOUT_EVERY,
+    "heldout_prompts": HELDOUT_PROMPTS,
 }
 REWARDS: tuple[str, ...] = tuple(BUILTIN_REWARDS)
 

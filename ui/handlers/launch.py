@@ -36,6 +36,8 @@ FORM_FIELDS = (
     "kl_coef",
     "seed",
     "updates_per_batch",
+    "heldout_every",
+    "heldout_prompts",
 )
 MAX_UPLOAD_BYTES = int(os.environ.get("RLWB_MAX_UPLOAD_MB") or 64) * 2**20
 
@@ -184,8 +186,11 @@ def train_config(
     kl_coef: float | str | None,
     seed: float | str | None,
     updates_per_batch: float | str | None = 1,
+    heldout_every: float | str | None = None,
+    heldout_prompts: float | str | None = None,
 ) -> dict[str, Any]:
-    """The training job's config from the form, or `InvalidLaunch` with every problem."""
+    """The training job's config from the form, or `InvalidLaunch` with every problem. The
+    held-out settings apply to a built-in task (empty: the worker's defaults)."""
     problems: list[str] = []
     _check_model(services, model, problems)
     config: dict[str, Any] = {"model": model}
@@ -208,6 +213,11 @@ def train_config(
         "kl_coef": kl_coef,
     }
     config.update({name: _number(name, value, True, problems) for name, value in whole.items()})
+    if source == TASK_SOURCE:
+        heldout = {"heldout_every": heldout_every, "heldout_prompts": heldout_prompts}
+        for name, value in heldout.items():
+            if value not in (None, ""):
+                config[name] = _number(name, value, True, problems)
     config.update({name: _number(name, value, False, problems) for name, value in real.items()})
     if kv_strategy not in KV_STRATEGIES:
         problems.append(f"kv_strategy: choose one of {', '.join(KV_STRATEGIES)}")

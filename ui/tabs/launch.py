@@ -89,13 +89,22 @@ def build(services: Services) -> dict[str, gr.components.Component]:
         updates_per_batch = gr.Number(
             d["updates_per_batch"], label="Updates per batch (reuse within the lag)", precision=0
         )
+    with gr.Accordion("Held-out accuracy (built-in tasks)", open=False), gr.Row():
+        heldout_every = gr.Number(
+            d["heldout_every"],
+            label="Evaluate every N versions (0: off)",
+            precision=0,
+            elem_id="launch-heldout-every",
+        )
+        heldout_prompts = gr.Number(d["heldout_prompts"], label="Held-out prompts", precision=0)
     with gr.Row(equal_height=True):
         launch = gr.Button("Launch", variant="primary", elem_id="launch-button", scale=1)
         status = gr.Markdown(elem_id="launch-status")
 
     fields = (model, source, task, data, reward, steps, batch_size, group_size, lr, temperature)
     fields += (top_p, max_tokens, max_policy_lag, kv_strategy, clip_eps, kl_coef, seed)
-    form = dict(zip(FORM_FIELDS, (*fields, updates_per_batch), strict=True))
+    fields += (updates_per_batch, heldout_every, heldout_prompts)
+    form = dict(zip(FORM_FIELDS, fields, strict=True))
     launch.click(
         partial(launch_job, services), inputs_kwargs=form, outputs=status, api_name="launch"
     )
