@@ -12,6 +12,7 @@ RAW, SMOOTHED = "raw", "EMA"
 PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#e45756")
 FAINT = ("#c4d3e5", "#fbd1a9", "#c0dcba", "#f4bcbd")
 Y_FORMAT = ".3~g"  # the 4 significant digits of `ui.render.fmt`, on the axes too
+X_FORMAT = "d"  # versions are whole numbers
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class PlotSpec:
     y_title: str
     series: tuple[str, ...]
     smooth: bool = True
+    sparse: bool = False  # measured on some versions only: drawn through the known points
 
     def names(self) -> list[str]:
         """The series as drawn: raw and EMA of each smoothed series, else the series."""
@@ -42,7 +44,12 @@ class PlotSpec:
 PLOTS = (
     PlotSpec("reward", "Reward (trained batch)", "reward", ("reward mean",)),
     PlotSpec(
-        "heldout", "Held-out accuracy (greedy)", "accuracy", ("held-out accuracy",), smooth=False
+        "heldout",
+        "Held-out accuracy (greedy)",
+        "accuracy",
+        ("held-out accuracy",),
+        smooth=False,
+        sparse=True,
     ),
     PlotSpec("length", "Response length", "tokens", ("mean response tokens",)),
     PlotSpec("kl", "KL to the reference", "KL", ("KL",)),
@@ -67,14 +74,15 @@ def ema(values: list[float | None], weight: float = EMA_WEIGHT) -> list[float | 
 
 def plot_frame(spec: PlotSpec, values: dict[int, dict[str, float | int | None]]) -> pd.DataFrame:
     """Long-format rows (version, value, series) of one plot. Every drawn series has a row
-    per version, None where unknown: a plot keeps its colours from one update to the next
-    only if its series never change."""
+    per version, None where unknown (a plot keeps its colours from one update to the next
+    only if its series never change), except a sparse plot's: a line joins its known points."""
     versions = sorted(values)
     rows = []
     for name in spec.series:
         raw = [values[v].get(name) for v in versions]
         if not spec.smooth:
-            rows += [(v, x, name) for v, x in zip(versions, raw, strict=True)]
+            known = (not spec.sparse or x is not None for x in raw)
+            rows += [(v, x, name) for v, x, k in zip(versions, raw, known, strict=True) if k]
             continue
         smoothed = ema(raw)
         rows += [(v, x, f"{name} ({RAW})") for v, x in zip(versions, raw, strict=True)]

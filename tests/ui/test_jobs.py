@@ -14,7 +14,7 @@ from ui.handlers.jobs import (
     resume_job,
 )
 from ui.handlers.queue import queue_view
-from ui.plots import PLOTS, ema, has_data
+from ui.plots import PLOTS, ema, has_data, plot_frame
 
 
 def test_the_table_shows_status_progress_version_reward_and_speed(services, job):
@@ -32,6 +32,9 @@ def test_a_job_page_plots_every_series_over_every_version(services, job):
     plots = {spec.key: frame for spec, frame in zip(PLOTS, frames, strict=True)}
     for spec, frame in zip(PLOTS, frames, strict=True):
         assert list(frame.columns) == ["version", "value", "series"]
+        if spec.sparse:  # only the versions it was measured on: none here
+            assert frame.empty
+            continue
         assert sorted(set(frame["series"])) == sorted(spec.names())
         assert len(frame) == 4 * len(spec.names())  # versions 0..3, gaps kept as NaN
     reward = plots["reward"]
@@ -43,6 +46,13 @@ def test_a_job_page_plots_every_series_over_every_version(services, job):
     assert rejected["value"].tolist() == [0, 1, 0, 0]
     assert not has_data(plots["heldout"])  # no held-out accuracy recorded: "no data yet"
     assert hidden == {"kl"}  # the job has no KL coefficient: KL could only be flat
+
+
+def test_a_sparse_plot_joins_its_known_points():
+    spec = next(spec for spec in PLOTS if spec.key == "heldout")
+    values = {0: {"held-out accuracy": 0.2}, 1: {}, 2: {"held-out accuracy": 0.5}}
+    frame = plot_frame(spec, values)
+    assert frame["version"].tolist() == [0, 2] and frame["value"].tolist() == [0.2, 0.5]
 
 
 def test_ema_skips_unknown_values():

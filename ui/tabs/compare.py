@@ -45,7 +45,9 @@ def build(services: Services, tab: gr.Tab) -> None:
     side_by_side = gr.HTML(elem_id="compare-pairs")
     gr.Markdown("#### Held-out comparison: both versions answer the same prompts (greedy)")
     with gr.Row(equal_height=True):
-        task = gr.Dropdown(list(api.TASKS), value="addition", label="Task", min_width=140)
+        task = gr.Dropdown(
+            list(api.TASKS), value="addition", label="Task", min_width=140, elem_id="compare-task"
+        )
         num_prompts = gr.Number(64, label="Prompts", precision=0, min_width=100)
         seed = gr.Number(1, label="Held-out seed", precision=0, min_width=100)
         max_tokens = gr.Number(16, label="Max tokens", precision=0, min_width=100)

@@ -17,7 +17,7 @@ from ui.handlers.jobs import (
     jobs_table,
     resume_job,
 )
-from ui.plots import PLOTS, Y_FORMAT, PlotSpec, has_data
+from ui.plots import PLOTS, X_FORMAT, Y_FORMAT, PlotSpec, has_data
 from ui.services import Services
 from ui.tabs.common import first_cell
 
@@ -35,6 +35,7 @@ def _plot(spec: PlotSpec) -> tuple[gr.LinePlot, gr.Markdown]:
         title=spec.title,
         y_title=spec.y_title,
         color_map=spec.colours(),
+        x_axis_format=X_FORMAT,
         y_axis_format=Y_FORMAT,
         height=260,
         visible=False,
@@ -75,11 +76,13 @@ def build(services: Services, form: dict[str, gr.components.Component], tabs: gr
     )
     with gr.Row(equal_height=True):
         job_id = gr.Textbox(label="Job id", elem_id="job-id", min_width=100, scale=1)
-        open_job = gr.Button("Open", size="sm", elem_id="job-open", min_width=80)
-        clone = gr.Button("Clone job", size="sm", elem_id="job-clone", min_width=100)
-        resume = gr.Button("Resume", size="sm", elem_id="job-resume", min_width=80)
-        cancel = gr.Button("Cancel job", variant="stop", size="sm", elem_id="job-cancel")
-        refresh = gr.Button("Refresh table", size="sm", min_width=110)
+        open_job = gr.Button("Open", size="sm", elem_id="job-open", scale=0, min_width=90)
+        clone = gr.Button("Clone job", size="sm", elem_id="job-clone", scale=0, min_width=110)
+        resume = gr.Button("Resume", size="sm", elem_id="job-resume", scale=0, min_width=90)
+        cancel = gr.Button(
+            "Cancel job", variant="stop", size="sm", elem_id="job-cancel", scale=0, min_width=110
+        )
+        refresh = gr.Button("Refresh table", size="sm", scale=0, min_width=120)
     message = gr.Markdown(elem_id="job-message")
     summary = gr.Markdown(elem_id="job-summary")
     plots: dict[str, tuple[gr.LinePlot, gr.Markdown]] = {}
