@@ -128,3 +128,47 @@ def test_an_unreachable_queue_keeps_the_page_up(services):
     summary, workers, active, _, commands = queue_view(broken)
     assert summary == "**Queue unreachable:** ConnectionError: broker down"
     assert workers.empty and active.empty and commands == ""
+
+
+def test_eta_from_the_pace_of_the_versions(world):
+    from datetime import timedelta
+
+    from db import PolicyMetrics, PolicyVersionInfo
+    from ui.progress import duration, eta_seconds
+
+    job = world["repo"].create_job("train", {"model": "demo", "task": "addition"}, total_steps=10)
+    start = job.created_at
+    versions = [
+        PolicyVersionInfo(
+            job.id, v, None, None, None, PolicyMetrics(), start + timedelta(seconds=3 * v)
+        )
+        for v in range(5)
+    ]
+    job = dataclasses.replace(job, step=4)
+    assert eta_seconds(versions, job) == 18.0  # 6 steps left at 3 s each
+    assert eta_seconds(versions[:1], job) is None
+    assert (duration(18), duration(185), duration(3725)) == ("18s", "3m 05s", "1h 02m")
+    world["repo"].delete_job(job.id)
+
+
+def test_a_running_jobs_phase_shows_in_the_table(services, world):
+    repo = world["repo"]
+    job = repo.create_job("train", {"model": "demo", "task": "addition"}, total_steps=300)
+    repo.mark_running(job.id)
+    repo.update_progress(job.id, 0, phase="building the demo policy: warm-up step 40")
+    row = jobs_table(services).set_index("job").loc[job.id]
+    assert row["progress"] == "0/300 (0%) · building the demo policy: warm-up step 40"
+    repo.update_progress(job.id, 0)  # the steps began: the phase is over
+    assert repo.get_job(job.id).phase is None
+    repo.mark_failed(job.id, "done with it")
+    repo.delete_job(job.id)
+
+
+def test_the_queue_tab_shows_the_database_side_without_asking_the_workers(services, world):
+    from ui.handlers.queue import queue_first_view
+
+    asked = []
+    quick = dataclasses.replace(services, queue_overview=lambda: asked.append(1) or {})
+    summary, commands = queue_first_view(quick)
+    assert summary.startswith("Asking the workers…") and "0 queued" in summary
+    assert "inspect active" in commands and asked == []

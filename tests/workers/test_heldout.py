@@ -20,6 +20,7 @@ def test_heldout_accuracy_is_stored_every_n_versions(repo, settings, tiny_model)
     )
     job = repo.create_job("train", config, total_steps=3)
     assert run_job(repo, job.id, settings).status == "succeeded"
+    assert repo.get_job(job.id).phase is None
     versions = repo.list_versions(job.id)
     scored = {v.version: v.metrics.extra.get("heldout_accuracy") for v in versions}
     assert [v for v, acc in scored.items() if acc is not None] == [0, 2, 3]  # due + last
@@ -54,3 +55,20 @@ def test_heldout_settings_are_checked_before_queueing(tiny_model):
             validate("train", train_config(tiny_model, **bad))
     with pytest.raises(SpecError, match="needs a built-in task"):
         heldout_settings({"data": "x.jsonl", "heldout_every": 5})
+
+
+def test_the_demo_warmup_is_the_jobs_phase_until_the_steps_begin(repo, settings):
+    from workers.control import JobControl
+    from workers.training import warmup_reporter
+
+    job = repo.create_job("train", {"model": "demo", "task": "addition"}, total_steps=5)
+    job = repo.start_attempt(job.id, None)
+    job = repo.mark_running(job.id, fence=job.fence)
+    report = warmup_reporter(job, settings, JobControl(repo, job.id, job.fence))
+    assert repo.get_job(job.id).phase.startswith("building the demo policy: starting")
+    report("warm-up step 10: loss 2.100, held-out accuracy 0.004")
+    phase = repo.get_job(job.id).phase
+    assert phase == "building the demo policy: warm-up step 10: loss 2.100, held-out accuracy 0.004"
+    settings.demo_policy_dir.mkdir(parents=True)
+    (settings.demo_policy_dir / "config.json").write_text("{}")
+    assert warmup_reporter(job, settings, JobControl(repo, job.id, job.fence)) is None
