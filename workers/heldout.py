@@ -54,16 +54,18 @@ class HeldoutEval:
         self,
         task: str,
         reward: str | None,
-        count: int,
+        settings: HeldoutSettings,
         max_tokens: int,
         train_records: Sequence[Mapping[str, str]],
     ) -> None:
         from workers.evaluation import prompt_records
 
+        count = settings.prompts
         seen = {(r.get("instruction", ""), r.get("input", "")) for r in train_records}
         drawn = prompt_records(EvalSettings(task=task, num_prompts=2 * count, seed=HELDOUT_SEED))
         unseen = [r for r in drawn if (r.get("instruction", ""), r.get("input", "")) not in seen]
         self.records = (unseen + [r for r in drawn if r not in unseen])[:count]
+        self.settings = settings
         self.reward = reward
         self.task = task
         self.max_tokens = max_tokens

@@ -14,7 +14,7 @@ from db import JobInfo, PolicyMetrics, PolicyVersionRecord, Repository
 from workers.checkpoints import reconcile
 from workers.control import JobControl, Outcome
 from workers.heldout import METRIC as HELDOUT_METRIC
-from workers.heldout import HeldoutEval, HeldoutSettings, heldout_settings
+from workers.heldout import HeldoutEval, heldout_settings
 from workers.models import demo_is_built, resolve_model
 from workers.records import policy_metrics, trainer_batches
 from workers.settings import Settings
@@ -33,7 +33,7 @@ class Recorder:
         job_id: int,
         control: JobControl,
         total_steps: int,
-        heldout: tuple[HeldoutSettings, HeldoutEval | None] | None = None,
+        heldout: HeldoutEval | None = None,
     ) -> None:
         self.repo = repo
         self.job_id = job_id
@@ -45,12 +45,9 @@ class Recorder:
 
     def heldout_metrics(self, version: int) -> dict[str, float]:
         """``{heldout_accuracy: ...}`` when ``version`` is due for a held-out evaluation."""
-        if self.heldout is None or self.heldout[1] is None:
+        if self.heldout is None or not self.heldout.settings.due(version, self.total_steps):
             return {}
-        settings, evaluation = self.heldout
-        if not settings.due(version, self.total_steps):
-            return {}
-        return {HELDOUT_METRIC: evaluation.accuracy(self.trainer.engine)}
+        return {HELDOUT_METRIC: self.heldout.accuracy(self.trainer.engine)}
 
     def on_step(self, step: StepRecord) -> None:
         new_version = None
@@ -114,10 +111,8 @@ def run_training(
     heldout = heldout_settings(job.config)
     evaluation = None
     if heldout.every:
-        evaluation = HeldoutEval(
-            config.task, config.reward, heldout.prompts, config.max_tokens, records
-        )
-    recorder = Recorder(repo, job.id, control, config.steps, (heldout, evaluation))
+        evaluation = HeldoutEval(config.task, config.reward, heldout, config.max_tokens, records)
+    recorder = Recorder(repo, job.id, control, config.steps, evaluation)
     hooks = TrainerHooks(recorder.on_step, control.should_stop)
     trainer = recorder.trainer = GRPOTrainer(config, records, hooks)
     if trainer.version == 0 and repo.latest_version(job.id) is None:

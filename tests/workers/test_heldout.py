@@ -7,7 +7,7 @@ import pytest
 from core_engine.engine import load_engine
 from core_engine.rl.tasks import training_records
 from tests.workers.helpers import train_config
-from workers.heldout import HeldoutEval, heldout_settings
+from workers.heldout import HeldoutEval, HeldoutSettings, heldout_settings
 from workers.jobs import run_job
 from workers.specs import SpecError, validate
 
@@ -25,7 +25,8 @@ def test_heldout_accuracy_is_stored_every_n_versions(repo, settings, tiny_model)
     scored = {v.version: v.metrics.extra.get("heldout_accuracy") for v in versions}
     assert [v for v, acc in scored.items() if acc is not None] == [0, 2, 3]  # due + last
 
-    heldout = HeldoutEval("always7", REWARD, 12, 4, training_records("always7", None, seed=0))
+    records = training_records("always7", None, seed=0)
+    heldout = HeldoutEval("always7", REWARD, HeldoutSettings(2, 12), 4, records)
     assert len(heldout.records) == 12
     accuracies = set()
     for v in versions:
@@ -38,7 +39,7 @@ def test_heldout_accuracy_is_stored_every_n_versions(repo, settings, tiny_model)
 
 def test_heldout_prompts_are_never_training_prompts_when_the_task_has_enough():
     records = training_records("addition", None, seed=0)
-    heldout = HeldoutEval("addition", None, 200, 6, records)
+    heldout = HeldoutEval("addition", None, HeldoutSettings(10, 200), 6, records)
     assert len(heldout.records) == 200
     assert not {r["input"] for r in heldout.records} & {r["input"] for r in records}
 
