@@ -47,13 +47,14 @@ def heldout_settings(config: Mapping[str, Any]) -> HeldoutSettings:
 
 
 class HeldoutEval:
-    """The job's held-out prompts and their greedy score. Prompts never drawn for training
-    come first; a task with few distinct prompts (``always7``) has to reuse training ones."""
+    """The job's held-out prompts and their greedy accuracy: the task's own reward (never a
+    job's custom reward: accuracy is the task's measure, and no user code runs here). Prompts
+    never drawn for training come first; a task with few distinct prompts (``always7``) has to
+    reuse training ones."""
 
     def __init__(
         self,
         task: str,
-        reward: str | None,
         settings: HeldoutSettings,
         max_tokens: int,
         train_records: Sequence[Mapping[str, str]],
@@ -66,17 +67,17 @@ class HeldoutEval:
         unseen = [r for r in drawn if (r.get("instruction", ""), r.get("input", "")) not in seen]
         self.records = (unseen + [r for r in drawn if r not in unseen])[:count]
         self.settings = settings
-        self.reward = reward
         self.task = task
         self.max_tokens = max_tokens
 
     def accuracy(self, engine: Any) -> float:
-        """Mean reward of the engine's greedy answers (its current, acknowledged weights)."""
+        """Mean task reward of the engine's greedy answers (its current, acknowledged
+        weights)."""
         from core_engine.rl.evaluate import evaluate
         from core_engine.rl.rewards import resolve_reward
         from core_engine.rl.tasks import default_reward
         from core_engine.task import SamplingParams
 
-        reward = resolve_reward(self.reward or default_reward(self.task))
+        reward = resolve_reward(default_reward(self.task))
         params = SamplingParams(temperature=0, max_tokens=self.max_tokens)
         return evaluate(engine, self.records, reward, params).mean_reward

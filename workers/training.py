@@ -111,7 +111,7 @@ def run_training(
     heldout = heldout_settings(job.config)
     evaluation = None
     if heldout.every:
-        evaluation = HeldoutEval(config.task, config.reward, heldout, config.max_tokens, records)
+        evaluation = HeldoutEval(config.task, heldout, config.max_tokens, records)
     recorder = Recorder(repo, job.id, control, config.steps, evaluation)
     hooks = TrainerHooks(recorder.on_step, control.should_stop)
     trainer = recorder.trainer = GRPOTrainer(config, records, hooks)

@@ -125,7 +125,8 @@ def test_rejected_batches(client, job):
 
 
 def test_compare(client, job, submitted):
-    a, b = client.predict(job.id, api_name="/versions")
+    a, b, task = client.predict(job.id, api_name="/versions")
+    assert task["value"] == "always7"  # the held-out comparison runs the job's task
     assert (a["value"], b["value"]) == (0, 3) and b["choices"][-1][1] == 3
     metrics, rewards, lengths, pairs, sample = client.predict(job.id, 0, 3, api_name="/compare")
     assert rows(metrics)[1] == {

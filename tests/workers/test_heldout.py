@@ -11,12 +11,22 @@ from workers.heldout import HeldoutEval, HeldoutSettings, heldout_settings
 from workers.jobs import run_job
 from workers.specs import SpecError, validate
 
-REWARD = "regex:.*[0-4].*"  # a random model's greedy answers satisfy it for some prompts
 
+def test_heldout_accuracy_is_stored_every_n_versions(repo, settings, tmp_path):
+    from core_engine.toy import save_tiny_checkpoint
 
-def test_heldout_accuracy_is_stored_every_n_versions(repo, settings, tiny_model):
+    # the always7 alphabet: the tiny model learns to answer 7 in a few steps
+    model = str(save_tiny_checkpoint(tmp_path / "tiny", alphabet="0123456789?=+"))
     config = train_config(
-        tiny_model, steps=3, reward=REWARD, heldout_every=2, heldout_prompts=12, lr=0.01
+        model,
+        steps=3,
+        batch_size=4,
+        group_size=8,
+        max_tokens=2,
+        lr=0.003,
+        heldout_every=2,
+        heldout_prompts=12,
+        reward="regex:7",  # the job's reward; held-out accuracy is the task's exact match
     )
     job = repo.create_job("train", config, total_steps=3)
     assert run_job(repo, job.id, settings).status == "succeeded"
@@ -26,7 +36,7 @@ def test_heldout_accuracy_is_stored_every_n_versions(repo, settings, tiny_model)
     assert [v for v, acc in scored.items() if acc is not None] == [0, 2, 3]  # due + last
 
     records = training_records("always7", None, seed=0)
-    heldout = HeldoutEval("always7", REWARD, HeldoutSettings(2, 12), 4, records)
+    heldout = HeldoutEval("always7", HeldoutSettings(2, 12), 2, records)
     assert len(heldout.records) == 12
     accuracies = set()
     for v in versions:
@@ -34,12 +44,12 @@ def test_heldout_accuracy_is_stored_every_n_versions(repo, settings, tiny_model)
             engine = load_engine(v.checkpoint_path, policy_version=v.version)
             assert heldout.accuracy(engine) == pytest.approx(scored[v.version])
             accuracies.add(scored[v.version])
-    assert accuracies - {0.0, 1.0}  # a score, not a constant
+    assert len(accuracies) > 1  # it moved: a score of the weights, not a constant
 
 
 def test_heldout_prompts_are_never_training_prompts_when_the_task_has_enough():
     records = training_records("addition", None, seed=0)
-    heldout = HeldoutEval("addition", None, HeldoutSettings(10, 200), 6, records)
+    heldout = HeldoutEval("addition", HeldoutSettings(10, 200), 6, records)
     assert len(heldout.records) == 200
     assert not {r["input"] for r in heldout.records} & {r["input"] for r in records}
 

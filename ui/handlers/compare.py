@@ -62,6 +62,16 @@ def default_versions(services: Services, job_id: float | str | None) -> tuple[in
     return first, last
 
 
+def job_task(services: Services, job_id: float | str | None) -> str | None:
+    """The built-in task the job ran (the held-out comparison's default), if any."""
+    try:
+        chosen = parse_id(job_id, "job")
+        task = None if chosen is None else services.repository.get_job(chosen).config.get("task")
+    except (InvalidValue, NotFound):
+        return None
+    return task if task in api.TASKS else None
+
+
 def heldout_job(services: Services, job_id: int, a: int, b: int) -> int | None:
     """The newest succeeded compare job of ``job_id`` over versions ``a`` and ``b``."""
     for job in services.repository.list_jobs(limit=MAX_PAGE_SIZE, kind="compare"):

@@ -10,6 +10,7 @@ from ui.handlers.compare import (
     METRIC_COLUMNS,
     compare_versions,
     default_versions,
+    job_task,
     launch_compare,
     version_choices,
 )
@@ -19,11 +20,17 @@ from ui.tabs.common import job_picker, refresh_jobs
 from workers import api
 
 
-def _versions(services: Services, job_id: int | None) -> tuple[dict, dict]:
-    """Version pickers for a job, set to the versions that have data (`default_versions`)."""
+def _versions(services: Services, job_id: int | None) -> tuple[dict, dict, dict]:
+    """Version pickers for a job, set to the versions that have data (`default_versions`),
+    and the held-out comparison's task set to the job's."""
     versions = version_choices(services, job_id)
     a, b = default_versions(services, job_id)
-    return gr.update(choices=versions, value=a), gr.update(choices=versions, value=b)
+    task = job_task(services, job_id)
+    return (
+        gr.update(choices=versions, value=a),
+        gr.update(choices=versions, value=b),
+        gr.update() if task is None else gr.update(value=task),
+    )
 
 
 def build(services: Services, tab: gr.Tab) -> None:
@@ -60,7 +67,7 @@ def build(services: Services, tab: gr.Tab) -> None:
     diff = gr.HTML(elem_id="token-diff")
 
     tab.select(partial(refresh_jobs, services), None, job, api_name="compare_jobs")
-    job.change(partial(_versions, services), job, [version_a, version_b], api_name="versions")
+    job.change(partial(_versions, services), job, [version_a, version_b, task], api_name="versions")
     run.click(
         partial(compare_versions, services),
         [job, version_a, version_b],
