@@ -90,6 +90,7 @@ class Job(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
+    phase: Mapped[str | None] = mapped_column(Text)  # before the first step (e.g. a warm-up)
 
     versions: Mapped[list["PolicyVersion"]] = relationship(
         back_populates="job", passive_deletes=True
@@ -164,6 +165,7 @@ class Sample(Base):
         Index("ix_samples_job_finish_reason", "job_id", "finish_reason", "policy_version", "id"),
         Index("ix_samples_job_error_code", "job_id", "error_code", "policy_version", "id"),
         Index("ix_samples_job_reward", "job_id", "reward"),
+        Index("ix_samples_job_logprob_gap", "job_id", "logprob_gap_max"),
         Index("ix_samples_batch_version", "batch_id", "policy_version", "id"),
         CheckConstraint(
             "(finish_reason IN ('abort', 'error')) = (error_code IS NOT NULL)",
@@ -186,6 +188,8 @@ class Sample(Base):
     response_length: Mapped[int]
     cached_prompt_tokens: Mapped[int]
     seed: Mapped[int | None] = mapped_column(BigInteger)
+    # max |trainer - behaviour| log-prob over the tokens of a trained sample (None: not trained)
+    logprob_gap_max: Mapped[float | None]
     prompt_text: Mapped[str] = mapped_column(Text)
     response_text: Mapped[str] = mapped_column(Text)
     error_message: Mapped[str | None] = mapped_column(Text)
@@ -194,6 +198,7 @@ class Sample(Base):
     response_token_ids: Mapped[list[int]] = mapped_column(Int32Array)
     behaviour_logprobs: Mapped[list[float]] = mapped_column(Float32Array)
     temperature_logprobs: Mapped[list[float] | None] = mapped_column(Float32Array)
+    trainer_logprobs: Mapped[list[float] | None] = mapped_column(Float32Array)
 
     batch: Mapped[RolloutBatch] = relationship(back_populates="samples")
 

@@ -62,8 +62,9 @@ class SampleRecord:
     """One generated response, stamped with the policy version that generated it.
 
     ``error_code`` is required exactly when ``finish_reason`` is ``abort`` or ``error``.
-    ``behaviour_logprobs`` (and ``temperature_logprobs``, if given) have one entry per
-    response token. ``reward`` and ``advantage`` must be finite or None.
+    ``behaviour_logprobs`` (and ``temperature_logprobs`` and ``trainer_logprobs``, if given)
+    have one entry per response token. ``trainer_logprobs`` are the trainer's log-probs at
+    training time, for a sample trained on. ``reward`` and ``advantage`` must be finite or None.
     """
 
     prompt_index: int
@@ -77,6 +78,7 @@ class SampleRecord:
     prompt_messages: list[dict[str, Any]] | None = None
     reference_output: str | None = None
     temperature_logprobs: Sequence[float] | None = None
+    trainer_logprobs: Sequence[float] | None = None
     reward: float | None = None
     advantage: float | None = None
     error_code: str | None = None
@@ -108,7 +110,9 @@ class SampleFilter:
     """Filters of `Repository.list_samples`; None means "any". Ranges are inclusive.
 
     ``text`` is a case-insensitive substring of the prompt or the response; ``batch_id``
-    keeps the samples of one rollout batch of the job.
+    keeps the samples of one rollout batch of the job; ``min_logprob_gap`` keeps trained
+    samples with a token whose |trainer - behaviour| log-prob (|log importance ratio|) is at
+    least that.
     """
 
     job_id: int
@@ -121,6 +125,7 @@ class SampleFilter:
     batch_status: BatchStatus | str | None = None
     text: str | None = None
     batch_id: int | None = None
+    min_logprob_gap: float | None = None
 
 
 # --- results ----------------------------------------------------------------------------
@@ -145,6 +150,7 @@ class JobInfo:
     finished_at: datetime | None
     fence: int = 0
     heartbeat_at: datetime | None = None
+    phase: str | None = None
 
 
 @dataclass(frozen=True)
@@ -224,6 +230,7 @@ class SampleDetail:
     advantage: float | None
     cached_prompt_tokens: int
     seed: int | None
+    trainer_logprobs: list[float] | None = None
 
 
 @dataclass(frozen=True)

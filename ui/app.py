@@ -15,11 +15,11 @@ def build_app(services: Services) -> gr.Blocks:
     """The whole UI over ``services``, one tab per task; every event has an ``api_name``."""
     with gr.Blocks(title=TITLE) as demo:
         gr.Markdown(f"## {TITLE}")
-        with gr.Tabs():
+        with gr.Tabs() as tabs:
             with gr.Tab("Launch", id="launch"):
-                launch_tab.build(services)
+                form = launch_tab.build(services)
             with gr.Tab("Jobs", id="jobs"):
-                jobs.build(services)
+                jobs.build(services, form, tabs)
             with gr.Tab("Samples", id="samples") as samples_tab:
                 samples.build(services, samples_tab)
             with gr.Tab("Compare", id="compare") as compare_tab:

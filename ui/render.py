@@ -41,7 +41,7 @@ def logprob_colour(logprob: float) -> str:
     return f"hsl({round(120 * scale)}, 75%, 80%)"
 
 
-def _visible(text: str) -> str:
+def visible(text: str) -> str:
     """Escaped token text, with empty tokens and line breaks made visible."""
     if text == "":
         return "∅"
@@ -65,7 +65,7 @@ def token_spans(
         spans.append(
             f'<span class="tok" data-token-id="{token_id}" data-logprob="{logprob:.6g}" '
             f'style="{TOKEN_STYLE};background:{logprob_colour(logprob)}" '
-            f'title="{escape(title)}">{_visible(text)}</span>'
+            f'title="{escape(title)}">{visible(text)}</span>'
         )
     return "".join(spans)
 

@@ -15,7 +15,9 @@ class Services:
     (raising `ValueError` for invalid input), ``cancel_job(job_id)`` cancels one, and
     ``queue_overview()`` describes the workers and their tasks, ``resume_job(job_id)``
     queues a failed or cancelled train job again, ``chat(job_id, version, messages,
-    temperature, max_tokens, seed)`` answers a Playground turn on a worker (see `workers.api`)."""
+    temperature, max_tokens, seed)`` answers a Playground turn on a worker, ``audit(sample_ids)``
+    re-scores samples under their versions' weights and ``token_diff(sample_id, version_a,
+    version_b)`` scores one response under two versions, on a worker (see `workers.api`)."""
 
     repository: Repository
     submit_job: Callable[[str, dict[str, Any]], JobInfo]
@@ -23,6 +25,8 @@ class Services:
     queue_overview: Callable[[], dict[str, Any]]
     resume_job: Callable[[int], JobInfo]
     chat: Callable[..., dict[str, Any]]
+    audit: Callable[[list[int]], dict[str, Any]]
+    token_diff: Callable[[int, int, int], dict[str, Any]]
     model_roots: tuple[Path, ...] = field(default_factory=model_roots)
     data_dir: Path = field(default_factory=data_dir)
 
@@ -39,4 +43,6 @@ def default_services() -> Services:
         queue_overview=api.queue_overview,
         resume_job=api.resume_job,
         chat=api.chat,
+        audit=api.audit,
+        token_diff=api.token_diff,
     )

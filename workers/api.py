@@ -7,11 +7,13 @@ from workers.api import submit_job, cancel_job, queue_overview
 job = submit_job("train", {"model": DEMO_MODEL, "task": "addition", "steps": 200})
 """
 
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
 from celery import Celery
 
+from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data import DataError, load_jsonl
 from core_engine.rl.rewards import BUILTIN_REWARDS, check_reward_spec
 from core_engine.rl.tasks import BUILTIN_TASKS
@@ -21,6 +23,9 @@ from workers.chat import MAX_TOKENS_LIMIT as CHAT_MAX_TOKENS
 from workers.commands import COMMANDS as WORKER_COMMANDS
 from workers.commands import add_commands as add_worker_commands
 from workers.commands import run as run_worker_command
+from workers.heldout import DEFAULT_EVERY as HELDOUT_EVERY
+from workers.heldout import DEFAULT_PROMPTS as HELDOUT_PROMPTS
+from workers.heldout import METRIC as HELDOUT_METRIC
 from workers.settings import GPU_QUEUE, Settings
 from workers.specs import (
     DEMO_MODEL,
@@ -35,12 +40,17 @@ from workers.specs import (
 __all__ = [
     "CHAT_MAX_TEMPERATURE",
     "CHAT_MAX_TOKENS",
+    "COMMANDS",
     "DEMO_MODEL",
+    "HELDOUT_METRIC",
+    "LAUNCH_DEFAULTS",
     "REWARDS",
     "TASKS",
+    "TRAINER_DEFAULTS",
     "WORKER_COMMANDS",
     "SpecError",
     "add_worker_commands",
+    "audit",
     "cancel_job",
     "chat",
     "check_reward",
@@ -49,17 +59,36 @@ __all__ = [
     "exposure_problem",
     "is_under",
     "model_roots",
+    "queue_counts",
     "queue_overview",
     "resume_job",
     "run_worker_command",
     "submit_job",
+    "token_diff",
     "validate_job",
 ]
 
 TASKS: dict[str, str] = {name: task.description for name, task in BUILTIN_TASKS.items()}
 REWARDS: tuple[str, ...] = tuple(BUILTIN_REWARDS)
+TRAINER_DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in fields(GRPOConfig) if f.default is not MISSING
+}
+# What a new job starts from: the demo policy on addition, with held-out accuracy checked.
+LAUNCH_DEFAULTS: dict[str, Any] = {
+    **TRAINER_DEFAULTS,
+    "model": DEMO_MODEL,
+    "task": "addition",
+    "steps": 300,
+    "batch_size": 16,
+    "group_size": 8,
+    "lr": 3e-4,
+    "max_tokens": 6,
+    "heldout_every": HELDOUT_EVERY,
+    "heldout_prompts": HELDOUT_PROMPTS,
+}
 LOOPBACK_NAMES = ("localhost", "::1")
 CHAT_TIMEOUT_S = 120.0
+AUDIT_TIMEOUT_S = 600.0
 CELERY = "celery -A workers.app"
 COMMANDS = {
     "workers online": f"{CELERY} inspect ping",
@@ -168,10 +197,30 @@ def chat(
 ) -> dict[str, Any]:
     """One Playground turn, answered by a worker of the ``interactive`` queue (see
     `workers.chat`); ``{"problem": ...}`` when none answers within ``timeout`` seconds."""
+    args = [job_id, version, messages, temperature, max_tokens, seed]
+    return _interactive("workers.chat", args, timeout)
+
+
+def audit(sample_ids: list[int], timeout: float = AUDIT_TIMEOUT_S) -> dict[str, Any]:
+    """Re-score stored samples under their stamped versions' kept weights on an
+    ``interactive`` worker (see `workers.scoring.audit_samples`)."""
+    return _interactive("workers.audit", [list(sample_ids)], timeout)
+
+
+def token_diff(
+    sample_id: int, version_a: int, version_b: int, timeout: float = CHAT_TIMEOUT_S
+) -> dict[str, Any]:
+    """One stored response scored under two versions on an ``interactive`` worker (see
+    `workers.scoring.token_diff`)."""
+    return _interactive("workers.token_diff", [sample_id, version_a, version_b], timeout)
+
+
+def _interactive(name: str, args: list[Any], timeout: float) -> dict[str, Any]:
+    """Run task ``name`` on the ``interactive`` queue and wait for its JSON answer;
+    ``{"problem": ...}`` when no worker answers within ``timeout`` seconds."""
     from celery.exceptions import TimeoutError as CeleryTimeout
 
-    args = [job_id, version, messages, temperature, max_tokens, seed]
-    result = celery_app().tasks["workers.chat"].apply_async(args=args, expires=timeout)
+    result = celery_app().tasks[name].apply_async(args=args, expires=timeout)
     try:
         return result.get(timeout=timeout)
     except CeleryTimeout:
@@ -204,23 +253,34 @@ def queue_overview(timeout: float = 1.0) -> dict[str, Any]:
     """Workers online, the tasks they run (``active``) and hold (``reserved``), the job
     counts of the database, and the equivalent ``celery`` commands.
 
-    Takes about ``timeout`` seconds: workers are found by a ping, then asked until each answered.
+    Takes about ``timeout`` seconds: the workers that answer a broadcast for their active
+    tasks are the ones online; those are then asked for their reserved tasks, which returns
+    as soon as each answered.
     """
-    from workers.app import repository
-
     app = celery_app()
-    online = sorted(app.control.inspect(timeout=timeout).ping() or {})
-    active = reserved = None
+    active = app.control.inspect(timeout=timeout).active() or {}
+    online = sorted(active)
+    reserved = None
     if online:
         inspect = app.control.inspect(timeout=timeout, destination=online, limit=len(online))
-        active, reserved = inspect.active(), inspect.reserved()
-    repo = repository()
+        reserved = inspect.reserved()
     return {
-        "broker": _broker(Settings.from_env()),
+        **queue_counts(),
         "workers": online,
         "workers_online": len(online),
         "active": _tasks(active),
         "reserved": _tasks(reserved),
+    }
+
+
+def queue_counts() -> dict[str, Any]:
+    """What the queue view knows without asking the workers (milliseconds): the broker,
+    the database's queued / running / cancelling job counts and the ``celery`` commands."""
+    from workers.app import repository
+
+    repo = repository()
+    return {
+        "broker": _broker(Settings.from_env()),
         "jobs": {
             status.value: repo.count_jobs(status=status)
             for status in (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING)

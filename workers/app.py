@@ -32,7 +32,15 @@ from celery.worker.control import Panel
 from db import JobInfo, JobStatus, Repository, resolve_url
 from db.timestamps import utcnow
 from workers.jobs import SHUTTING_DOWN
-from workers.settings import DAY_S, GPU_QUEUE, INTERACTIVE_QUEUE, TASK_FOR_KIND, Settings
+from workers.settings import (
+    DAY_S,
+    EMBEDDED_POLL_S,
+    GPU_QUEUE,
+    INTERACTIVE_QUEUE,
+    INTERACTIVE_TASKS,
+    TASK_FOR_KIND,
+    Settings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +69,8 @@ def broker_settings(settings: Settings) -> dict[str, Any]:
             "data_folder_in": str(queue_dir),
             "data_folder_out": str(queue_dir),
             "control_folder": str(control_dir),
+            # kombu's default (1 s) delays every broadcast reply, e.g. the Queue tab's
+            "polling_interval": EMBEDDED_POLL_S,
         },
         "result_backend": f"db+sqlite:///{settings.data_dir / 'celery-results.db'}",
     }
@@ -76,7 +86,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_accept_content": ["json"],
         "task_routes": {
             **{name: {"queue": GPU_QUEUE} for name in TASK_FOR_KIND.values()},
-            "workers.chat": {"queue": INTERACTIVE_QUEUE},
+            **{name: {"queue": INTERACTIVE_QUEUE} for name in INTERACTIVE_TASKS},
         },
         "task_default_queue": GPU_QUEUE,
         "worker_concurrency": 1,

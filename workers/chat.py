@@ -45,6 +45,32 @@ def check_request(messages: Any, temperature: Any, max_tokens: Any, seed: Any) -
     return params
 
 
+def fit_to_context(
+    tokenizer: Any, messages: list[dict[str, str]], max_seq_len: int, max_tokens: int
+) -> tuple[list[int], int]:
+    """The prompt ids of ``messages`` with the oldest turns (after any system prompt) left
+    out until the prompt and ``max_tokens`` fit in ``max_seq_len``; and how many messages
+    were left out. `ChatProblem` if even the newest message alone does not fit."""
+    from core_engine.prompts import encode_prompt, render_prompt
+
+    system = [m for m in messages[:1] if m["role"] == "system"]
+    turns = messages[len(system) :]
+    for dropped in range(len(turns)):
+        kept = system + turns[dropped:]
+        if dropped and kept[len(system)]["role"] != "user":
+            continue  # a conversation restarts at a user turn
+        try:
+            ids = encode_prompt(tokenizer, render_prompt(tokenizer, kept))
+        except Exception as exc:  # no template, or it rejects these messages
+            raise ChatProblem(f"cannot apply the chat template: {exc}") from exc
+        if len(ids) + max_tokens <= max_seq_len:
+            return ids, dropped
+    raise ChatProblem(
+        f"the message and {max_tokens} new tokens do not fit the model's {max_seq_len}-token "
+        "context: shorten it or lower max tokens"
+    )
+
+
 def chat_reply(
     repo: Repository,
     settings: Settings,
@@ -55,8 +81,9 @@ def chat_reply(
     max_tokens: int,
     seed: int | None,
 ) -> dict[str, Any]:
-    """The version's reply to ``messages`` (rendered with the checkpoint's chat template)."""
-    from core_engine.prompts import encode_prompt, render_prompt
+    """The version's reply to ``messages`` (rendered with the checkpoint's chat template;
+    the oldest turns left out, and counted in ``trimmed``, where the chat outgrew the
+    model's context)."""
     from workers.engines import ChecksumMismatch, WeightsNotKept, engine_cache, saved_version
 
     try:
@@ -65,11 +92,7 @@ def chat_reply(
         engine, _ = engine_cache(settings).verified(
             info.checkpoint_path, info.version, info.weights_checksum
         )
-        try:
-            text = render_prompt(engine.tokenizer, messages)
-        except Exception as exc:  # no template, or it rejects these messages
-            raise ChatProblem(f"cannot apply the chat template: {exc}") from exc
-        ids = encode_prompt(engine.tokenizer, text)
+        ids, trimmed = fit_to_context(engine.tokenizer, messages, engine.max_seq_len, max_tokens)
         result = engine.run_batch([ids], params)[0]
     except VersionNotFound:
         return {"problem": f"job {job_id} has no saved version {version}"}
@@ -84,5 +107,7 @@ def chat_reply(
         "error": None if error is None else {"code": error.code.value, "message": error.message},
         "policy_version": result.policy_version,
         "prompt_tokens": len(ids),
+        "trimmed": trimmed,
+        "context": engine.max_seq_len,
         "checkpoint": info.checkpoint_path,
     }

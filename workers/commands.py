@@ -9,6 +9,7 @@
     jobs                    list the jobs
     resume JOB_ID           queue a failed or cancelled train job again, from its newest version
     cancel JOB_ID           cancel a job
+    audit JOB_ID [--samples N]   re-score stored samples under their versions' weights
 
 Environment: DATABASE_URL, REDIS_URL, RLWB_DATA_DIR (see workers/README.md).
 """
@@ -17,10 +18,12 @@ import argparse
 import json
 import os
 import tomllib
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
-COMMANDS = ("worker", "db", "train", "submit", "jobs", "resume", "cancel")
+COMMANDS = ("worker", "db", "train", "submit", "jobs", "resume", "cancel", "audit")
+DEFAULT_AUDIT_SAMPLES = 20
 WORKER_ARGS = ["--pool=threads", "--concurrency=1", "--queues=gpu"]
 # Playground turns: short, two at a time, never behind a training job.
 INTERACTIVE_ARGS = ["--pool=threads", "--concurrency=2", "--queues=interactive"]
@@ -65,6 +68,17 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         ("cancel", "cancel a queued or running job"),
     ):
         commands.add_parser(name, help=text).add_argument("job_id", type=int)
+    audit = commands.add_parser(
+        "audit",
+        help="re-score stored samples under their versions' kept weights (attribution check)",
+        description="Draw N stored samples of JOB at random across its versions, recompute "
+        "their log-probs under the stamped version's kept weights and report the largest "
+        "|stored - recomputed| per sample against the tolerance. Exit status 1 if any fails.",
+    )
+    audit.add_argument("job_id", type=int)
+    audit.add_argument(
+        "--samples", type=int, default=DEFAULT_AUDIT_SAMPLES, help="how many (max 200)"
+    )
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
@@ -78,6 +92,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         return 0
     if args.command == "train":
         return run_train(args.config)
+    if args.command == "audit":
+        return run_audit(args.job_id, args.samples)
     return run_queue_command(args)
 
 
@@ -178,3 +194,47 @@ def main(argv: list[str] | None = None) -> int:
     if extra and args.command != "worker":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return run(args, extra)
+
+
+def _line(result: dict[str, Any]) -> str:
+    diff = result.get("max_abs_diff")
+    shown = "-" if diff is None else f"{diff:.3g}"
+    where = f"v{result['version']}" if "version" in result else "-"
+    line = (
+        f"sample {result['sample_id']:>8}  {where:<6} {result.get('tokens', 0):>5} tokens  "
+        f"max |stored - recomputed| {shown:<9} {result['status']}"
+    )
+    return line + (f"  ({result['problem']})" if result.get("problem") else "")
+
+
+def run_audit(job_id: int, samples: int) -> int:
+    """Audit ``samples`` random stored samples of a job, here, and print one line per sample
+    and a summary; 1 if a sample failed or erred (see `workers.scoring`)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from db import NotFound, StorageError
+    from workers.app import repository
+    from workers.scoring import AUDIT_TOLERANCE, MAX_AUDIT_SAMPLES, audit_samples
+    from workers.settings import Settings
+
+    if not 1 <= samples <= MAX_AUDIT_SAMPLES:
+        print(f"refused: --samples must be from 1 to {MAX_AUDIT_SAMPLES}")
+        return 1
+    repo = repository()
+    try:
+        ids = repo.random_sample_ids(job_id, samples)
+    except (NotFound, StorageError) as exc:
+        print(f"refused: {exc}")
+        return 1
+    if not ids:
+        print(f"job {job_id} has no stored samples with a response")
+        return 1
+    results = audit_samples(repo, Settings.from_env(), ids)["samples"]
+    for result in results:
+        print(_line(result), flush=True)
+    counts = Counter(result["status"] for result in results)
+    print(
+        f"{len(results)} samples: "
+        + ", ".join(f"{count} {status}" for status, count in sorted(counts.items()))
+        + f" (tolerance {AUDIT_TOLERANCE:g} per token, fp32)"
+    )
+    return 1 if counts["fail"] or counts["error"] else 0

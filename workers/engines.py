@@ -5,6 +5,7 @@ by checkpoint and version, and the check of a loaded engine against its recorded
 import fcntl
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 from core_engine.engine import load_engine
@@ -26,15 +27,21 @@ class ChecksumMismatch(ValueError):
     """A checkpoint whose weights are not the ones recorded for its version."""
 
 
-def resolve_model(model: str, settings: Settings) -> str:
-    """The checkpoint directory for ``model`` (`DEMO_MODEL` is built under the data dir)."""
+def resolve_model(model: str, settings: Settings, log: Callable[[str], None] | None = None) -> str:
+    """The checkpoint directory for ``model`` (`DEMO_MODEL` is built under the data dir, with
+    the warm-up's progress lines going to ``log``)."""
     if model != DEMO_MODEL:
         return model
     path = settings.demo_policy_dir
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time, across workers
-        return str(build_demo_policy(path))
+        return str(build_demo_policy(path, log=log))
+
+
+def demo_is_built(settings: Settings) -> bool:
+    """Whether the demo policy is already on disk (no warm-up needed)."""
+    return (settings.demo_policy_dir / "config.json").is_file()
 
 
 def saved_version(repo: Repository, job_id: int, version: int) -> PolicyVersionInfo:

@@ -73,11 +73,15 @@ class JobControl:
     def should_stop(self) -> bool:
         return self.stop_reason() is not None
 
-    def report(self, step: int, total_steps: int | None, **meta: Any) -> None:
-        """Durable progress on the job row, plus a live ping to the caller (Celery state)."""
-        self.repo.update_progress(self.job_id, step, total_steps, fence=self.fence)
+    def report(
+        self, step: int, total_steps: int | None, phase: str | None = None, **meta: Any
+    ) -> None:
+        """Durable progress (and the ``phase`` before the steps, e.g. a warm-up) on the job
+        row, plus a live ping to the caller (Celery state)."""
+        self.repo.update_progress(self.job_id, step, total_steps, fence=self.fence, phase=phase)
         if self.progress is not None:
-            self.progress({"job_id": self.job_id, "step": step, "total_steps": total_steps, **meta})
+            ping = {"job_id": self.job_id, "step": step, "total_steps": total_steps, **meta}
+            self.progress(ping if phase is None else {**ping, "phase": phase})
 
     def stopped(self) -> Outcome:
         """The outcome of a run that ended early because `stop_reason` said so."""

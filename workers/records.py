@@ -26,8 +26,10 @@ def sample_records(
     rewards: Sequence[float] | None = None,
     advantages: Sequence[float] | None = None,
     prompt_offset: int = 0,
+    trainer_logprobs: Sequence[Sequence[float] | None] | None = None,
 ) -> list[SampleRecord]:
-    """One record per sample: prompt ``prompt_offset + i // G``, sample ``i % G`` of its group."""
+    """One record per sample: prompt ``prompt_offset + i // G``, sample ``i % G`` of its group;
+    ``trainer_logprobs`` (per sample, None where not trained) as the trainer scored them."""
     records = []
     for i in range(rollout.num_samples):
         group = rollout.group_of(i)
@@ -44,6 +46,7 @@ def sample_records(
                 response_token_ids=rollout.response_ids[i],
                 behaviour_logprobs=rollout.behaviour_logprobs[i],
                 temperature_logprobs=rollout.temp_logprobs[i],
+                trainer_logprobs=None if trainer_logprobs is None else trainer_logprobs[i],
                 finish_reason=rollout.finish_reasons[i],
                 error_code=None if error is None else error.code.value,
                 error_message=None if error is None else error.message,
@@ -96,7 +99,10 @@ def trainer_batches(job_id: int, version: int, step: StepRecord) -> list[BatchRe
     if step.rollout is None:
         return []
     samples = sample_records(
-        step.rollout, getattr(step.rollout, "rewards", None) or None, step.advantages
+        step.rollout,
+        getattr(step.rollout, "rewards", None) or None,
+        step.advantages,
+        trainer_logprobs=step.trainer_logprobs,
     )
     if step.version is None:
         reasons = list(step.reasons) or ["rejected"]

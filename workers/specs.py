@@ -108,8 +108,13 @@ def _split(config: dict[str, Any], own: set[str]) -> tuple[dict[str, Any], EvalS
 
 
 def train_config(config: dict[str, Any], output_dir: str) -> GRPOConfig:
-    """The trainer's config for a worker-run job (checkpoint every version, resume)."""
-    values = {"output_dir": output_dir, **config, "checkpoint_every": 1, "resume": True}
+    """The trainer's config for a worker-run job (checkpoint every version, resume); the
+    held-out settings (`workers.heldout`) are the worker's, not the trainer's."""
+    from workers.heldout import KEYS, heldout_settings
+
+    heldout_settings(config)
+    trainer = {k: v for k, v in config.items() if k not in KEYS}
+    values = {"output_dir": output_dir, **trainer, "checkpoint_every": 1, "resume": True}
     try:
         return GRPOConfig.from_dict(values)
     except (TypeError, ValueError) as exc:

@@ -57,6 +57,23 @@ def chat(
     )
 
 
+@app.task(name="workers.audit")
+def audit(sample_ids: list[int]) -> dict[str, Any]:
+    """Re-score stored samples under their stamped versions (``interactive``; see
+    `workers.scoring`)."""
+    from workers.scoring import audit_samples
+
+    return audit_samples(repository(), Settings.from_env(), sample_ids)
+
+
+@app.task(name="workers.token_diff")
+def token_diff(sample_id: int, version_a: int, version_b: int) -> dict[str, Any]:
+    """One stored response scored under two versions (``interactive``)."""
+    from workers.scoring import token_diff as diff
+
+    return diff(repository(), Settings.from_env(), sample_id, version_a, version_b)
+
+
 @app.task(bind=True, name="workers.compare")
 def compare(self: Task, job_id: int) -> dict[str, Any]:
     """Evaluate two versions on the same prompts with the same seeds."""

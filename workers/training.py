@@ -10,20 +10,26 @@ those steps with the same seeds, so a retried step replaces them instead of addi
 """
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from core_engine.atomic_dir import Writer, recover
 from core_engine.rl.checkpoint import checkpoint_dir, is_complete, list_checkpoints
+from core_engine.rl.demo_policy import TARGET_ACCURACY
 from core_engine.rl.records import StepRecord, StopReason, TrainerHooks
 from core_engine.rl.tasks import prompt_records
 from core_engine.rl.trainer import GRPOTrainer, TrainingError
 from core_engine.weights import model_checksum
-from db import JobInfo, PolicyVersionRecord, Repository
-from workers.engines import resolve_model
+from db import JobInfo, PolicyMetrics, PolicyVersionRecord, Repository
+from workers.engines import demo_is_built, resolve_model
+from workers.heldout import METRIC as HELDOUT_METRIC
+from workers.heldout import HeldoutEval, heldout_settings
 from workers.jobs import JobControl, Outcome
 from workers.records import policy_metrics, trainer_batches
 from workers.settings import Settings
-from workers.specs import train_config
+from workers.specs import DEMO_MODEL, train_config
+
+WARMUP_PHASE = "building the demo policy"
 
 
 class ResumeError(ValueError):
@@ -62,14 +68,26 @@ class Recorder:
     (`record_step`), as the trainer decided them."""
 
     def __init__(
-        self, repo: Repository, job_id: int, control: JobControl, total_steps: int
+        self,
+        repo: Repository,
+        job_id: int,
+        control: JobControl,
+        total_steps: int,
+        heldout: HeldoutEval | None = None,
     ) -> None:
         self.repo = repo
         self.job_id = job_id
         self.control = control
         self.total_steps = total_steps
+        self.heldout = heldout
         self.trainer: GRPOTrainer | None = None
         self.rejected = 0
+
+    def heldout_metrics(self, version: int) -> dict[str, float]:
+        """``{heldout_accuracy: ...}`` when ``version`` is due for a held-out evaluation."""
+        if self.heldout is None or not self.heldout.settings.due(version, self.total_steps):
+            return {}
+        return {HELDOUT_METRIC: self.heldout.accuracy(self.trainer.engine)}
 
     def on_step(self, step: StepRecord) -> None:
         new_version = None
@@ -82,7 +100,11 @@ class Recorder:
                 parent_version=step.version.parent,
                 checkpoint_path=step.version.checkpoint,
                 weights_checksum=step.version.checksum,
-                metrics=policy_metrics(step.version.metrics, 1, self.rejected),
+                metrics=policy_metrics(
+                    {**step.version.metrics, **self.heldout_metrics(step.version.version)},
+                    1,
+                    self.rejected,
+                ),
             )
         batch_version = self.trainer.version if new_version is None else step.version.parent
         records = trainer_batches(self.job_id, batch_version, step)
@@ -110,24 +132,43 @@ def output_dir(job: JobInfo, settings: Settings) -> Path:
     return Path(job.config.get("output_dir") or settings.jobs_dir / str(job.id))
 
 
+def warmup_reporter(
+    job: JobInfo, settings: Settings, control: JobControl
+) -> Callable[[str], None] | None:
+    """Where the demo policy's warm-up reports (the job's ``phase``), if it needs one."""
+    if job.config["model"] != DEMO_MODEL or demo_is_built(settings):
+        return None
+
+    def report(line: str) -> None:
+        control.report(job.step, job.total_steps, phase=f"{WARMUP_PHASE}: {line}")
+
+    report(f"starting (first use only; stops at {TARGET_ACCURACY:.0%} held-out accuracy)")
+    return report
+
+
 def run_training(
     repo: Repository, job: JobInfo, settings: Settings, control: JobControl
 ) -> Outcome:
     """Run (or resume) a train job until its steps are done, it is stopped, or it fails."""
-    model = resolve_model(job.config["model"], settings)
+    model = resolve_model(job.config["model"], settings, warmup_reporter(job, settings, control))
     values = {"device": settings.device, **job.config, "model": model}
     config = train_config(values, str(output_dir(job, settings)))
     reconcile(repo, job.id, config.output_dir, control.fence)
     records = prompt_records(config.task, config.data, seed=config.seed)
-    recorder = Recorder(repo, job.id, control, config.steps)
+    heldout = heldout_settings(job.config)
+    evaluation = None
+    if heldout.every:
+        evaluation = HeldoutEval(config.task, heldout, config.max_tokens, records)
+    recorder = Recorder(repo, job.id, control, config.steps, evaluation)
     hooks = TrainerHooks(recorder.on_step, control.should_stop, checkpoint_writer(repo, control))
     trainer = recorder.trainer = GRPOTrainer(config, records, hooks)
     if trainer.version == 0 and repo.latest_version(job.id) is None:
+        metrics = PolicyMetrics(extra=recorder.heldout_metrics(0))
         repo.record_policy_version(
-            PolicyVersionRecord(job.id, 0, None, model, model_checksum(trainer.model)),
+            PolicyVersionRecord(job.id, 0, None, model, model_checksum(trainer.model), metrics),
             fence=control.fence,
         )
-    control.report(trainer.step_index, config.steps, version=trainer.version)
+    control.report(trainer.step_index, config.steps, version=trainer.version)  # phase over
     try:
         reason = trainer.train()
     except TrainingError as exc:

@@ -42,6 +42,7 @@ DEMO_CHAT_TEMPLATE = (
 HELDOUT_SEED = 2
 INFO_FILE = "demo_policy.json"
 GREEDY = SamplingParams(temperature=0, max_tokens=6)
+TARGET_ACCURACY = 0.18
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,7 @@ def warm_up(
 def build_demo_policy(
     path: str | Path,
     seed: int = 0,
-    target_accuracy: float = 0.18,
+    target_accuracy: float = TARGET_ACCURACY,
     max_minutes: float = 3,
     max_steps: int | None = None,
     settings: WarmupSettings | None = None,

@@ -1,5 +1,6 @@
 """Checking batch records before they are written: the column values of their samples."""
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,16 @@ def _check_array(
         raise InvalidValue(f"{field}: {exc}") from None
 
 
+def logprob_gap_max(sample: SampleRecord) -> float | None:
+    """The largest |trainer - behaviour| log-prob of a trained sample (its behaviour: the
+    temperature-only log-probs the trainer's ratio uses, if stored), else None."""
+    if not sample.trainer_logprobs:
+        return None
+    behaviour = sample.temperature_logprobs or sample.behaviour_logprobs
+    gap = max(abs(t - b) for t, b in zip(sample.trainer_logprobs, behaviour, strict=True))
+    return gap if math.isfinite(gap) else None
+
+
 def _sample_row(sample: SampleRecord, batch: BatchRecord, where: str) -> dict[str, Any]:
     """Validate one sample of ``batch`` and return its column values."""
     finish = coerce(FinishReason, sample.finish_reason, f"{where}.finish_reason")
@@ -56,6 +67,8 @@ def _sample_row(sample: SampleRecord, batch: BatchRecord, where: str) -> dict[st
         _check_array(
             sample.temperature_logprobs, encode_float32, f"{where}.temperature_logprobs", length
         )
+    if sample.trainer_logprobs is not None:
+        _check_array(sample.trainer_logprobs, encode_float32, f"{where}.trainer_logprobs", length)
     if sample.prompt_messages is not None:
         check_json(sample.prompt_messages, f"{where}.prompt_messages")
     return {
@@ -78,6 +91,8 @@ def _sample_row(sample: SampleRecord, batch: BatchRecord, where: str) -> dict[st
         "response_token_ids": sample.response_token_ids,
         "behaviour_logprobs": sample.behaviour_logprobs,
         "temperature_logprobs": sample.temperature_logprobs,
+        "trainer_logprobs": sample.trainer_logprobs,
+        "logprob_gap_max": logprob_gap_max(sample),
     }
 
 

@@ -47,6 +47,7 @@ def job_info(job: Job) -> JobInfo:
         finished_at=job.finished_at,
         fence=job.fence,
         heartbeat_at=job.heartbeat_at,
+        phase=job.phase,
     )
 
 
@@ -129,9 +130,11 @@ class JobsMixin(RepositoryBase):
         total_steps: int | None = None,
         *,
         fence: int | None = None,
+        phase: str | None = None,
     ) -> JobInfo:
-        """Record the step a running job has reached (and, with ``fence``, that its owner is
-        alive). The result's ``cancel_requested`` tells the worker whether to stop."""
+        """Record the step a running job has reached and its ``phase`` (what it does before
+        its steps, e.g. a warm-up; None: none), and, with ``fence``, that its owner is alive.
+        The result's ``cancel_requested`` tells the worker whether to stop."""
         with self._write() as session:
             job = lock_job(session, job_id, fence)
             require_active(job, "update progress")
@@ -142,6 +145,7 @@ class JobsMixin(RepositoryBase):
                 raise InvalidValue(f"step: {step} is outside 0..{total}")
             job.step = step
             job.total_steps = total
+            job.phase = phase
             session.flush()
             return job_info(job)
 

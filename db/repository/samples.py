@@ -66,6 +66,8 @@ def _apply_filter(
     if where.batch_status is not None:
         status = coerce(BatchStatus, where.batch_status, "batch_status")
         conditions.append(RolloutBatch.status == status)
+    if where.min_logprob_gap is not None:
+        conditions.append(Sample.logprob_gap_max >= where.min_logprob_gap)
     if where.text:
         conditions.append(
             Sample.prompt_text.icontains(where.text, autoescape=True)
@@ -175,7 +177,23 @@ class SamplesMixin(RepositoryBase):
                 advantage=sample.advantage,
                 cached_prompt_tokens=sample.cached_prompt_tokens,
                 seed=sample.seed,
+                trainer_logprobs=sample.trainer_logprobs,
             )
+
+    def random_sample_ids(self, job_id: int, count: int) -> list[int]:
+        """Up to ``count`` ids of the job's samples with a response, drawn at random across
+        its versions (oldest version first)."""
+        check_limit(count)
+        statement = (
+            select(Sample.id, Sample.policy_version)
+            .where(Sample.job_id == job_id, Sample.response_length > 0)
+            .order_by(func.random())
+            .limit(count)
+        )
+        with self._read() as session:
+            load_job(session, job_id)
+            rows = session.execute(statement).all()
+        return [row.id for row in sorted(rows, key=lambda row: (row.policy_version, row.id))]
 
     def compare_versions(
         self,

@@ -131,6 +131,19 @@ class FakeQueue:
 
         return chat_reply(self.repo, Settings.from_env(), *args)
 
+    def audit(self, sample_ids: list[int]) -> dict[str, Any]:
+        """What the interactive worker answers (its function, run here)."""
+        from workers.scoring import audit_samples
+        from workers.settings import Settings
+
+        return audit_samples(self.repo, Settings.from_env(), sample_ids)
+
+    def token_diff(self, sample_id: int, version_a: int, version_b: int) -> dict[str, Any]:
+        from workers.scoring import token_diff
+        from workers.settings import Settings
+
+        return token_diff(self.repo, Settings.from_env(), sample_id, version_a, version_b)
+
     def resume(self, job_id: int) -> JobInfo:
         return self.repo.reopen(job_id)
 
@@ -154,6 +167,8 @@ class FakeQueue:
             queue_overview=self.overview,
             resume_job=self.resume,
             chat=self.chat,
+            audit=self.audit,
+            token_diff=self.token_diff,
             model_roots=model_roots,
             data_dir=data_dir,
         )

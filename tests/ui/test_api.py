@@ -31,6 +31,7 @@ def rows(table: dict) -> list[dict]:
 
 
 def rows_of_plot(plot: dict) -> list[dict]:
+    plot = plot.get("value", plot)  # an update (visibility changes) carries the plot as value
     return [dict(zip(plot["columns"], row, strict=True)) for row in plot["data"]]
 
 
@@ -88,9 +89,8 @@ def test_jobs_cancel_and_job_page(client, world, job):
     summary, config, reward, *_ = client.predict(job.id, api_name="/job")
     assert summary.startswith(f"### Job #{job.id}") and config["task"] == "always7"
     assert {row["series"] for row in rows_of_plot(reward)} == {
-        "reward mean (trained batch)",
-        "reward std (trained batch)",
-        "reward mean (samples of version)",
+        "reward mean (raw)",
+        "reward mean (EMA)",
     }
     batches = rows(client.predict(job.id, api_name="/job_batches"))
     assert [b["status"] for b in batches].count("rejected") == 1
@@ -125,9 +125,10 @@ def test_rejected_batches(client, job):
 
 
 def test_compare(client, job, submitted):
-    a, b = client.predict(job.id, api_name="/versions")
+    a, b, task = client.predict(job.id, api_name="/versions")
+    assert task["value"] == "always7"  # the held-out comparison runs the job's task
     assert (a["value"], b["value"]) == (0, 3) and b["choices"][-1][1] == 3
-    metrics, rewards, lengths, pairs = client.predict(job.id, 0, 3, api_name="/compare")
+    metrics, rewards, lengths, pairs, sample = client.predict(job.id, 0, 3, api_name="/compare")
     assert rows(metrics)[1] == {
         "metric": "sample reward mean",
         "version A": "0.25",
@@ -135,7 +136,7 @@ def test_compare(client, job, submitted):
         "B - A": "0.75",
     }
     assert "version 3" in rewards and "Response tokens" in lengths
-    assert pairs.count('class="pair"') == len(PROMPTS)
+    assert pairs.count('class="pair"') == len(PROMPTS) and sample
     message = client.predict(job.id, 0, 3, "addition", 16, 2, 8, api_name="/launch_compare")
     assert message.startswith("Compare job") and submitted[0][0] == "compare"
 

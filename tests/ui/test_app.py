@@ -51,6 +51,11 @@ API_NAMES = {
     "playground_clear",
     "queue",
     "queue_opened",
+    "queue_workers",
+    "audit",
+    "clone",
+    "job_csv",
+    "token_diff",
 }
 
 

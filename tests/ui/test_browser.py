@@ -1,6 +1,8 @@
 """A real headless Chromium (Debian ``chromium``, PyPI ``playwright``) drives the UI: launch a
-tiny job that really trains, watch it finish, open a sample's coloured tokens, compare two
-versions, then launch a compare job and view its prompts side by side.
+tiny job that really trains and see its held-out accuracy rise, open a sample's coloured tokens
+and per-token training diagnostics and audit it, compare two versions (the held-out comparison
+run from the same view, its prompts side by side, one response's token diff), clone the job,
+and open the Queue tab.
 
 Screenshots go to the test's ``tmp_path``; with ``RLWB_UPDATE_SCREENSHOTS=1`` the best are
 copied to ``docs/screenshots/`` for the README. Chromium is required when ``CI=true``.
@@ -63,7 +65,7 @@ def app(tmp_path):
     demo = build_app(queue.services((models,)))
     demo.queue().launch(prevent_thread_lock=True, quiet=True)
     try:
-        yield demo.local_url, checkpoint
+        yield demo.local_url, checkpoint, repo, queue
     finally:
         demo.close()
         queue.join(timeout=60)
@@ -92,7 +94,7 @@ def _data_rows(page, elem_id: str):
 def test_launch_watch_inspect_compare(app, tmp_path):
     sync_api = _require_browser()
     expect = sync_api.expect
-    url, checkpoint = app
+    url, checkpoint, repo, queue = app
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
@@ -100,37 +102,50 @@ def test_launch_watch_inspect_compare(app, tmp_path):
             page.set_default_timeout(20_000)
             page.goto(url)
 
-            # Launch: a tiny always-7 job on the checkpoint under the model root.
+            # Launch: a tiny always-7 job on the checkpoint under the model root, with a
+            # held-out evaluation every 2 versions.
             _choose(page, "launch-model", str(checkpoint))
             _choose(page, "launch-task", re.compile("^always7"))
             for elem_id, value in (
-                ("launch-steps", "3"),
+                ("launch-steps", "8"),
                 ("launch-batch", "4"),
-                ("launch-group", "4"),
-                ("launch-lr", "0.003"),
-                ("launch-max-tokens", "3"),
+                ("launch-group", "8"),
+                ("launch-lr", "0.001"),
+                ("launch-max-tokens", "2"),
             ):
                 page.locator(f"#{elem_id} input").fill(value)
+            page.get_by_text("Held-out accuracy (built-in tasks)").click()
+            page.locator("#launch-heldout-every input").fill("2")
             page.wait_for_timeout(300)  # let the dropdown lists fade out
             _shot(page, tmp_path, "launch")
             page.locator("#launch-button").click()
             status = page.locator("#launch-status")
             expect(status).to_contain_text(re.compile(r"Job #1 is (queued|running)"))
 
-            # Jobs: the live table shows it succeed; open it.
+            # Jobs: the live table shows it succeed; open it: the held-out curve rose.
             page.get_by_role("tab", name="Jobs").click()
             done = _data_rows(page, "jobs-table").filter(has_text="succeeded")
             expect(done).to_have_count(1, timeout=JOB_TIMEOUT_MS)
-            expect(done).to_contain_text("3/3")
+            expect(done).to_contain_text("8/8")
             done.get_by_role("gridcell").first.click()
             expect(page.locator("#job-summary")).to_contain_text("Job #1 · train · succeeded")
             expect(_data_rows(page, "job-batches")).not_to_have_count(0)
-            page.wait_for_timeout(500)  # let the plots draw
+            expect(page.locator("#plot-heldout")).to_be_visible()
+            expect(page.locator("#plot-reward")).to_be_visible()
+            expect(page.locator("#plot-kl")).to_be_hidden()  # no KL coefficient: no flat KL
+            expect(page.locator("#plot-kl-empty")).to_be_hidden()
+            accuracy = [v.metrics.extra.get("heldout_accuracy") for v in repo.list_versions(1)]
+            assert accuracy[0] is not None and accuracy[-1] > accuracy[0]  # it rose
+            page.locator("#job-export").click()
+            csv_link = page.locator("#job-csv a").first
+            expect(csv_link).to_have_attribute("href", re.compile(r"job-1-metrics\.csv$"))
+            page.wait_for_timeout(800)  # let the plots draw
             _shot(page, tmp_path, "jobs")
 
-            # Samples: search the job, open the first sample, check its coloured tokens.
+            # Samples: open a trained sample: coloured tokens, per-token diagnostics, audit.
             page.get_by_role("tab", name="Samples").click()
             _choose(page, "samples-job", re.compile(r"^#1 train"))
+            page.locator("#samples-min-gap textarea").fill("0")  # trained samples only
             page.locator("#samples-search").click()
             expect(page.locator("#samples-info")).to_contain_text("Page 1")
             rows = _data_rows(page, "samples-table")
@@ -144,33 +159,54 @@ def test_launch_watch_inspect_compare(app, tmp_path):
                 assert "hsl(" in token.get_attribute("style")
                 assert not re.fullmatch(r"⟨\d+⟩", token.inner_text())  # decoded, not ids
             expect(page.locator("#sample-detail .facts")).to_contain_text("policy version")
+            diagnostics = page.locator("#sample-detail tr.diag")
+            expect(diagnostics).to_have_count(tokens.count())
+            page.locator("#sample-audit-button").click()
+            expect(page.locator("#sample-audit")).to_contain_text("PASS")
+            expect(page.locator("#sample-audit")).to_contain_text("tolerance 0.0001")
             tokens.first.hover()
             _shot(page, tmp_path, "sample")
 
-            # Compare: version 0 against the last version of the training job.
+            # Compare: defaults to versions with samples; the training batches share no
+            # prompt, so the view offers the held-out comparison, runs it, then shows it.
             page.get_by_role("tab", name="Compare").click()
             _choose(page, "compare-job", re.compile(r"^#1 train"))
-            expect(page.locator("#compare-b input")).to_have_value("3")
+            expect(page.locator("#compare-b input")).to_have_value("7")  # v8 has no samples
             page.locator("#compare-button").click()
             expect(_data_rows(page, "compare-metrics").first).to_contain_text("samples")
-            expect(page.locator("#compare-pairs")).to_contain_text("answered by both")
-
-            # ... and on held-out prompts: a compare job answers the same prompts with both.
-            page.get_by_text("Compare on held-out prompts").click()
+            pairs = page.locator("#compare-pairs")
+            if page.locator("#compare-pairs tr.pair").count() == 0:
+                expect(pairs).to_contain_text("Run the held-out comparison")
+            expect(page.locator("#compare-task input")).to_have_value("always7")  # the job's
             page.locator("#compare-launch").click()
             expect(page.locator("#compare-launched")).to_contain_text("Compare job #2")
-            page.get_by_role("tab", name="Jobs").click()
-            finished = _data_rows(page, "jobs-table").filter(has_text="succeeded")
-            expect(finished).to_have_count(2, timeout=JOB_TIMEOUT_MS)
-            page.get_by_role("tab", name="Compare").click()
-            _choose(page, "compare-job", re.compile(r"^#2 compare"))
-            expect(page.locator("#compare-b input")).to_have_value("3")
+            queue.join(timeout=JOB_TIMEOUT_MS / 1000)
             page.locator("#compare-button").click()
+            expect(pairs).to_contain_text("compare job #2")
             expect(page.locator("#compare-pairs tr.pair").first).to_be_visible()
+            expect(page.locator("#diff-sample textarea")).not_to_have_value("")
+            page.locator("#diff-button").click()
+            diff = page.locator("#token-diff .diff-tok")
+            expect(diff.first).to_be_visible()
+            assert re.search(
+                r"version 0 -?\d.* · version 7 -?\d", diff.first.get_attribute("title")
+            )
             page.wait_for_timeout(500)
             _shot(page, tmp_path, "compare")
 
+            # Clone: the job's settings fill the Launch form.
+            page.get_by_role("tab", name="Jobs").click()
+            page.locator("#job-id textarea").fill("1")
+            page.locator("#job-clone").click()
+            expect(page.locator("#launch-steps input")).to_have_value("8")
+            expect(page.locator("#launch-lr input")).to_have_value("0.001")
+
+            # Queue: the database's side shows at once, the workers follow.
             page.get_by_role("tab", name="Queue").click()
-            expect(page.locator("#queue-summary")).to_contain_text("worker(s) online")
+            summary = page.locator("#queue-summary")
+            # the handler reads the database alone (milliseconds); the margin over the 1 s
+            # target is for the browser round-trip on a loaded 2-core machine
+            expect(summary).to_contain_text("jobs in the database", timeout=2000)
+            expect(summary).to_contain_text("worker(s) online")
         finally:
             browser.close()

@@ -13,7 +13,9 @@ def test_versions_of_a_job(services, job):
 
 
 def test_two_versions_side_by_side(services, job):
-    metrics, rewards, lengths, pairs = compare_versions(services, job.id, 0, 3)
+    metrics, rewards, lengths, pairs, sample = compare_versions(services, job.id, 0, 3)
+    first = services.repository.get_sample(sample)  # the token diff's default: from B
+    assert (first.policy_version, first.prompt_index, first.group_index) == (3, 0, 0)
     rows = metrics.set_index("metric")
     assert rows.loc["sample reward mean"].tolist() == ["0.25", "1", "0.75"]
     assert rows.loc["samples"].tolist() == ["12", "12", "0"]
@@ -71,3 +73,37 @@ def test_an_invalid_compare_job_is_not_enqueued(services, world, job):
     assert "&gt;= 1" in launch_compare(services, job.id, 0, 3, "always7", 0, 1, 4)
     assert "choose a job" in launch_compare(services, None, 0, 3, "always7", 8, 1, 4)
     assert world["queue"].submitted == []
+
+
+def test_compare_defaults_to_versions_with_samples_and_finds_the_held_out_pairs(services, world):
+    from db import BatchRecord, PolicyVersionRecord
+    from tests.ui.helpers import _sample
+    from ui.handlers.compare import NO_PAIRS, default_versions
+
+    repo, model = world["repo"], world["model"]
+    train = repo.create_job("train", {"model": str(model), "task": "always7"}, total_steps=2)
+    repo.mark_running(train.id)
+    for version, prompt in ((0, 0), (1, 1), (2, None)):  # v2: recorded, no samples yet
+        parent = version - 1 if version else None
+        repo.record_policy_version(PolicyVersionRecord(train.id, version, parent))
+        if prompt is not None:
+            samples = [_sample(model, version, prompt, 0)]
+            repo.record_batch(BatchRecord(train.id, version, version, "accepted", samples))
+    assert default_versions(services, train.id) == (0, 1)
+    _, _, _, pairs, sample = compare_versions(services, train.id, 0, 1)
+    assert pairs == NO_PAIRS and sample is None  # different prompts: offer the held-out run
+
+    config = {"job_id": train.id, "versions": [0, 1], "task": "always7"}
+    held = repo.create_job("compare", config, total_steps=2)
+    repo.mark_running(held.id)
+    for version in (0, 1):
+        repo.record_policy_version(PolicyVersionRecord(held.id, version, None))
+        samples = [_sample(model, version, 2, 0)]
+        repo.record_batch(BatchRecord(held.id, version, version, "accepted", samples))
+    repo.mark_succeeded(held.id)
+    _, _, _, pairs, sample = compare_versions(services, train.id, 0, 1)
+    assert f"compare job #{held.id}" in pairs and pairs.count('<tr class="pair">') == 1
+    assert services.repository.get_sample(sample).job_id == held.id
+    repo.mark_succeeded(train.id)
+    repo.delete_job(held.id)
+    repo.delete_job(train.id)

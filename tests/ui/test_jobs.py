@@ -3,9 +3,10 @@ the workers."""
 
 import dataclasses
 
+import pytest
+
 from ui.handlers import jobs as jobs_module
 from ui.handlers.jobs import (
-    PLOT_SERIES,
     cancel_job,
     job_batches,
     job_page,
@@ -13,6 +14,7 @@ from ui.handlers.jobs import (
     resume_job,
 )
 from ui.handlers.queue import queue_view
+from ui.plots import PLOTS, ema, has_data, plot_frame
 
 
 def test_the_table_shows_status_progress_version_reward_and_speed(services, job):
@@ -24,30 +26,45 @@ def test_the_table_shows_status_progress_version_reward_and_speed(services, job)
 
 
 def test_a_job_page_plots_every_series_over_every_version(services, job):
-    summary, config, reward, length, kl, mismatch, batches = job_page(services, job.id)
+    summary, config, frames, hidden = job_page(services, job.id)
     assert summary.startswith(f"### Job #{job.id} · train · succeeded")
     assert config["task"] == "always7"
-    frames = (reward, length, kl, mismatch, batches)
-    for frame, series in zip(frames, PLOT_SERIES, strict=True):
+    plots = {spec.key: frame for spec, frame in zip(PLOTS, frames, strict=True)}
+    for spec, frame in zip(PLOTS, frames, strict=True):
         assert list(frame.columns) == ["version", "value", "series"]
-        assert sorted(set(frame["series"])) == sorted(series)
-        assert len(frame) == 4 * len(series)  # versions 0..3, gaps kept as NaN
-    trained = reward[reward["series"] == "reward mean (trained batch)"]
-    assert trained["value"].tolist() == [0.0, 0.25, 0.5, 0.75]
-    samples = reward[reward["series"] == "reward mean (samples of version)"]
-    assert samples["value"].tolist()[0] == 0.25
-    rejected = batches[batches["series"] == "rejected batches"]
+        if spec.sparse:  # only the versions it was measured on: none here
+            assert frame.empty
+            continue
+        assert sorted(set(frame["series"])) == sorted(spec.names())
+        assert len(frame) == 4 * len(spec.names())  # versions 0..3, gaps kept as NaN
+    reward = plots["reward"]
+    raw = reward[reward["series"] == "reward mean (raw)"]["value"].tolist()
+    assert raw == [0.0, 0.25, 0.5, 0.75]
+    smoothed = reward[reward["series"] == "reward mean (EMA)"]["value"].tolist()
+    assert smoothed == pytest.approx([0.0, 0.05, 0.14, 0.262])  # 0.8 previous + 0.2 new
+    rejected = plots["batches"][plots["batches"]["series"] == "rejected"]
     assert rejected["value"].tolist() == [0, 1, 0, 0]
+    assert not has_data(plots["heldout"])  # no held-out accuracy recorded: "no data yet"
+    assert hidden == {"kl"}  # the job has no KL coefficient: KL could only be flat
+
+
+def test_a_sparse_plot_joins_its_known_points():
+    spec = next(spec for spec in PLOTS if spec.key == "heldout")
+    values = {0: {"held-out accuracy": 0.2}, 1: {}, 2: {"held-out accuracy": 0.5}}
+    frame = plot_frame(spec, values)
+    assert frame["version"].tolist() == [0, 2] and frame["value"].tolist() == [0.2, 0.5]
+
+
+def test_ema_skips_unknown_values():
+    assert ema([None, 1.0, None, 2.0], weight=0.5) == [None, 1.0, None, 1.5]
+    assert ema([float("nan"), 4.0]) == [None, 4.0]
 
 
 def test_a_missing_or_unreadable_job_is_said_so(services):
     assert job_page(services, None)[0] == "Choose a job."
     assert job_page(services, 999)[0] == "**job 999 does not exist**"
     assert "is not a number" in job_page(services, "abc")[0]
-    assert all(
-        len(frame) == len(series)
-        for frame, series in zip(job_page(services, 999)[2:], PLOT_SERIES, strict=True)
-    )
+    assert not any(has_data(frame) for frame in job_page(services, 999)[2])
 
 
 def test_batches_list_rejections_with_their_reasons(services, job):
@@ -111,3 +128,47 @@ def test_an_unreachable_queue_keeps_the_page_up(services):
     summary, workers, active, _, commands = queue_view(broken)
     assert summary == "**Queue unreachable:** ConnectionError: broker down"
     assert workers.empty and active.empty and commands == ""
+
+
+def test_eta_from_the_pace_of_the_versions(world):
+    from datetime import timedelta
+
+    from db import PolicyMetrics, PolicyVersionInfo
+    from ui.progress import duration, eta_seconds
+
+    job = world["repo"].create_job("train", {"model": "demo", "task": "addition"}, total_steps=10)
+    start = job.created_at
+    versions = [
+        PolicyVersionInfo(
+            job.id, v, None, None, None, PolicyMetrics(), start + timedelta(seconds=3 * v)
+        )
+        for v in range(5)
+    ]
+    job = dataclasses.replace(job, step=4)
+    assert eta_seconds(versions, job) == 18.0  # 6 steps left at 3 s each
+    assert eta_seconds(versions[:1], job) is None
+    assert (duration(18), duration(185), duration(3725)) == ("18s", "3m 05s", "1h 02m")
+    world["repo"].delete_job(job.id)
+
+
+def test_a_running_jobs_phase_shows_in_the_table(services, world):
+    repo = world["repo"]
+    job = repo.create_job("train", {"model": "demo", "task": "addition"}, total_steps=300)
+    repo.mark_running(job.id)
+    repo.update_progress(job.id, 0, phase="building the demo policy: warm-up step 40")
+    row = jobs_table(services).set_index("job").loc[job.id]
+    assert row["progress"] == "0/300 (0%) · building the demo policy: warm-up step 40"
+    repo.update_progress(job.id, 0)  # the steps began: the phase is over
+    assert repo.get_job(job.id).phase is None
+    repo.mark_failed(job.id, "done with it")
+    repo.delete_job(job.id)
+
+
+def test_the_queue_tab_shows_the_database_side_without_asking_the_workers(services, world):
+    from ui.handlers.queue import queue_first_view
+
+    asked = []
+    quick = dataclasses.replace(services, queue_overview=lambda: asked.append(1) or {})
+    summary, commands = queue_first_view(quick)
+    assert summary.startswith("Asking the workers…") and "0 queued" in summary
+    assert "inspect active" in commands and asked == []

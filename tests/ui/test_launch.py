@@ -169,6 +169,7 @@ def test_an_unusable_upload_is_refused(services, tmp_path, content, problem):
     upload.write_text(content)
     _, stored, message = upload_dataset(services, str(upload))
     assert stored is None and message.startswith("**Upload refused:**") and problem in message
+    assert str(tmp_path) not in message and inert("bad.jsonl") in message  # no temp path
 
 
 def test_an_oversized_upload_is_refused_and_every_upload_is_removed(
@@ -194,3 +195,16 @@ def test_data_outside_the_roots_is_refused(services, world, tmp_path):
     assert "is not under a model root or the data directory" in message
     assert launch_job(services, **form(source=JSONL_SOURCE, data=None)).count("data:") == 1
     assert world["queue"].submitted == []
+
+
+def test_held_out_accuracy_is_configured_for_built_in_tasks(services, world, tmp_path):
+    launch_job(services, **form(heldout_every=2, heldout_prompts=16))
+    config = world["queue"].submitted[-1][1]
+    assert (config["heldout_every"], config["heldout_prompts"]) == (2, 16)
+    refused = launch_job(services, **form(heldout_every=-1))
+    assert inert("heldout_every must be a whole number >= 0") in refused
+    data = services.data_dir / "held.jsonl"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    data.write_text(json.dumps({"instruction": "", "input": "3?", "output": "7"}) + "\n")
+    launch_job(services, **form(source=JSONL_SOURCE, data=str(data), heldout_every=10))
+    assert "heldout_every" not in world["queue"].submitted[-1][1]  # needs a built-in task

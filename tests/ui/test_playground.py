@@ -39,7 +39,7 @@ def chat_job(world, tmp_path_factory) -> int:
 
 
 def chat(services, job_id, message, history=(), **settings):
-    values = {"temperature": 0, "max_tokens": 8, "seed": 0, "system": ""}
+    values = {"temperature": 0, "max_tokens": 8, "seed": 0, "system": "", "keep_history": False}
     values.update(settings)
     return send(
         services,
@@ -51,6 +51,7 @@ def chat(services, job_id, message, history=(), **settings):
         values["temperature"],
         values["max_tokens"],
         values["seed"],
+        values["keep_history"],
     )
 
 
@@ -87,15 +88,44 @@ def test_reply_is_the_engines_greedy_answer(services, chat_job):
     assert box == ""
 
 
+def test_single_turn_by_default(services, chat_job):
+    first, *_ = chat(services, chat_job, "hi")
+    second, _, facts, _ = chat(services, chat_job, "again", history=first)
+    result = expected(services, chat_job, [{"role": "user", "content": "again"}])
+    assert second == [
+        {"role": "user", "content": "again"},
+        {"role": "assistant", "content": result.text},
+    ]
+    assert "single turn" in facts
+
+
 def test_multi_turn_includes_the_history(services, chat_job):
     first, *_ = chat(services, chat_job, "hi")
-    second, *_ = chat(services, chat_job, "again", history=first)
+    second, *_ = chat(services, chat_job, "again", history=first, keep_history=True)
     result = expected(services, chat_job, [*first, {"role": "user", "content": "again"}])
     assert second[:2] == first and second[2] == {"role": "user", "content": "again"}
     assert second[3] == {"role": "assistant", "content": result.text}
     # Gradio's normalised message form is accepted as history too
     normalised = [{**m, "content": [{"type": "text", "text": m["content"]}]} for m in first]
-    assert chat(services, chat_job, "again", history=normalised)[0] == second
+    assert chat(services, chat_job, "again", history=normalised, keep_history=True)[0] == second
+
+
+def test_history_past_the_context_is_trimmed_with_a_notice(services, chat_job):
+    long = [{"role": "user", "content": "a" * 300}, {"role": "assistant", "content": "b" * 300}]
+    turns, _, facts, _ = chat(services, chat_job, "hello", history=long, keep_history=True)
+    assert "2 older message(s) left out" in facts and "token context" in facts
+    # what was generated is the reply to the newest message alone (the longest fitting tail)
+    result = expected(services, chat_job, [{"role": "user", "content": "hello"}])
+    assert turns[-1] == {"role": "assistant", "content": result.text}
+    too_long, _, facts, _ = chat(services, chat_job, "c" * 600, keep_history=True)
+    assert "do not fit the model" in facts and too_long == []
+
+
+def test_every_invalid_setting_is_named_in_one_message(services, chat_job):
+    _, _, facts, _ = chat(services, chat_job, "hi", temperature=-1, max_tokens=0, seed="x")
+    assert facts.count("**") == 2  # one message
+    for part in ("temperature must be", "max tokens must be", "seed: 'x' is not a number"):
+        assert inert(part) in facts
 
 
 @pytest.mark.parametrize(
@@ -104,7 +134,7 @@ def test_multi_turn_includes_the_history(services, chat_job):
         ({"version": None}, "choose a job and one of its saved versions"),
         ({"message": "  "}, "type a message"),
         ({"temperature": -1}, "temperature must be between 0 and 10"),
-        ({"temperature": "hot"}, "temperature: 'hot' is not a number"),
+        ({"temperature": "hot"}, "temperature must be between 0 and 10"),
         ({"max_tokens": 0}, "max tokens must be a whole number from 1 to 1024"),
         ({"seed": 1.5}, "seed: 1.5 is not a whole number"),
         ({"version": 0}, "weights not kept"),
@@ -134,7 +164,7 @@ def test_through_the_live_app(world, chat_job):
         versions = client.predict(chat_job, api_name="/playground_versions")
         assert versions["value"] == 4
         history, tokens, facts, box = client.predict(
-            chat_job, VERSION, "", "hello", [], 0, 8, 0, api_name="/playground_send"
+            chat_job, VERSION, "", "hello", [], 0, 8, 0, False, api_name="/playground_send"
         )
         result = expected(world["services"], chat_job, [{"role": "user", "content": "hello"}])
         assert [m["role"] for m in history] == ["user", "assistant"]

@@ -29,6 +29,17 @@ class ThreadQueue:
         thread.start()
         return job
 
+    def audit(self, sample_ids: list[int]) -> dict[str, Any]:
+        """What the interactive worker answers (its function, run in this process)."""
+        from workers.scoring import audit_samples
+
+        return audit_samples(self.repo, self.settings, sample_ids)
+
+    def token_diff(self, sample_id: int, version_a: int, version_b: int) -> dict[str, Any]:
+        from workers.scoring import token_diff
+
+        return token_diff(self.repo, self.settings, sample_id, version_a, version_b)
+
     def cancel(self, job_id: int) -> JobInfo:
         return self.repo.request_cancel(job_id)
 
@@ -60,6 +71,8 @@ class ThreadQueue:
             queue_overview=self.overview,
             resume_job=self.repo.reopen,
             chat=lambda *args: {"problem": "no chat here"},
+            audit=self.audit,
+            token_diff=self.token_diff,
             model_roots=model_roots,
             data_dir=self.settings.data_dir,
         )

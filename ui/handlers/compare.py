@@ -6,7 +6,15 @@ from typing import Any
 
 import pandas as pd
 
-from db import MAX_PAGE_SIZE, InvalidValue, NotFound, SampleFilter, SampleSummary, VersionMetrics
+from db import (
+    MAX_PAGE_SIZE,
+    InvalidValue,
+    NotFound,
+    PromptComparison,
+    SampleFilter,
+    SampleSummary,
+    VersionMetrics,
+)
 from ui.handlers.common import parse_id
 from ui.render import comparison_html, fmt, histogram_html, inert
 from ui.services import Services
@@ -17,7 +25,12 @@ HISTOGRAM_BINS = 10
 METRIC_COLUMNS = ["metric", "version A", "version B", "B - A"]
 HISTOGRAM_COLUMNS = ["bin", "count", "version"]
 
-Comparison = tuple[pd.DataFrame, str, str, str]
+Comparison = tuple[pd.DataFrame, str, str, str, int | None]
+NO_PAIRS = (
+    "<p>No prompt was answered by both versions (a training job's batches rarely repeat a "
+    "prompt). <b>Run the held-out comparison</b> below: both versions answer the same "
+    "held-out prompts, and Compare shows them here when it is done.</p>"
+)
 
 
 def version_choices(services: Services, job_id: float | str | None) -> list[int]:
@@ -28,6 +41,70 @@ def version_choices(services: Services, job_id: float | str | None) -> list[int]
     except (InvalidValue, NotFound):
         return []
     return [m.version for m in metrics]
+
+
+def default_versions(services: Services, job_id: float | str | None) -> tuple[int | None, ...]:
+    """(A, B) to compare first: the oldest and newest versions with samples; with fewer than
+    two of those, the oldest with samples (else the first) and the newest recorded one."""
+    try:
+        chosen = parse_id(job_id, "job")
+        metrics = [] if chosen is None else services.repository.version_metrics(chosen)
+    except (InvalidValue, NotFound):
+        return None, None
+    with_data = [m.version for m in metrics if m.num_samples]
+    if len(with_data) >= 2:
+        return with_data[0], with_data[-1]
+    versions = [m.version for m in metrics]
+    if not versions:
+        return None, None
+    first = with_data[0] if with_data else versions[0]
+    last = next((v for v in reversed(versions) if v != first), None)
+    return first, last
+
+
+def job_task(services: Services, job_id: float | str | None) -> str | None:
+    """The built-in task the job ran (the held-out comparison's default), if any."""
+    try:
+        chosen = parse_id(job_id, "job")
+        task = None if chosen is None else services.repository.get_job(chosen).config.get("task")
+    except (InvalidValue, NotFound):
+        return None
+    return task if task in api.TASKS else None
+
+
+def heldout_job(services: Services, job_id: int, a: int, b: int) -> int | None:
+    """The newest succeeded compare job of ``job_id`` over versions ``a`` and ``b``."""
+    for job in services.repository.list_jobs(limit=MAX_PAGE_SIZE, kind="compare"):
+        config = job.config
+        if (
+            job.status.value == "succeeded"
+            and config.get("job_id") == job_id
+            and sorted(config.get("versions", [])) == sorted([a, b])
+        ):
+            return job.id
+    return None
+
+
+def _pairs(services: Services, job: int, a: int, b: int) -> tuple[list[PromptComparison], str]:
+    """The prompts both versions answered in the job itself, else in its newest held-out
+    comparison (with a note saying which), else none and a note how to get them."""
+    pairs = services.repository.compare_versions(job, a, b, limit=PROMPTS_SHOWN)
+    if pairs:
+        return pairs, ""
+    heldout = heldout_job(services, job, a, b)
+    if heldout is None:
+        return [], NO_PAIRS
+    pairs = services.repository.compare_versions(heldout, a, b, limit=PROMPTS_SHOWN)
+    return pairs, f"<p>Held-out prompts answered by both versions (compare job #{heldout}).</p>"
+
+
+def _first_sample(pairs: list[PromptComparison]) -> int | None:
+    """A sample to score in the token diff: the first of version B with a response."""
+    for pair in pairs:
+        for sample in pair.samples_b:
+            if sample.response_length:
+                return sample.id
+    return None
 
 
 def _metric_rows(a: VersionMetrics | None, b: VersionMetrics | None) -> list[list[str]]:
@@ -97,16 +174,17 @@ def compare_versions(
     version_a: float | str | None,
     version_b: float | str | None,
 ) -> Comparison:
-    """Metrics side by side, reward and length distributions, and the same prompts'
-    responses under both versions."""
+    """Metrics side by side, reward and length distributions, the same prompts' responses
+    under both versions (from the job, else its held-out comparison), and a sample of
+    version B to score in the token diff."""
     empty = pd.DataFrame(columns=METRIC_COLUMNS)
     try:
         job, a, b = _chosen(job_id, version_a, version_b)
-        pairs = services.repository.compare_versions(job, a, b, limit=PROMPTS_SHOWN)
+        pairs, note = _pairs(services, job, a, b)
         metrics = {m.version: m for m in services.repository.version_metrics(job)}
         samples = {"A": _sample_values(services, job, a), "B": _sample_values(services, job, b)}
     except (InvalidValue, NotFound) as exc:
-        return empty, "", "", f"<p><b>{escape(str(exc))}</b></p>"
+        return empty, "", "", f"<p><b>{escape(str(exc))}</b></p>", None
     table = pd.DataFrame(_metric_rows(metrics.get(a), metrics.get(b)), columns=METRIC_COLUMNS)
     names = {"A": f"version {a}", "B": f"version {b}"}
     rewards = histogram(
@@ -117,7 +195,8 @@ def compare_versions(
         table,
         histogram_html(rewards, "Reward", names),
         histogram_html(lengths, "Response tokens", names),
-        comparison_html(pairs, a, b),
+        note + (comparison_html(pairs, a, b) if pairs else ""),
+        _first_sample(pairs),
     )
 
 

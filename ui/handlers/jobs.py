@@ -11,39 +11,38 @@ from db import (
     InvalidTransition,
     InvalidValue,
     JobInfo,
+    JobKind,
     JobNotFound,
+    JobStatus,
     VersionMetrics,
 )
 from ui.handlers.common import parse_id
+from ui.plots import PLOTS, plot_frame
+from ui.progress import duration, eta_seconds
 from ui.render import fmt, inert
 from ui.services import Services
+from workers.api import HELDOUT_METRIC
 
 JOB_LIMIT = 50
 BATCHES_SHOWN = 200
 JOB_COLUMNS = ["job", "kind", "status", "progress", "version", "reward", "tokens/s", "created"]
-SERIES_COLUMNS = ["version", "value", "series"]
 BATCH_COLUMNS = ["batch", "step", "version", "status", "samples", "reasons"]
-PLOT_SERIES = (
-    (
-        "reward mean (trained batch)",
-        "reward std (trained batch)",
-        "reward mean (samples of version)",
-    ),
-    ("mean response tokens",),
-    ("KL",),
-    ("train/infer mismatch",),
-    ("accepted batches", "rejected batches"),
-)
 
-JobPage = tuple[
-    str, dict[str, Any], pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame
-]
+# summary, config, one frame per plot of `PLOTS`, the keys of the plots to hide
+JobPage = tuple[str, dict[str, Any], list[pd.DataFrame], set[str]]
 
 
-def _progress(job: JobInfo) -> str:
-    if not job.total_steps:
-        return str(job.step)
-    return f"{job.step}/{job.total_steps} ({100 * job.step // job.total_steps}%)"
+def _progress(services: Services, job: JobInfo) -> str:
+    """``step/total (percent)``, with the phase or the ETA of a running job."""
+    text = str(job.step)
+    if job.total_steps:
+        text = f"{job.step}/{job.total_steps} ({100 * job.step // job.total_steps}%)"
+    if job.status is not JobStatus.RUNNING:
+        return text
+    if job.phase:
+        return f"{text} · {job.phase}"
+    eta = eta_seconds(services.repository.list_versions(job.id), job)
+    return text if eta is None else f"{text} · ETA {duration(eta)}"
 
 
 def _job_row(services: Services, job: JobInfo) -> list[Any]:
@@ -55,7 +54,7 @@ def _job_row(services: Services, job: JobInfo) -> list[Any]:
         job.id,
         job.kind.value,
         job.status.value,
-        _progress(job),
+        _progress(services, job),
         "—" if job.current_version is None else job.current_version,
         fmt(metrics.reward_mean if metrics else None),
         fmt(metrics.tokens_per_second if metrics else None),
@@ -102,30 +101,30 @@ def resume_job(services: Services, job_id: float | str | None) -> str:
 
 def _version_values(m: VersionMetrics) -> dict[str, float | int | None]:
     recorded = m.recorded.metrics if m.recorded else None
+    extra = recorded.extra if recorded else {}
     return {
-        "reward mean (trained batch)": recorded.reward_mean if recorded else None,
-        "reward std (trained batch)": recorded.reward_std if recorded else None,
-        "reward mean (samples of version)": m.sample_reward_mean,
+        "reward mean": recorded.reward_mean if recorded else m.sample_reward_mean,
+        "held-out accuracy": extra.get(HELDOUT_METRIC),
         "mean response tokens": m.mean_response_length,
         "KL": recorded.kl if recorded else None,
-        "train/infer mismatch": recorded.train_infer_mismatch if recorded else None,
-        "accepted batches": m.num_accepted_batches,
-        "rejected batches": m.num_rejected_batches,
+        "mismatch": recorded.train_infer_mismatch if recorded else None,
+        "accepted": m.num_accepted_batches,
+        "rejected": m.num_rejected_batches,
     }
 
 
 def version_frames(metrics: list[VersionMetrics]) -> list[pd.DataFrame]:
-    """Long-format frames over versions, one per plot (`PLOT_SERIES`). Every series of a
-    plot has a row per version, empty (NaN) where unknown: a plot keeps its colours from
-    one update to the next only if its series never change."""
-    values = {m.version: _version_values(m) for m in metrics} or {0: {}}
-    return [
-        pd.DataFrame(
-            [(version, row.get(name), name) for name in series for version, row in values.items()],
-            columns=SERIES_COLUMNS,
-        )
-        for series in PLOT_SERIES
-    ]
+    """One long-format frame over versions per plot of `PLOTS` (see `ui.plots.plot_frame`);
+    the reward of a version the job did not train is its samples' mean."""
+    values = {m.version: _version_values(m) for m in metrics}
+    return [plot_frame(spec, values) for spec in PLOTS]
+
+
+def hidden_plots(job: JobInfo | None) -> set[str]:
+    """Plots that can only be flat for this job: KL without a KL coefficient."""
+    if job is not None and job.kind is JobKind.TRAIN and not job.config.get("kl_coef"):
+        return {"kl"}
+    return set()
 
 
 def batches_table(batches: list[BatchInfo]) -> pd.DataFrame:
@@ -143,10 +142,10 @@ def batches_table(batches: list[BatchInfo]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=BATCH_COLUMNS)
 
 
-def _summary(job: JobInfo) -> str:
+def _summary(services: Services, job: JobInfo) -> str:
     lines = [
         f"### Job #{job.id} · {job.kind.value} · {job.status.value}",
-        f"progress {_progress(job)} · current version "
+        f"progress {_progress(services, job)} · current version "
         f"{'—' if job.current_version is None else job.current_version} · "
         f"attempts {job.attempts}",
     ]
@@ -156,17 +155,18 @@ def _summary(job: JobInfo) -> str:
 
 
 def job_page(services: Services, job_id: float | str | None) -> JobPage:
-    """One job: a summary, its config, and plots over its versions."""
+    """One job: a summary (with its phase or ETA), its config, its plots over versions and
+    the plots to hide."""
     empty = version_frames([])
     try:
         chosen = parse_id(job_id, "job")
         if chosen is None:
-            return ("Choose a job.", {}, *empty)
+            return "Choose a job.", {}, empty, set()
         job = services.repository.get_job(chosen)
         frames = version_frames(services.repository.version_metrics(job.id))
     except (InvalidValue, JobNotFound) as exc:
-        return (f"**{inert(exc)}**", {}, *empty)
-    return (_summary(job), job.config, *frames)
+        return f"**{inert(exc)}**", {}, empty, set()
+    return _summary(services, job), job.config, frames, hidden_plots(job)
 
 
 def latest_batches(

@@ -16,6 +16,29 @@ JSONL_SOURCE = "JSONL file"
 TASK_DEFAULT_REWARD = "task default"
 KV_STRATEGIES = ("paged", "contiguous")
 OUTPUT_DIR_PLACEHOLDER = "(chosen by the worker)"
+# The form's fields, in `train_config`'s order (also what "Clone job" fills in).
+FORM_FIELDS = (
+    "model",
+    "source",
+    "task",
+    "data",
+    "reward",
+    "steps",
+    "batch_size",
+    "group_size",
+    "lr",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_policy_lag",
+    "kv_strategy",
+    "clip_eps",
+    "kl_coef",
+    "seed",
+    "updates_per_batch",
+    "heldout_every",
+    "heldout_prompts",
+)
 MAX_UPLOAD_BYTES = int(os.environ.get("RLWB_MAX_UPLOAD_MB") or 64) * 2**20
 
 
@@ -61,11 +84,22 @@ def upload_dataset(services: Services, file: str | None) -> tuple[list[str], str
         records = api.count_records(upload)
         stored = save_upload(upload, services.data_dir)
     except (api.SpecError, OSError) as exc:
-        return dataset_choices(services), None, f"**Upload refused:** {inert(exc)}"
+        why = _without_paths(str(exc), upload)
+        return dataset_choices(services), None, f"**Upload refused:** {inert(why)}"
     finally:
         upload.unlink(missing_ok=True)
     message = f"Stored {records} records as {inert(stored)}."
     return dataset_choices(services), str(stored), message
+
+
+def _without_paths(message: str, upload: Path) -> str:
+    """An error message with the server's temporary upload path replaced by the file's name
+    (a temporary folder is nothing the user can act on, and none of their business)."""
+    shown = {upload.resolve(): upload.name, upload: upload.name}
+    shown |= {upload.parent.resolve(): "…", upload.parent: "…"}
+    for path, name in shown.items():
+        message = message.replace(str(path), name)
+    return message
 
 
 def _number(
@@ -152,8 +186,11 @@ def train_config(
     kl_coef: float | str | None,
     seed: float | str | None,
     updates_per_batch: float | str | None = 1,
+    heldout_every: float | str | None = None,
+    heldout_prompts: float | str | None = None,
 ) -> dict[str, Any]:
-    """The training job's config from the form, or `InvalidLaunch` with every problem."""
+    """The training job's config from the form, or `InvalidLaunch` with every problem. The
+    held-out settings apply to a built-in task (empty: the worker's defaults)."""
     problems: list[str] = []
     _check_model(services, model, problems)
     config: dict[str, Any] = {"model": model}
@@ -176,6 +213,11 @@ def train_config(
         "kl_coef": kl_coef,
     }
     config.update({name: _number(name, value, True, problems) for name, value in whole.items()})
+    if source == TASK_SOURCE:
+        heldout = {"heldout_every": heldout_every, "heldout_prompts": heldout_prompts}
+        for name, value in heldout.items():
+            if value not in (None, ""):
+                config[name] = _number(name, value, True, problems)
     config.update({name: _number(name, value, False, problems) for name, value in real.items()})
     if kv_strategy not in KV_STRATEGIES:
         problems.append(f"kv_strategy: choose one of {', '.join(KV_STRATEGIES)}")

@@ -20,6 +20,7 @@ from db import (
     SampleFilter,
     SampleSummary,
 )
+from ui.diagnostics import DEFAULT_CLIP_EPS, diagnostics_html
 from ui.handlers.common import parse_id, parse_number
 from ui.handlers.jobs import batches_table, latest_batches
 from ui.render import fmt, sample_html
@@ -87,6 +88,7 @@ def sample_filter(
     max_reward: float | str | None,
     batch_status: str,
     text: str,
+    min_logprob_gap: float | str | None = None,
 ) -> SampleFilter:
     """The repository filter for the form (empty fields: any); `InvalidValue` for an
     unreadable or empty one."""
@@ -99,6 +101,9 @@ def sample_filter(
         raise InvalidValue("the version range is empty (min > max)")
     if None not in rewards and rewards[0] > rewards[1]:
         raise InvalidValue("the reward range is empty (min > max)")
+    gap = parse_number(min_logprob_gap, "min |log ratio|")
+    if gap is not None and gap < 0:
+        raise InvalidValue(f"min |log ratio|: {min_logprob_gap!r} is negative")
     return SampleFilter(
         job_id=job,
         min_version=versions[0],
@@ -109,6 +114,7 @@ def sample_filter(
         max_reward=rewards[1],
         batch_status=None if batch_status in ("", ANY) else batch_status,
         text=text.strip() or None,
+        min_logprob_gap=gap,
     )
 
 
@@ -156,6 +162,7 @@ def search_samples(
     batch_status: str,
     text: str,
     newest_first: bool,
+    min_logprob_gap: float | str | None = None,
 ) -> Page:
     """The first page of the job's samples matching the filters (a keyset page of 50)."""
     try:
@@ -169,6 +176,7 @@ def search_samples(
             max_reward,
             batch_status,
             text,
+            min_logprob_gap,
         )
         state = {
             "filter": asdict(where),
@@ -240,7 +248,8 @@ def rejected_batches(services: Services, job_id: float | str | None) -> pd.DataF
 
 def sample_detail(services: Services, sample_id: float | str | None) -> str:
     """One sample in full, as HTML: prompt messages, reference, coloured response tokens
-    (hover: token id and log-probs), reward, advantage, finish/error, version, cache."""
+    (hover: token id and log-probs), reward, advantage, finish/error, version, cache, and
+    per-token training diagnostics of a trained sample."""
     try:
         chosen = parse_id(sample_id, "sample")
         if chosen is None:
@@ -249,9 +258,9 @@ def sample_detail(services: Services, sample_id: float | str | None) -> str:
         job = services.repository.get_job(detail.job_id)
     except (InvalidValue, NotFound) as exc:
         return f"<p><b>{escape(str(exc))}</b></p>"
-    return sample_html(
-        detail, token_texts(detail.response_token_ids, _checkpoints(services, job, detail))
-    )
+    texts = token_texts(detail.response_token_ids, _checkpoints(services, job, detail))
+    clip_eps = job.config.get("clip_eps", DEFAULT_CLIP_EPS)
+    return sample_html(detail, texts) + diagnostics_html(detail, texts, clip_eps)
 
 
 def _checkpoints(services: Services, job: JobInfo, detail: SampleDetail) -> list[Path]:

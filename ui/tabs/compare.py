@@ -1,4 +1,5 @@
-"""Compare tab: pick a job and two versions; metrics, distributions, responses side by side."""
+"""Compare tab: pick a job and two versions; metrics, distributions, responses side by side,
+the held-out comparison, and the token-level diff of one response under both versions."""
 
 from functools import partial
 
@@ -8,20 +9,28 @@ import pandas as pd
 from ui.handlers.compare import (
     METRIC_COLUMNS,
     compare_versions,
+    default_versions,
+    job_task,
     launch_compare,
     version_choices,
 )
+from ui.handlers.token_diff import token_diff_view
 from ui.services import Services
 from ui.tabs.common import job_picker, refresh_jobs
 from workers import api
 
 
-def _versions(services: Services, job_id: int | None) -> tuple[dict, dict]:
-    """Version pickers for a job: A is its first version, B its last."""
+def _versions(services: Services, job_id: int | None) -> tuple[dict, dict, dict]:
+    """Version pickers for a job, set to the versions that have data (`default_versions`),
+    and the held-out comparison's task set to the job's."""
     versions = version_choices(services, job_id)
-    first = versions[0] if versions else None
-    last = versions[-1] if versions else None
-    return gr.update(choices=versions, value=first), gr.update(choices=versions, value=last)
+    a, b = default_versions(services, job_id)
+    task = job_task(services, job_id)
+    return (
+        gr.update(choices=versions, value=a),
+        gr.update(choices=versions, value=b),
+        gr.update() if task is None else gr.update(value=task),
+    )
 
 
 def build(services: Services, tab: gr.Tab) -> None:
@@ -41,21 +50,28 @@ def build(services: Services, tab: gr.Tab) -> None:
         rewards = gr.HTML(elem_id="compare-rewards")
         lengths = gr.HTML(elem_id="compare-lengths")
     side_by_side = gr.HTML(elem_id="compare-pairs")
-    with gr.Accordion("Compare on held-out prompts (launches a compare job)", open=False):
-        with gr.Row():
-            task = gr.Dropdown(list(api.TASKS), value="addition", label="Task")
-            num_prompts = gr.Number(64, label="Prompts", precision=0)
-            seed = gr.Number(1, label="Held-out seed", precision=0)
-            max_tokens = gr.Number(16, label="Max tokens", precision=0)
-            launch = gr.Button("Launch compare job", elem_id="compare-launch")
-        launched = gr.Markdown(elem_id="compare-launched")
+    gr.Markdown("#### Held-out comparison: both versions answer the same prompts (greedy)")
+    with gr.Row(equal_height=True):
+        task = gr.Dropdown(
+            list(api.TASKS), value="addition", label="Task", min_width=140, elem_id="compare-task"
+        )
+        num_prompts = gr.Number(64, label="Prompts", precision=0, min_width=100)
+        seed = gr.Number(1, label="Held-out seed", precision=0, min_width=100)
+        max_tokens = gr.Number(16, label="Max tokens", precision=0, min_width=100)
+        launch = gr.Button("Run held-out comparison", elem_id="compare-launch", min_width=160)
+    launched = gr.Markdown(elem_id="compare-launched")
+    gr.Markdown("#### Token diff: one response scored under both versions")
+    with gr.Row(equal_height=True):
+        sample = gr.Textbox(label="Sample id", elem_id="diff-sample", min_width=120)
+        score = gr.Button("Score under A and B", elem_id="diff-button", min_width=160)
+    diff = gr.HTML(elem_id="token-diff")
 
     tab.select(partial(refresh_jobs, services), None, job, api_name="compare_jobs")
-    job.change(partial(_versions, services), job, [version_a, version_b], api_name="versions")
+    job.change(partial(_versions, services), job, [version_a, version_b, task], api_name="versions")
     run.click(
         partial(compare_versions, services),
         [job, version_a, version_b],
-        [metrics, rewards, lengths, side_by_side],
+        [metrics, rewards, lengths, side_by_side, sample],
         api_name="compare",
     )
     launch.click(
@@ -63,4 +79,10 @@ def build(services: Services, tab: gr.Tab) -> None:
         [job, version_a, version_b, task, num_prompts, seed, max_tokens],
         launched,
         api_name="launch_compare",
+    )
+    score.click(
+        partial(token_diff_view, services),
+        [sample, version_a, version_b],
+        diff,
+        api_name="token_diff",
     )

@@ -1,9 +1,14 @@
-"""Jobs tab: the live job table, cancel, resume, and a job's page with plots over versions."""
+"""Jobs tab: the live job table, cancel, resume, clone, and a job's page with plots over
+versions (EMA over faint raw values; "no data yet" instead of empty axes), and its metrics
+as CSV."""
 
 from functools import partial
+from typing import Any
 
 import gradio as gr
 
+from ui.handlers.clone import clone_form
+from ui.handlers.export import metrics_csv
 from ui.handlers.jobs import (
     batches_table,
     cancel_job,
@@ -12,21 +17,55 @@ from ui.handlers.jobs import (
     jobs_table,
     resume_job,
 )
+from ui.plots import PLOTS, X_FORMAT, Y_FORMAT, PlotSpec, has_data
 from ui.services import Services
 from ui.tabs.common import first_cell
 
 TABLE_REFRESH_S = 2.0
 PAGE_REFRESH_S = 5.0
+PLOT_ROWS = (("reward", "heldout"), ("length", "kl"), ("mismatch", "batches"))
 
 
-def _plot(title: str, y_title: str) -> gr.LinePlot:
-    return gr.LinePlot(
-        x="version", y="value", color="series", title=title, y_title=y_title, height=260
+def _plot(spec: PlotSpec) -> tuple[gr.LinePlot, gr.Markdown]:
+    """A plot and the note shown in its place while it has no data."""
+    plot = gr.LinePlot(
+        x="version",
+        y="value",
+        color="series",
+        title=spec.title,
+        y_title=spec.y_title,
+        color_map=spec.colours(),
+        x_axis_format=X_FORMAT,
+        y_axis_format=Y_FORMAT,
+        height=260,
+        visible=False,
+        elem_id=f"plot-{spec.key}",
     )
+    note = gr.Markdown(f"**{spec.title}**: no data yet", elem_id=f"plot-{spec.key}-empty")
+    return plot, note
 
 
-def build(services: Services) -> None:
-    """The Jobs tab's components and events (inside a ``gr.Tab``)."""
+def _page_updates(services: Services, job_id: Any) -> list[Any]:
+    """The page's outputs: summary, config, then per plot its frame and its note."""
+    summary, config, frames, hidden = job_page(services, job_id)
+    updates: list[Any] = [summary, config]
+    for spec, frame in zip(PLOTS, frames, strict=True):
+        shown = has_data(frame) and spec.key not in hidden
+        updates.append(gr.update(value=frame, visible=shown))
+        updates.append(gr.update(visible=not shown and spec.key not in hidden))
+    return updates
+
+
+def _clone(services: Services, fields: list[str], job_id: Any) -> list[Any]:
+    values, message = clone_form(services, job_id)
+    if not values:
+        return [gr.update() for _ in fields] + [message, gr.update()]
+    return [values[name] for name in fields] + [message, gr.Tabs(selected="launch")]
+
+
+def build(services: Services, form: dict[str, gr.components.Component], tabs: gr.Tabs) -> None:
+    """The Jobs tab's components and events (inside a ``gr.Tab``); "Clone" fills ``form``
+    (the Launch tab's fields) and switches ``tabs`` to Launch."""
     table_timer = gr.Timer(TABLE_REFRESH_S)
     page_timer = gr.Timer(PAGE_REFRESH_S)
     table = gr.Dataframe(
@@ -36,31 +75,37 @@ def build(services: Services) -> None:
         elem_id="jobs-table",
     )
     with gr.Row(equal_height=True):
-        job_id = gr.Textbox(label="Job id", elem_id="job-id", min_width=100)
-        with gr.Column(min_width=120):
-            open_job = gr.Button("Open", size="sm", elem_id="job-open")
-            cancel = gr.Button("Cancel job", variant="stop", size="sm", elem_id="job-cancel")
-            resume = gr.Button("Resume", size="sm", elem_id="job-resume")
-        refresh = gr.Button("Refresh table", size="sm", min_width=120)
-        message = gr.Markdown(elem_id="job-message")
+        job_id = gr.Textbox(label="Job id", elem_id="job-id", min_width=100, scale=1)
+        open_job = gr.Button("Open", size="sm", elem_id="job-open", scale=0, min_width=90)
+        clone = gr.Button("Clone job", size="sm", elem_id="job-clone", scale=0, min_width=110)
+        resume = gr.Button("Resume", size="sm", elem_id="job-resume", scale=0, min_width=90)
+        cancel = gr.Button(
+            "Cancel job", variant="stop", size="sm", elem_id="job-cancel", scale=0, min_width=110
+        )
+        refresh = gr.Button("Refresh table", size="sm", scale=0, min_width=120)
+    message = gr.Markdown(elem_id="job-message")
     summary = gr.Markdown(elem_id="job-summary")
-    with gr.Row():
-        reward = _plot("Reward", "reward")
-        length = _plot("Response length", "tokens")
-    with gr.Row():
-        kl = _plot("KL to the reference", "KL")
-        mismatch = _plot("Train/infer log-prob mismatch", "mean |Δ log-prob|")
-    batches_plot = _plot("Rollout batches", "batches")
+    plots: dict[str, tuple[gr.LinePlot, gr.Markdown]] = {}
+    specs = {spec.key: spec for spec in PLOTS}
+    for row in PLOT_ROWS:
+        with gr.Row():
+            for key in row:
+                with gr.Column():
+                    plots[key] = _plot(specs[key])
+    with gr.Row(equal_height=True):
+        export = gr.Button("Export metrics (CSV)", size="sm", elem_id="job-export", scale=0)
+        csv_file = gr.File(label="Metrics per version", elem_id="job-csv", height=60, scale=3)
     batches = gr.Dataframe(
         batches_table([]), label="Rollout batches", interactive=False, elem_id="job-batches"
     )
     with gr.Accordion("Config", open=False):
         config = gr.JSON()
 
-    page_outputs = [summary, config, reward, length, kl, mismatch, batches_plot]
-    show_page = partial(job_page, services)
+    page_outputs = [summary, config] + [c for spec in PLOTS for c in plots[spec.key]]
+    show_page = partial(_page_updates, services)
     show_batches = partial(job_batches, services)
     refresh_table = partial(jobs_table, services)
+    fields = list(form)
 
     table_timer.tick(refresh_table, None, table, api_name="jobs_live", show_progress="hidden")
     page_timer.tick(show_page, job_id, page_outputs, api_name="job_live", show_progress="hidden")
@@ -77,3 +122,10 @@ def build(services: Services) -> None:
     resume.click(partial(resume_job, services), job_id, message, api_name="resume").then(
         refresh_table, None, table, api_name="jobs_after_resume"
     )
+    clone.click(
+        partial(_clone, services, fields),
+        job_id,
+        [form[name] for name in fields] + [message, tabs],
+        api_name="clone",
+    )
+    export.click(partial(metrics_csv, services), job_id, csv_file, api_name="job_csv")

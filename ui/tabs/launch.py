@@ -5,6 +5,7 @@ from functools import partial
 import gradio as gr
 
 from ui.handlers.launch import (
+    FORM_FIELDS,
     JSONL_SOURCE,
     KV_STRATEGIES,
     TASK_DEFAULT_REWARD,
@@ -24,89 +25,86 @@ def _show_source(source: str) -> tuple[dict, dict]:
     return gr.update(visible=source == TASK_SOURCE), gr.update(visible=source == JSONL_SOURCE)
 
 
-def build(services: Services) -> None:
-    """The Launch tab's components and events (inside a ``gr.Tab``)."""
-    with gr.Row():
-        with gr.Column(scale=3):
-            model = gr.Dropdown(
-                model_choices(services),
-                value=api.DEMO_MODEL,
-                allow_custom_value=True,  # API callers may name any checkpoint under a root
-                label="Model",
-                info="the built-in demo policy, or a checkpoint under RLWB_MODEL_ROOTS",
-                elem_id="launch-model",
-            )
-            rescan = gr.Button("Rescan models and data", size="sm")
-            source = gr.Radio([TASK_SOURCE, JSONL_SOURCE], value=TASK_SOURCE, label="Prompts from")
-            with gr.Group(visible=True) as task_group:
-                task = gr.Dropdown(
-                    task_choices(), value="addition", label="Task", elem_id="launch-task"
-                )
-            with gr.Group(visible=False) as data_group:
-                data = gr.Dropdown(
-                    dataset_choices(services),
-                    value=None,
-                    allow_custom_value=True,
-                    label="JSONL prompt set",
-                    elem_id="launch-data",
-                )
-                upload = gr.File(label="or upload a JSONL file", file_types=[".jsonl"])
-                upload_message = gr.Markdown()
-            reward = gr.Dropdown(
-                reward_choices(),
-                value=TASK_DEFAULT_REWARD,
+def build(services: Services) -> dict[str, gr.components.Component]:
+    """The Launch tab's components and events (inside a ``gr.Tab``); returns the form's
+    fields by name (`FORM_FIELDS`), for "Clone job" to fill in."""
+    d = api.LAUNCH_DEFAULTS
+    with gr.Row(equal_height=True):
+        model = gr.Dropdown(
+            model_choices(services),
+            value=d["model"],
+            allow_custom_value=True,  # API callers may name any checkpoint under a root
+            label="Model",
+            info="the built-in demo policy, or a checkpoint under RLWB_MODEL_ROOTS",
+            elem_id="launch-model",
+            scale=3,
+        )
+        rescan = gr.Button("Rescan models and data", size="sm", scale=1)
+    with gr.Row(equal_height=True):
+        source = gr.Radio(
+            [TASK_SOURCE, JSONL_SOURCE], value=TASK_SOURCE, label="Prompts from", scale=1
+        )
+        with gr.Group(visible=True) as task_group:
+            task = gr.Dropdown(task_choices(), value=d["task"], label="Task", elem_id="launch-task")
+        with gr.Group(visible=False) as data_group:
+            data = gr.Dropdown(
+                dataset_choices(services),
+                value=None,
                 allow_custom_value=True,
-                label="Reward",
-                info="exact_match, numeric_match, regex:<RE2 pattern> or a worker-registered name",
-                elem_id="launch-reward",
+                label="JSONL prompt set",
+                elem_id="launch-data",
             )
-        with gr.Column(scale=2):
-            with gr.Row():
-                steps = gr.Number(50, label="Steps", precision=0, elem_id="launch-steps")
-                batch_size = gr.Number(
-                    16, label="Prompts per batch", precision=0, elem_id="launch-batch"
-                )
-                group_size = gr.Number(8, label="Group size", precision=0, elem_id="launch-group")
-            with gr.Row():
-                lr = gr.Number(3e-4, label="Learning rate", elem_id="launch-lr")
-                temperature = gr.Number(1.0, label="Temperature")
-                top_p = gr.Number(1.0, label="Top-p")
-            with gr.Row():
-                max_tokens = gr.Number(
-                    16, label="Max tokens", precision=0, elem_id="launch-max-tokens"
-                )
-                max_policy_lag = gr.Number(0, label="Max policy lag", precision=0)
-                kv_strategy = gr.Dropdown(list(KV_STRATEGIES), value="paged", label="KV cache")
-            with gr.Accordion("More", open=False), gr.Row():
-                clip_eps = gr.Number(0.2, label="Clip ε")
-                kl_coef = gr.Number(0.0, label="KL coefficient")
-                seed = gr.Number(0, label="Seed", precision=0)
-                updates_per_batch = gr.Number(
-                    1, label="Updates per batch (reuse within the lag)", precision=0
-                )
-            launch = gr.Button("Launch", variant="primary", elem_id="launch-button")
-            status = gr.Markdown(elem_id="launch-status")
+            upload = gr.File(label="or upload a JSONL file", file_types=[".jsonl"], height=80)
+        reward = gr.Dropdown(
+            reward_choices(),
+            value=TASK_DEFAULT_REWARD,
+            allow_custom_value=True,
+            label="Reward",
+            info="exact_match, numeric_match, regex:<RE2 pattern> or a worker-registered name",
+            elem_id="launch-reward",
+            scale=1,
+        )
+    upload_message = gr.Markdown()
+    with gr.Row():
+        steps = gr.Number(d["steps"], label="Steps", precision=0, elem_id="launch-steps")
+        batch_size = gr.Number(
+            d["batch_size"], label="Prompts per batch", precision=0, elem_id="launch-batch"
+        )
+        group_size = gr.Number(
+            d["group_size"], label="Group size", precision=0, elem_id="launch-group"
+        )
+        lr = gr.Number(d["lr"], label="Learning rate", elem_id="launch-lr")
+    with gr.Row():
+        temperature = gr.Number(d["temperature"], label="Temperature")
+        top_p = gr.Number(d["top_p"], label="Top-p")
+        max_tokens = gr.Number(
+            d["max_tokens"], label="Max tokens", precision=0, elem_id="launch-max-tokens"
+        )
+        max_policy_lag = gr.Number(d["max_policy_lag"], label="Max policy lag", precision=0)
+    with gr.Accordion("More", open=False), gr.Row():
+        kv_strategy = gr.Dropdown(list(KV_STRATEGIES), value=d["kv_strategy"], label="KV cache")
+        clip_eps = gr.Number(d["clip_eps"], label="Clip ε")
+        kl_coef = gr.Number(d["kl_coef"], label="KL coefficient")
+        seed = gr.Number(d["seed"], label="Seed", precision=0)
+        updates_per_batch = gr.Number(
+            d["updates_per_batch"], label="Updates per batch (reuse within the lag)", precision=0
+        )
+    with gr.Accordion("Held-out accuracy (built-in tasks)", open=False), gr.Row():
+        heldout_every = gr.Number(
+            d["heldout_every"],
+            label="Evaluate every N versions (0: off)",
+            precision=0,
+            elem_id="launch-heldout-every",
+        )
+        heldout_prompts = gr.Number(d["heldout_prompts"], label="Held-out prompts", precision=0)
+    with gr.Row(equal_height=True):
+        launch = gr.Button("Launch", variant="primary", elem_id="launch-button", scale=1)
+        status = gr.Markdown(elem_id="launch-status")
 
-    form = {
-        "model": model,
-        "source": source,
-        "task": task,
-        "data": data,
-        "reward": reward,
-        "steps": steps,
-        "batch_size": batch_size,
-        "group_size": group_size,
-        "lr": lr,
-        "temperature": temperature,
-        "top_p": top_p,
-        "max_tokens": max_tokens,
-        "max_policy_lag": max_policy_lag,
-        "kv_strategy": kv_strategy,
-        "clip_eps": clip_eps,
-        "kl_coef": kl_coef,
-        "seed": seed,
-        "updates_per_batch": updates_per_batch,
-    }
+    fields = (model, source, task, data, reward, steps, batch_size, group_size, lr, temperature)
+    fields += (top_p, max_tokens, max_policy_lag, kv_strategy, clip_eps, kl_coef, seed)
+    fields += (updates_per_batch, heldout_every, heldout_prompts)
+    form = dict(zip(FORM_FIELDS, fields, strict=True))
     launch.click(
         partial(launch_job, services), inputs_kwargs=form, outputs=status, api_name="launch"
     )
@@ -115,6 +113,7 @@ def build(services: Services) -> None:
     upload.upload(
         partial(_after_upload, services), upload, [data, upload_message], api_name="launch_upload"
     )
+    return form
 
 
 def _rescan(services: Services) -> tuple[dict, dict]:

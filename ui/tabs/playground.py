@@ -25,7 +25,18 @@ def build(services: Services, tab: gr.Tab) -> None:
         temperature = gr.Number(0.0, label="Temperature", minimum=0, elem_id="playground-temp")
         max_tokens = gr.Number(64, label="Max tokens", precision=0, elem_id="playground-max")
         seed = gr.Number(0, label="Seed", precision=0, elem_id="playground-seed")
-    system = gr.Textbox(label="System prompt (optional)", lines=1, elem_id="playground-system")
+    with gr.Row(equal_height=True):
+        system = gr.Textbox(
+            label="System prompt (optional)", lines=1, elem_id="playground-system", scale=4
+        )
+        keep_history = gr.Checkbox(
+            False,
+            label="Keep chat history",
+            info="off: every message is a single turn; on: the chat so far is sent too "
+            "(oldest turns left out past the model's context)",
+            elem_id="playground-history",
+            scale=1,
+        )
     chat = gr.Chatbot([], label="Chat", elem_id="playground-chat")
     with gr.Row():
         message = gr.Textbox(label="Message", lines=2, scale=4, elem_id="playground-message")
@@ -38,7 +49,7 @@ def build(services: Services, tab: gr.Tab) -> None:
     outputs = [chat, tokens, facts, message]
     tab.select(partial(refresh_jobs, services), None, job, api_name="playground_jobs")
     job.change(partial(_versions, services), job, version, api_name="playground_versions")
-    inputs = [job, version, system, message, chat, temperature, max_tokens, seed]
+    inputs = [job, version, system, message, chat, temperature, max_tokens, seed, keep_history]
     send_button.click(partial(send, services), inputs, outputs, api_name="playground_send")
     message.submit(partial(send, services), inputs, outputs, api_name="playground_submit")
     clear_button.click(clear, None, outputs, api_name="playground_clear")

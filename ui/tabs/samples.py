@@ -4,6 +4,7 @@ from functools import partial
 
 import gradio as gr
 
+from ui.handlers.audit import audit_view
 from ui.handlers.jobs import batches_table
 from ui.handlers.samples import (
     ANY,
@@ -33,6 +34,12 @@ def build(services: Services, tab: gr.Tab) -> None:
         max_reward = gr.Textbox(label="Max reward", placeholder="any")
         status = gr.Dropdown(STATUS_CHOICES, value=ANY, label="Batch")
         text = gr.Textbox(label="Text in prompt or response", scale=2)
+        min_gap = gr.Textbox(
+            label="Min |log ratio|",
+            placeholder="any",
+            info="trained samples with a token whose |trainer − behaviour| log-prob is at least",
+            elem_id="samples-min-gap",
+        )
         newest_first = gr.Checkbox(label="Newest first")
     with gr.Row():
         search = gr.Button("Search", variant="primary", elem_id="samples-search")
@@ -57,6 +64,8 @@ def build(services: Services, tab: gr.Tab) -> None:
     with gr.Row(equal_height=True):
         sample_id = gr.Textbox(label="Sample id", elem_id="sample-id")
         open_sample = gr.Button("Open sample", elem_id="sample-open")
+        audit = gr.Button("Audit (re-score under its version)", elem_id="sample-audit-button")
+    audit_result = gr.Markdown(elem_id="sample-audit")
     detail = gr.HTML(elem_id="sample-detail")
 
     filters = [
@@ -70,6 +79,7 @@ def build(services: Services, tab: gr.Tab) -> None:
         status,
         text,
         newest_first,
+        min_gap,
     ]
     page = [table, page_state, info]
     show_detail = partial(sample_detail, services)
@@ -89,3 +99,4 @@ def build(services: Services, tab: gr.Tab) -> None:
         show_detail, sample_id, detail, api_name="sample_picked"
     )
     open_sample.click(show_detail, sample_id, detail, api_name="sample")
+    audit.click(partial(audit_view, services), sample_id, audit_result, api_name="audit")

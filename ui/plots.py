@@ -1,0 +1,95 @@
+"""The Jobs page's plots over versions: which series each plot shows, EMA smoothing drawn over
+the faint raw series, and whether a plot has anything to draw."""
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+SERIES_COLUMNS = ["version", "value", "series"]
+EMA_WEIGHT = 0.8  # TensorBoard-style smoothing: each point keeps this share of the previous
+RAW, SMOOTHED = "raw", "EMA"
+PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#e45756")
+FAINT = ("#c4d3e5", "#fbd1a9", "#c0dcba", "#f4bcbd")
+Y_FORMAT = ".3~g"  # the 4 significant digits of `ui.render.fmt`, on the axes too
+X_FORMAT = "d"  # versions are whole numbers
+
+
+@dataclass(frozen=True)
+class PlotSpec:
+    key: str
+    title: str
+    y_title: str
+    series: tuple[str, ...]
+    smooth: bool = True
+    sparse: bool = False  # measured on some versions only: drawn through the known points
+
+    def names(self) -> list[str]:
+        """The series as drawn: raw and EMA of each smoothed series, else the series."""
+        if not self.smooth:
+            return list(self.series)
+        return [f"{name} ({kind})" for name in self.series for kind in (RAW, SMOOTHED)]
+
+    def colours(self) -> dict[str, str]:
+        """Each smoothed series: the faint colour raw, the full colour for its EMA."""
+        if not self.smooth:
+            return dict(zip(self.series, PALETTE, strict=False))
+        return {
+            f"{name} ({kind})": colour
+            for name, faint, full in zip(self.series, FAINT, PALETTE, strict=False)
+            for kind, colour in ((RAW, faint), (SMOOTHED, full))
+        }
+
+
+PLOTS = (
+    PlotSpec("reward", "Reward (trained batch)", "reward", ("reward mean",)),
+    PlotSpec(
+        "heldout",
+        "Held-out accuracy (greedy)",
+        "accuracy",
+        ("held-out accuracy",),
+        smooth=False,
+        sparse=True,
+    ),
+    PlotSpec("length", "Response length", "tokens", ("mean response tokens",)),
+    PlotSpec("kl", "KL to the reference", "KL", ("KL",)),
+    PlotSpec("mismatch", "Train/infer log-prob mismatch", "max |Δ log-prob|", ("mismatch",)),
+    PlotSpec("batches", "Rollout batches", "batches", ("accepted", "rejected"), smooth=False),
+)
+
+
+def ema(values: list[float | None], weight: float = EMA_WEIGHT) -> list[float | None]:
+    """Exponential moving average over the known values (unknown ones stay unknown and
+    do not move the average)."""
+    out: list[float | None] = []
+    last = None
+    for value in values:
+        if value is None or not math.isfinite(value):
+            out.append(None)
+            continue
+        last = value if last is None else weight * last + (1 - weight) * value
+        out.append(last)
+    return out
+
+
+def plot_frame(spec: PlotSpec, values: dict[int, dict[str, float | int | None]]) -> pd.DataFrame:
+    """Long-format rows (version, value, series) of one plot. Every drawn series has a row
+    per version, None where unknown (a plot keeps its colours from one update to the next
+    only if its series never change), except a sparse plot's: a line joins its known points."""
+    versions = sorted(values)
+    rows = []
+    for name in spec.series:
+        raw = [values[v].get(name) for v in versions]
+        if not spec.smooth:
+            known = (not spec.sparse or x is not None for x in raw)
+            rows += [(v, x, name) for v, x, k in zip(versions, raw, known, strict=True) if k]
+            continue
+        smoothed = ema(raw)
+        rows += [(v, x, f"{name} ({RAW})") for v, x in zip(versions, raw, strict=True)]
+        rows += [(v, x, f"{name} ({SMOOTHED})") for v, x in zip(versions, smoothed, strict=True)]
+    return pd.DataFrame(rows, columns=SERIES_COLUMNS)
+
+
+def has_data(frame: pd.DataFrame) -> bool:
+    """Whether a plot's frame has at least one known value to draw."""
+    return bool(frame["value"].notna().any())
