@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workers.specs import EvalSettings, SpecError
+from workers.specs import SpecError
 
 DEFAULT_EVERY = 10
 DEFAULT_PROMPTS = 200
@@ -59,11 +59,11 @@ class HeldoutEval:
         max_tokens: int,
         train_records: Sequence[Mapping[str, str]],
     ) -> None:
-        from workers.evaluation import prompt_records
+        from core_engine.rl.tasks import prompt_records
 
         count = settings.prompts
         seen = {(r.get("instruction", ""), r.get("input", "")) for r in train_records}
-        drawn = prompt_records(EvalSettings(task=task, num_prompts=2 * count, seed=HELDOUT_SEED))
+        drawn = prompt_records(task, None, 2 * count, HELDOUT_SEED)
         unseen = [r for r in drawn if (r.get("instruction", ""), r.get("input", "")) not in seen]
         self.records = (unseen + [r for r in drawn if r not in unseen])[:count]
         self.settings = settings

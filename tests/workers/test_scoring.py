@@ -96,7 +96,7 @@ def test_token_diff_scores_one_response_under_both_versions(repo, settings, trai
         truth = _hf_logprobs(versions[version], detail.prompt_text, detail.response_token_ids)
         assert diff[key] == pytest.approx(truth, abs=1e-4)
     assert diff["logprobs_a"] != diff["logprobs_b"]  # an optimizer step changed the weights
-    assert "no saved version 9" in token_diff(repo, settings, detail.id, 1, 9)["problem"]
+    assert "no policy version 9" in token_diff(repo, settings, detail.id, 1, 9)["problem"]
 
 
 def test_cli_audit_reports_each_sample_and_fails_on_a_mismatch(repo, trained, capsys):
