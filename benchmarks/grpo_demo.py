@@ -70,7 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--minutes", type=float, default=10.0, help="GRPO wall-time budget")
     parser.add_argument("--steps", type=int, default=10_000, help="at most this many versions")
     parser.add_argument("--eval-every", type=int, default=25, help="versions between evals")
-    parser.add_argument("--warmup-minutes", type=float, default=8.0, help="warm-up budget")
+    parser.add_argument(
+        "--warmup-minutes", type=float, default=None, help="optional warm-up time budget"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="write the curve as .json or .csv")
     return parser.parse_args(argv)

@@ -43,6 +43,7 @@ HELDOUT_SEED = 2
 INFO_FILE = "demo_policy.json"
 GREEDY = SamplingParams(temperature=0, max_tokens=6)
 TARGET_ACCURACY = 0.18
+MAX_WARMUP_STEPS = 3000  # the budget when the target is not reached first
 
 
 @dataclass(frozen=True)
@@ -166,8 +167,8 @@ def warm_up(
     tokenizer,
     seed: int,
     target_accuracy: float,
-    max_minutes: float,
-    max_steps: int | None,
+    max_minutes: float | None,
+    max_steps: int,
     settings: WarmupSettings,
     log: Callable[[str], None] | None = None,
 ) -> WarmupResult:
@@ -182,7 +183,7 @@ def warm_up(
     start, step, accuracy, loss = time.perf_counter(), 0, 0.0, float("nan")
     while accuracy < target_accuracy:
         minutes = (time.perf_counter() - start) / 60
-        if minutes >= max_minutes or (max_steps is not None and step >= max_steps):
+        if step >= max_steps or (max_minutes is not None and minutes >= max_minutes):
             break
         batch = [next(problems) for _ in range(settings.batch_size)]
         loss = supervised_step(model, optimizer, *supervised_batch(batch, tokenizer))
@@ -199,15 +200,16 @@ def build_demo_policy(
     path: str | Path,
     seed: int = 0,
     target_accuracy: float = TARGET_ACCURACY,
-    max_minutes: float = 3,
-    max_steps: int | None = None,
+    max_minutes: float | None = None,
+    max_steps: int = MAX_WARMUP_STEPS,
     settings: WarmupSettings | None = None,
     log: Callable[[str], None] | None = None,
 ) -> Path:
     """Warm up the demo policy until held-out greedy accuracy first reaches `target_accuracy`
-    (or the step / time budget runs out) and save it to `path`; `demo_policy.json` there says
-    how it went. Reuses an existing checkpoint at `path`. Deterministic for a seed when stopped
-    by accuracy or `max_steps` (not by time)."""
+    (or the step budget, or an optional time budget, runs out) and save it to `path`;
+    `demo_policy.json` there says how it went. Reuses an existing checkpoint at `path`.
+    Without `max_minutes` the result depends on the seed only, not on how busy the machine
+    is (a time budget on a loaded machine stops early, with a weaker policy)."""
     path = Path(path)
     if (path / "config.json").is_file():
         return path
