@@ -125,7 +125,7 @@ def test_token_diff_colours_each_token_by_the_change(services, trained):
         [b - a for a, b in zip(answer["logprobs_a"], answer["logprobs_b"], strict=True)],
         abs=1e-5,
     )
-    assert "no saved version 7" in token_diff_view(services, detail.id, 1, 7)
+    assert "no policy version 7" in token_diff_view(services, detail.id, 1, 7)
     assert "choose a sample" in token_diff_view(services, None, 1, 2)
 
 

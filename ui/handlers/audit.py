@@ -2,7 +2,7 @@
 version's kept weights (`workers.scoring`); the verdict comes back as Markdown."""
 
 from db import InvalidValue
-from ui.handlers.common import parse_id
+from ui.handlers.common import ask_worker, parse_id
 from ui.render import inert
 from ui.services import Services
 
@@ -28,13 +28,11 @@ def audit_view(services: Services, sample_id: float | str | None) -> str:
     """Audit the chosen sample on a worker and say how it went."""
     try:
         chosen = parse_id(sample_id, "sample")
-        if chosen is None:
-            return "Choose a sample to audit."
-        answer = services.audit([chosen])
     except InvalidValue as exc:
         return f"**{inert(exc)}**"
-    except Exception as exc:  # the queue is unreachable: say so, keep the UI up
-        return f"**Could not audit:** {inert(f'{type(exc).__name__}: {exc}')}"
-    if "problem" in answer:
-        return f"**Cannot audit:** {inert(answer['problem'])}"
+    if chosen is None:
+        return "Choose a sample to audit."
+    answer, problem = ask_worker(lambda: services.audit([chosen]), "audit")
+    if problem is not None:
+        return f"**{inert(problem)}**"
     return verdict(answer["samples"][0])

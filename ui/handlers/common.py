@@ -1,6 +1,8 @@
 """Input parsing shared by the handlers."""
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 from db import InvalidValue
 
@@ -27,3 +29,20 @@ def parse_number(value: float | str | None, what: str) -> float | None:
     if not math.isfinite(number):
         raise InvalidValue(f"{what}: {value!r} is not finite")
     return number
+
+
+def ask_worker(
+    call: Callable[[], dict[str, Any]], verb: str
+) -> tuple[dict[str, Any] | None, str | None]:
+    """A worker's answer, or one line saying why there is none: the input is invalid (its
+    `InvalidValue` text), the queue is unreachable ("Could not VERB: ..."), or the worker
+    refused ("Cannot VERB: ..."). Nothing is raised: the UI stays up."""
+    try:
+        answer = call()
+    except InvalidValue as exc:
+        return None, str(exc)
+    except Exception as exc:  # the queue is unreachable
+        return None, f"Could not {verb}: {type(exc).__name__}: {exc}"
+    if "problem" in answer:
+        return None, f"Cannot {verb}: {answer['problem']}"
+    return answer, None

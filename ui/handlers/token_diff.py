@@ -6,7 +6,7 @@ from html import escape
 from pathlib import Path
 
 from db import InvalidValue
-from ui.handlers.common import parse_id
+from ui.handlers.common import ask_worker, parse_id
 from ui.render import BLOCK_STYLE, TOKEN_STYLE, visible
 from ui.services import Services
 from ui.tokens import token_texts
@@ -62,21 +62,23 @@ def token_diff_view(
     version_b: float | str | None,
 ) -> str:
     """A stored response scored under versions A and B of its job, coloured by the change."""
-    try:
-        chosen = [
-            parse_id(sample_id, "sample"),
-            parse_id(version_a, "version A"),
-            parse_id(version_b, "version B"),
-        ]
+    chosen: list[int | None] = []
+
+    def call() -> dict:
+        chosen.extend(
+            [
+                parse_id(sample_id, "sample"),
+                parse_id(version_a, "version A"),
+                parse_id(version_b, "version B"),
+            ]
+        )
         if None in chosen:
             raise InvalidValue("choose a sample and two versions")
-        result = services.token_diff(*chosen)
-    except InvalidValue as exc:
-        return f"<p><b>{escape(str(exc))}</b></p>"
-    except Exception as exc:  # the queue is unreachable: say so, keep the UI up
-        return f"<p><b>Could not score: {escape(f'{type(exc).__name__}: {exc}')}</b></p>"
-    if "problem" in result:
-        return f"<p><b>Cannot score: {escape(str(result['problem']))}</b></p>"
+        return services.token_diff(*chosen)
+
+    result, problem = ask_worker(call, "score")
+    if problem is not None:
+        return f"<p><b>{escape(problem)}</b></p>"
     texts = token_texts(result["token_ids"], [Path(result["checkpoint"])])
     names = (f"version {chosen[1]}", f"version {chosen[2]}")
     heading = f"<p>Sample #{chosen[0]} scored under {names[0]} and {names[1]}</p>"
