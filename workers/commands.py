@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     return run(args, extra)
 
 
-def _line(result: dict[str, Any]) -> str:
+def _audit_line(result: dict[str, Any]) -> str:
     diff = result.get("max_abs_diff")
     shown = "-" if diff is None else f"{diff:.3g}"
     where = f"v{result['version']}" if "version" in result else "-"
@@ -230,7 +230,7 @@ def run_audit(job_id: int, samples: int) -> int:
         return 1
     results = audit_samples(repo, Settings.from_env(), ids)["samples"]
     for result in results:
-        print(_line(result), flush=True)
+        print(_audit_line(result), flush=True)
     counts = Counter(result["status"] for result in results)
     print(
         f"{len(results)} samples: "
