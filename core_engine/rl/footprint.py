@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from core_engine.cache.sizing import DEFAULT_CPU_KV_BYTES
+from core_engine.cache.sizing import kv_budget_bytes
 from core_engine.engine import resolve_dtype
 from core_engine.model.loader import build_model
 from core_engine.rl.config import GRPOConfig
@@ -68,8 +68,8 @@ def training_footprint(config: GRPOConfig, hf_config: Any, device: torch.device)
     engine_dtype = resolve_dtype(config.engine_dtype, device)
     engine_copy = 0 if engine_dtype == torch.float32 else parameters * engine_dtype.itemsize
     kv = 0
-    if not config.release_kv_during_training and device.type == "cpu":
-        kv = config.kv_cache_bytes or DEFAULT_CPU_KV_BYTES
+    if not config.release_kv_during_training and device.type == "cpu":  # CUDA: sized from free
+        kv = kv_budget_bytes(config.kv_cache_bytes, 1.0, device)
     return Footprint(
         parameters=parameters,
         trainer_bytes=(8 + optimizer_state_bytes(config.optimizer_state_dtype)) * parameters,
