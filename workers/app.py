@@ -7,12 +7,12 @@ does the same). This module imports no torch: tasks load the engine lazily, in t
 Recovery: every worker checks, every few seconds, for running (or cancelling) jobs whose
 heartbeat is older than ``RLWB_HEARTBEAT_TIMEOUT`` (or that a warm shutdown released) and takes
 them from their owner (a new fencing token: the old owner can store nothing more) to queue them
-again under a new task id; and (Redis only) for queued jobs whose message the broker no longer
-holds (``celery purge``, a lost message), which are sent again: the database, not the broker,
-says what is queued. The embedded broker loses a message its worker had taken; Redis keeps it
+again under a new task id; and for queued jobs whose message the broker no longer holds
+(``celery purge``, a lost message), which are sent again: the database, not the broker, says
+what is queued. The embedded broker loses a message its worker had taken; Redis keeps it
 unacknowledged until the visibility timeout (a day). Either way the job resumes from its last
-saved version (and, when the old message finally comes back, it finds the job owned by the new
-task and is dropped).
+saved version (and, when the old message finally comes back, or two workers sent the same job
+again, the extra message finds the job owned by another task and is dropped).
 """
 
 import functools
@@ -21,6 +21,7 @@ import logging
 import threading
 import uuid
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -59,15 +60,15 @@ def broker_settings(settings: Settings) -> dict[str, Any]:
             "result_backend": settings.redis_url,
             "broker_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
         }
-    queue_dir = settings.broker_dir / "queue"
+    messages = settings.broker_queue_dir
     control_dir = settings.broker_dir / "control"
-    for folder in (queue_dir, control_dir):
+    for folder in (messages, control_dir):
         folder.mkdir(parents=True, exist_ok=True)
     return {
         "broker_url": "filesystem://localhost/",
         "broker_transport_options": {
-            "data_folder_in": str(queue_dir),
-            "data_folder_out": str(queue_dir),
+            "data_folder_in": str(messages),
+            "data_folder_out": str(messages),
             "control_folder": str(control_dir),
             # kombu's default (1 s) delays every broadcast reply, e.g. the Queue tab's
             "polling_interval": EMBEDDED_POLL_S,
@@ -179,14 +180,18 @@ def recover_stale(app: Celery, repo: Repository, timeout_s: float) -> list[int]:
 
 
 def _task_id(payload: bytes | str) -> str | None:
-    message = json.loads(payload)
+    try:
+        message = json.loads(payload)
+    except ValueError:  # an embedded message file still being written
+        return None
     if isinstance(message, list):  # an unacked entry: [message, exchange, routing_key]
         message = message[0]
     return message.get("headers", {}).get("id")
 
 
-def broker_task_ids(redis_url: str) -> set[str]:
-    """The task ids of every message the Redis broker holds for the queue."""
+def _redis_payloads(redis_url: str) -> list[bytes]:
+    """Every message the Redis broker holds for the queue: waiting, and delivered but not
+    yet acknowledged."""
     client = redis.Redis.from_url(redis_url)
     try:
         queued = [
@@ -194,24 +199,44 @@ def broker_task_ids(redis_url: str) -> set[str]:
             for key in client.scan_iter(match=f"{GPU_QUEUE}*", _type="list")
             for payload in client.lrange(key, 0, -1)
         ]
-        held = client.hvals(UNACKED)
+        return [*queued, *client.hvals(UNACKED)]
     finally:
         client.close()
-    return {task_id for task_id in map(_task_id, [*queued, *held]) if task_id}
+
+
+def _embedded_payloads(queue_dir: Path) -> list[bytes]:
+    """Every message file the embedded broker holds for the queue (kombu's filesystem
+    transport names them ``<ms>_<uuid>.<queue>.msg`` and deletes one when a worker takes it)."""
+    payloads = []
+    for path in queue_dir.iterdir():
+        if path.name.partition(".")[2] != f"{GPU_QUEUE}.msg":
+            continue
+        try:
+            payloads.append(path.read_bytes())
+        except FileNotFoundError:  # taken by a worker meanwhile
+            continue
+    return payloads
+
+
+def broker_task_ids(settings: Settings) -> set[str]:
+    """The task ids of every message the broker (Redis or embedded) holds for the queue."""
+    if settings.embedded:
+        payloads = _embedded_payloads(settings.broker_queue_dir)
+    else:
+        payloads = _redis_payloads(settings.redis_url)
+    return {task_id for task_id in map(_task_id, payloads) if task_id}
 
 
 def resend_lost(app: Celery, repo: Repository, settings: Settings, grace_s: float) -> list[int]:
-    """Send again the jobs queued for over ``grace_s`` seconds without a message (Redis only:
-    the embedded broker is not checked). Cancel a job to drop it."""
-    if settings.embedded:
-        return []
+    """Send again the jobs queued for over ``grace_s`` seconds without a message in the
+    broker. Cancel a job to drop it."""
     older = utcnow() - timedelta(seconds=grace_s)
     waiting = [
         j for j in repo.list_jobs(limit=1000, status=JobStatus.QUEUED) if j.updated_at < older
     ]
     if not waiting:
         return []
-    present = broker_task_ids(settings.redis_url)
+    present = broker_task_ids(settings)
     resent = []
     for job in waiting:
         if job.celery_task_id in present:

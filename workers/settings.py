@@ -65,6 +65,11 @@ class Settings:
         return self.data_dir / "broker"
 
     @property
+    def broker_queue_dir(self) -> Path:
+        """Where the embedded broker keeps its message files."""
+        return self.broker_dir / "queue"
+
+    @property
     def jobs_dir(self) -> Path:
         """Where worker-run jobs keep their checkpoints (``jobs/<id>/``)."""
         return self.data_dir / "jobs"

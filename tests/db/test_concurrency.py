@@ -8,9 +8,9 @@ from db import JobStatus, PolicyVersionRecord, Repository, SampleFilter
 from .helpers import make_batch, make_sample, running_job
 
 BATCH_SIZE = 8
-MAX_BATCHES = 60
 CANCEL_AFTER = 12
 READERS = 3
+DEADLINE_S = 45  # the worker runs until it sees the cancel, as a real one does; this only bounds a hang
 
 
 def test_worker_writes_while_ui_reads_and_cancels(repo: Repository) -> None:
@@ -30,7 +30,9 @@ def test_worker_writes_while_ui_reads_and_cancels(repo: Repository) -> None:
 
     def worker() -> None:
         version = 0
-        for step in range(MAX_BATCHES):
+        deadline = time.monotonic() + DEADLINE_S
+        step = 0
+        while time.monotonic() < deadline:
             if step % 4 == 3:
                 repo.record_policy_version(
                     PolicyVersionRecord(job.id, version + 1, parent_version=version)
@@ -38,8 +40,9 @@ def test_worker_writes_while_ui_reads_and_cancels(repo: Repository) -> None:
                 version += 1
             samples = [make_sample(step, g, version=version) for g in range(BATCH_SIZE)]
             repo.record_batch(make_batch(job.id, samples, version=version, step=step))
-            if repo.update_progress(job.id, step + 1).cancel_requested:
-                repo.mark_cancelled(job.id, f"cancelled at step {step + 1}")
+            step += 1
+            if repo.update_progress(job.id, step).cancel_requested:
+                repo.mark_cancelled(job.id, f"cancelled at step {step}")
                 break
         done.set()
 
@@ -67,14 +70,14 @@ def test_worker_writes_while_ui_reads_and_cancels(repo: Repository) -> None:
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=60)
+        thread.join(timeout=DEADLINE_S + 15)
     assert not errors, errors
     assert not any(thread.is_alive() for thread in threads)
 
     final = repo.get_job(job.id)
     assert final.status is JobStatus.CANCELLED
     batches = repo.list_batches(job.id)
-    assert CANCEL_AFTER <= len(batches) < MAX_BATCHES
+    assert len(batches) >= CANCEL_AFTER
     assert final.step == len(batches)
     assert final.error == f"cancelled at step {len(batches)}"
     total = repo.list_samples(SampleFilter(job.id), limit=1000).items

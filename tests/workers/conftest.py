@@ -67,6 +67,14 @@ def stack(redis_url: str, tmp_path: Path) -> Iterator[Stack]:
 
 
 @pytest.fixture
+def embedded_stack(tmp_path: Path) -> Iterator[Stack]:
+    """A real worker deployment on the defaults: SQLite and the embedded broker."""
+    stack = Stack(None, tmp_path)
+    yield stack
+    stack.repo.close()
+
+
+@pytest.fixture
 def pg_stack(redis_url: str, tmp_path: Path, postgres_schemas) -> Iterator[Stack]:  # noqa: F811
     """A real worker deployment on PostgreSQL (a throw-away schema)."""
     stack = Stack(redis_url, tmp_path, postgres_schemas.create())

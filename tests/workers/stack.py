@@ -49,17 +49,21 @@ def claim_redis() -> Iterator[str]:
 
 
 class Stack:
-    """A worker deployment's environment: Redis, a SQLite database, a data dir."""
+    """A worker deployment's environment: Redis (None: the embedded broker), a SQLite
+    database, a data dir."""
 
-    def __init__(self, redis_url: str, root: Path, database: str | URL | None = None) -> None:
+    def __init__(
+        self, redis_url: str | None, root: Path, database: str | URL | None = None
+    ) -> None:
         if database is None:
             database = f"sqlite:///{root / 'rlwb.db'}"
         if isinstance(database, URL):
             database = database.render_as_string(hide_password=False)
         self.root = root
+        inherited = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
         self.env = {
-            **os.environ,
-            "REDIS_URL": redis_url,
+            **inherited,
+            **({"REDIS_URL": redis_url} if redis_url else {}),
             "DATABASE_URL": database,
             "RLWB_DATA_DIR": str(root / "data"),
             "OMP_NUM_THREADS": "1",

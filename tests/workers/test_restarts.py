@@ -1,7 +1,7 @@
 """Real ``celery worker`` processes on Redis and PostgreSQL: clean restarts cost no attempt,
 a frozen owner's writes are refused once recovery gave its job to another worker, a cancelled
 job resumes from its newest version from the shell, a revoke survives a restart, purged jobs
-are sent again, and a killed worker's rejected batches are replaced, not added, by the retry."""
+are sent again (on Redis and on the embedded broker), and a killed worker's rejected batches are replaced, not added, by the retry."""
 
 import json
 import os
@@ -116,3 +116,22 @@ def test_a_killed_worker_s_rejected_batches_are_replaced_not_added(pg_stack, tin
     batches = stack.repo.list_batches(job)
     assert len(batches) == limit + 1 and {b.status for b in batches} == {"rejected"}
     assert samples_in_db(stack.repo, job) == 4 * (limit + 1)
+
+
+def test_jobs_purged_from_the_embedded_broker_are_sent_again(embedded_stack, tiny_model):
+    """The default deployment (no broker server) reconciles too: the database says what is
+    queued, whatever the message files say."""
+    stack = embedded_stack
+    jobs = stack.submit(train_config(tiny_model, steps=1), train_config(tiny_model, steps=1))
+    messages = stack.root / "data" / "broker" / "queue"
+    assert len(list(messages.glob("*.gpu.msg"))) == 2
+    assert "Purged 2 messages" in stack.celery("purge", "--force", "--queues", "gpu")
+    assert list(messages.glob("*.gpu.msg")) == []
+    assert [stack.status(job) for job in jobs] == [JobStatus.QUEUED] * 2
+
+    with stack.worker("gpu0"):
+        for job in jobs:
+            wait_for(lambda j=job: stack.status(j).is_terminal, 120, f"purged job {job}")
+    assert [stack.status(job) for job in jobs] == [JobStatus.SUCCEEDED] * 2, stack.log("gpu0")
+    assert stack.log("gpu0").count("sent again") == 2
+    assert all(stack.repo.get_job(job).attempts == 1 for job in jobs)
