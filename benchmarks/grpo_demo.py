@@ -25,7 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 import db
 from core_engine.rl.config import GRPOConfig
-from core_engine.rl.demo_policy import build_demo_policy, greedy_accuracy, heldout_records
+from core_engine.rl.demo_policy import (
+    TARGET_ACCURACY,
+    build_demo_policy,
+    greedy_accuracy,
+    heldout_records,
+)
 from core_engine.rl.tasks import addition_records
 from core_engine.rl.trainer import GRPOTrainer
 
@@ -74,6 +79,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--warmup-minutes", type=float, default=None, help="optional warm-up time budget"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--target-accuracy",
+        type=float,
+        default=TARGET_ACCURACY,
+        help="the warm-up stops at this held-out accuracy",
+    )
     parser.add_argument("--out", type=Path, help="write the curve as .json or .csv")
     return parser.parse_args(argv)
 
@@ -160,7 +171,11 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     data_dir = db.data_dir()
     policy = build_demo_policy(
-        data_dir / "demo-policy", seed=args.seed, max_minutes=args.warmup_minutes, log=print
+        data_dir / "demo-policy",
+        seed=args.seed,
+        target_accuracy=args.target_accuracy,
+        max_minutes=args.warmup_minutes,
+        log=print,
     )
     print(f"policy {policy}: {json.loads((policy / 'demo_policy.json').read_text())}")
     trainer = make_trainer(policy, data_dir / "grpo-demo-run", args)

@@ -88,6 +88,7 @@ LAUNCH_DEFAULTS: dict[str, Any] = {
 }
 LOOPBACK_NAMES = ("localhost", "::1")
 CHAT_TIMEOUT_S = 120.0
+QUEUE_REPLY_TIMEOUT_S = 0.6  # how long the Queue view waits for the workers' replies
 AUDIT_TIMEOUT_S = 600.0
 CELERY = "celery -A workers.app"
 COMMANDS = {
@@ -249,27 +250,27 @@ def _tasks(reply: dict[str, list[dict[str, Any]]] | None) -> list[dict[str, Any]
     ]
 
 
-def queue_overview(timeout: float = 1.0) -> dict[str, Any]:
+def queue_overview(timeout: float = QUEUE_REPLY_TIMEOUT_S) -> dict[str, Any]:
     """Workers online, the tasks they run (``active``) and hold (``reserved``), the job
     counts of the database, and the equivalent ``celery`` commands.
 
-    Takes about ``timeout`` seconds: the workers that answer a broadcast for their active
-    tasks are the ones online; those are then asked for their reserved tasks, which returns
-    as soon as each answered.
+    Takes about ``timeout`` seconds: one broadcast (``queue_state``, defined by the workers)
+    that every online worker answers with both lists.
     """
-    app = celery_app()
-    active = app.control.inspect(timeout=timeout).active() or {}
-    online = sorted(active)
-    reserved = None
-    if online:
-        inspect = app.control.inspect(timeout=timeout, destination=online, limit=len(online))
-        reserved = inspect.reserved()
+    replies = celery_app().control.broadcast("queue_state", reply=True, timeout=timeout) or []
+    states = {
+        worker: state
+        for reply in replies
+        for worker, state in reply.items()
+        if isinstance(state, dict)
+    }
+    online = sorted(states)
     return {
         **queue_counts(),
         "workers": online,
         "workers_online": len(online),
-        "active": _tasks(active),
-        "reserved": _tasks(reserved),
+        "active": _tasks({w: states[w].get("active", []) for w in online}),
+        "reserved": _tasks({w: states[w].get("reserved", []) for w in online}),
     }
 
 

@@ -28,7 +28,7 @@ import redis
 from celery import Celery
 from celery.signals import worker_ready, worker_shutting_down
 from celery.utils.functional import maybe_list
-from celery.worker.control import Panel
+from celery.worker.control import Panel, inspect_command
 
 from db import JobInfo, JobStatus, Repository, resolve_url
 from db.timestamps import utcnow
@@ -36,6 +36,7 @@ from workers.jobs import SHUTTING_DOWN
 from workers.settings import (
     DAY_S,
     EMBEDDED_POLL_S,
+    REDIS_POLL_S,
     GPU_QUEUE,
     INTERACTIVE_QUEUE,
     INTERACTIVE_TASKS,
@@ -58,7 +59,12 @@ def broker_settings(settings: Settings) -> dict[str, Any]:
         return {
             "broker_url": settings.redis_url,
             "result_backend": settings.redis_url,
-            "broker_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
+            "broker_transport_options": {
+                "visibility_timeout": settings.visibility_timeout_s,
+                # kombu's Redis BRPOP waits 1 s by default, so every broadcast (the Queue
+                # view's) took at least that long, whatever its timeout
+                "polling_interval": REDIS_POLL_S,
+            },
         }
     messages = settings.broker_queue_dir
     control_dir = settings.broker_dir / "control"
@@ -155,6 +161,13 @@ def revoke(state: Any, task_id: Any, terminate: bool = False, signal: Any = None
 
 revoke.__doc__ = _celery_revoke.__doc__
 Panel.data["revoke"] = revoke
+
+
+@inspect_command()
+def queue_state(state: Any, **_: Any) -> dict[str, list[dict[str, Any]]]:
+    """The tasks this worker runs (``active``) and holds (``reserved``), in one reply: the
+    Queue view's single broadcast (two would take two timeouts)."""
+    return {"active": Panel.data["active"](state), "reserved": Panel.data["reserved"](state)}
 
 
 # --- recovery -------------------------------------------------------------------------------

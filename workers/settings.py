@@ -16,6 +16,7 @@ from db import data_dir
 GPU_QUEUE = "gpu"
 INTERACTIVE_QUEUE = "interactive"  # short tasks (Playground chat) that never wait behind jobs
 EMBEDDED_POLL_S = 0.1  # how often the embedded broker's folders are read
+REDIS_POLL_S = 0.2  # the longest a Redis BRPOP blocks before it is issued again
 INTERACTIVE_TASKS = ("workers.chat", "workers.audit", "workers.token_diff")
 TASK_FOR_KIND = {kind: f"workers.{kind}" for kind in ("train", "evaluate", "compare")}
 DAY_S = 24 * 3600

@@ -10,7 +10,7 @@ from .helpers import make_batch, make_sample, running_job
 BATCH_SIZE = 8
 CANCEL_AFTER = 12
 READERS = 3
-DEADLINE_S = 45  # the worker runs until it sees the cancel, as a real one does; this only bounds a hang
+DEADLINE_S = 45  # the worker runs until it sees the cancel, as a real one; this bounds a hang
 
 
 def test_worker_writes_while_ui_reads_and_cancels(repo: Repository) -> None:

@@ -1,7 +1,8 @@
 """Real ``celery worker`` processes on Redis and PostgreSQL: clean restarts cost no attempt,
 a frozen owner's writes are refused once recovery gave its job to another worker, a cancelled
 job resumes from its newest version from the shell, a revoke survives a restart, purged jobs
-are sent again (on Redis and on the embedded broker), and a killed worker's rejected batches are replaced, not added, by the retry."""
+are sent again (on Redis and on the embedded broker), and a killed worker's rejected batches
+are replaced, not added, by the retry."""
 
 import json
 import os
@@ -132,6 +133,8 @@ def test_jobs_purged_from_the_embedded_broker_are_sent_again(embedded_stack, tin
     with stack.worker("gpu0"):
         for job in jobs:
             wait_for(lambda j=job: stack.status(j).is_terminal, 120, f"purged job {job}")
+        overview = stack.api("api.queue_overview()")  # one broadcast, over the message files
+        assert (overview["workers_online"], overview["active"]) == (1, [])
     assert [stack.status(job) for job in jobs] == [JobStatus.SUCCEEDED] * 2, stack.log("gpu0")
     assert stack.log("gpu0").count("sent again") == 2
     assert all(stack.repo.get_job(job).attempts == 1 for job in jobs)
