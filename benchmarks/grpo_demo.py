@@ -85,6 +85,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=TARGET_ACCURACY,
         help="the warm-up stops at this held-out accuracy",
     )
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--batch-size", type=int, default=16, help="prompts per step")
+    parser.add_argument("--group-size", type=int, default=8, help="samples per prompt")
+    parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--out", type=Path, help="write the curve as .json or .csv")
     return parser.parse_args(argv)
 
@@ -96,10 +100,10 @@ def make_trainer(policy: Path, run_dir: Path, args: argparse.Namespace) -> GRPOT
         output_dir=str(run_dir),
         task="addition",
         steps=args.steps,
-        batch_size=16,
-        group_size=8,
-        lr=3e-4,
-        temperature=1.0,
+        batch_size=args.batch_size,
+        group_size=args.group_size,
+        lr=args.lr,
+        temperature=args.temperature,
         clip_eps=0.2,
         kl_coef=0.0,
         max_tokens=6,

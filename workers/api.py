@@ -78,7 +78,7 @@ LAUNCH_DEFAULTS: dict[str, Any] = {
     **TRAINER_DEFAULTS,
     "model": DEMO_MODEL,
     "task": "addition",
-    "steps": 300,
+    "steps": 600,
     "batch_size": 16,
     "group_size": 8,
     "lr": 3e-4,
