@@ -124,6 +124,8 @@ def _token_ids(prompt: Any) -> tuple[list[Any], str | None]:
         ids = [t if type(t) is int else as_int(t) for t in prompt]
     except Exception as exc:  # an iterable that fails while read
         return [], f"the prompt could not be read as token ids: {exc}"
+    if all(type(t) is int for t in ids):  # the common case, in one pass
+        return ids, None
     bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int)]
     if bad:
         return ids, f"token ids must be integers, got {[type(t).__name__ for t in bad[:5]]}"

@@ -36,10 +36,10 @@ from workers.jobs import SHUTTING_DOWN
 from workers.settings import (
     DAY_S,
     EMBEDDED_POLL_S,
-    REDIS_POLL_S,
     GPU_QUEUE,
     INTERACTIVE_QUEUE,
     INTERACTIVE_TASKS,
+    REDIS_POLL_S,
     TASK_FOR_KIND,
     Settings,
 )

@@ -191,7 +191,7 @@ class PagedStrategy(AllocationStrategy):
         state.pages = []
         for page in hits:
             self._ref(page)
-            self._map_page(state, page)
+        self._map_pages(state, hits)
         self._append_pages(state, needed)
         state.num_slots = len(token_ids)
         return len(hits) * self.page_size
@@ -294,17 +294,22 @@ class PagedStrategy(AllocationStrategy):
         self.ref_count[page] += 1
 
     def _append_pages(self, state: TaskCacheState, count: int) -> None:
+        pages = []
         for _ in range(count):
             page, _ = self.free_pages.popitem(last=False)
             self.prefix.evict(page)
             self.ref_count[page] = 1
-            self._map_page(state, page)
+            pages.append(page)
+        self._map_pages(state, pages)
 
-    def _map_page(self, state: TaskCacheState, page: int) -> None:
-        """Append `page` to the task's pages and point its table row at the page's slots."""
+    def _map_pages(self, state: TaskCacheState, pages: list[int]) -> None:
+        """Append `pages` to the task's pages and point its table row at their slots (one
+        tensor write for all of them)."""
+        if not pages:
+            return
         start = len(state.pages) * self.page_size
-        end = min(start + self.page_size, self.req_pool.max_seq_len)
-        self.req_pool.table[state.req_slot, start:end] = (
-            page * self.page_size + self._offsets[: end - start]
-        )
-        state.pages.append(page)
+        end = min(start + len(pages) * self.page_size, self.req_pool.max_seq_len)
+        first_slots = torch.tensor(pages, device=self._offsets.device) * self.page_size
+        slots = (first_slots[:, None] + self._offsets).flatten()
+        self.req_pool.table[state.req_slot, start:end] = slots[: end - start]
+        state.pages.extend(pages)

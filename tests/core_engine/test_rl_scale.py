@@ -79,7 +79,7 @@ def test_micro_batches_and_chunks_give_the_same_loss_and_gradients(pair, split):
     if "max_tokens" in split:
         assert parts.micro_batches > 2
     assert parts.loss == pytest.approx(whole.loss, rel=1e-6, abs=1e-6)
-    assert parts.kl == pytest.approx(whole.kl, rel=1e-6)
+    assert parts.kl == pytest.approx(whole.kl, rel=1e-5)  # a sum of ~76 in another fp32 order
     assert parts.clip_fraction == pytest.approx(whole.clip_fraction)
     for name, grad in whole_grads.items():
         # fp32 summation order differs: equal to 1e-5 of the tensor's largest entry.
