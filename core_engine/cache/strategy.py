@@ -202,7 +202,8 @@ class PagedStrategy(AllocationStrategy):
         needed = self.pages_for(num_tokens) - len(state.pages)
         if needed > len(self.free_pages):
             return False
-        self._append_pages(state, needed)
+        if needed > 0:  # most decode steps stay within the last page
+            self._append_pages(state, needed)
         state.num_slots = max(state.num_slots, num_tokens)
         return True
 
