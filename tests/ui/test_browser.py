@@ -11,6 +11,8 @@ copied to ``docs/screenshots/`` for the README. Chromium is required when ``CI=t
 import os
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -73,6 +75,20 @@ def app(tmp_path):
         repo.close()
 
 
+@contextmanager
+def _opened(sync_api, url: str) -> Iterator:
+    """A page of a fresh headless Chromium on ``url``."""
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(20_000)
+            page.goto(url)
+            yield page
+        finally:
+            browser.close()
+
+
 def _choose(page, elem_id: str, option: str | re.Pattern) -> None:
     """Pick an option of a Gradio dropdown."""
     page.locator(f"#{elem_id} input").click()
@@ -96,121 +112,111 @@ def test_launch_watch_inspect_compare(app, tmp_path):
     sync_api = _require_browser()
     expect = sync_api.expect
     url, checkpoint, repo, queue = app
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(20_000)
-            page.goto(url)
+    with _opened(sync_api, url) as page:
+        # Launch: a tiny always-7 job on the checkpoint under the model root, with a
+        # held-out evaluation every 2 versions.
+        _choose(page, "launch-model", str(checkpoint))
+        _choose(page, "launch-task", re.compile("^always7"))
+        for elem_id, value in (
+            ("launch-steps", "8"),
+            ("launch-batch", "4"),
+            ("launch-group", "8"),
+            ("launch-lr", "0.001"),
+            ("launch-max-tokens", "2"),
+        ):
+            page.locator(f"#{elem_id} input").fill(value)
+        page.get_by_text("Held-out accuracy (built-in tasks)").click()
+        page.locator("#launch-heldout-every input").fill("2")
+        page.wait_for_timeout(300)  # let the dropdown lists fade out
+        _shot(page, tmp_path, "launch")
+        page.locator("#launch-button").click()
+        status = page.locator("#launch-status")
+        expect(status).to_contain_text(re.compile(r"Job #1 is (queued|running)"))
 
-            # Launch: a tiny always-7 job on the checkpoint under the model root, with a
-            # held-out evaluation every 2 versions.
-            _choose(page, "launch-model", str(checkpoint))
-            _choose(page, "launch-task", re.compile("^always7"))
-            for elem_id, value in (
-                ("launch-steps", "8"),
-                ("launch-batch", "4"),
-                ("launch-group", "8"),
-                ("launch-lr", "0.001"),
-                ("launch-max-tokens", "2"),
-            ):
-                page.locator(f"#{elem_id} input").fill(value)
-            page.get_by_text("Held-out accuracy (built-in tasks)").click()
-            page.locator("#launch-heldout-every input").fill("2")
-            page.wait_for_timeout(300)  # let the dropdown lists fade out
-            _shot(page, tmp_path, "launch")
-            page.locator("#launch-button").click()
-            status = page.locator("#launch-status")
-            expect(status).to_contain_text(re.compile(r"Job #1 is (queued|running)"))
+        # Jobs: the live table shows it succeed; open it: the held-out curve rose.
+        page.get_by_role("tab", name="Jobs").click()
+        done = _data_rows(page, "jobs-table").filter(has_text="succeeded")
+        expect(done).to_have_count(1, timeout=JOB_TIMEOUT_MS)
+        expect(done).to_contain_text("8/8")
+        done.get_by_role("gridcell").first.click()
+        expect(page.locator("#job-summary")).to_contain_text("Job #1 · train · succeeded")
+        expect(_data_rows(page, "job-batches")).not_to_have_count(0)
+        expect(page.locator("#plot-heldout")).to_be_visible()
+        expect(page.locator("#plot-reward")).to_be_visible()
+        expect(page.locator("#plot-kl")).to_be_hidden()  # no KL coefficient: no flat KL
+        expect(page.locator("#plot-kl-empty")).to_be_hidden()
+        accuracy = [v.metrics.extra.get("heldout_accuracy") for v in repo.list_versions(1)]
+        assert accuracy[0] is not None and accuracy[-1] > accuracy[0]  # it rose
+        page.locator("#job-export").click()
+        csv_link = page.locator("#job-csv a").first
+        expect(csv_link).to_have_attribute("href", re.compile(r"job-1-metrics\.csv$"))
+        page.wait_for_timeout(800)  # let the plots draw
+        _shot(page, tmp_path, "jobs")
 
-            # Jobs: the live table shows it succeed; open it: the held-out curve rose.
-            page.get_by_role("tab", name="Jobs").click()
-            done = _data_rows(page, "jobs-table").filter(has_text="succeeded")
-            expect(done).to_have_count(1, timeout=JOB_TIMEOUT_MS)
-            expect(done).to_contain_text("8/8")
-            done.get_by_role("gridcell").first.click()
-            expect(page.locator("#job-summary")).to_contain_text("Job #1 · train · succeeded")
-            expect(_data_rows(page, "job-batches")).not_to_have_count(0)
-            expect(page.locator("#plot-heldout")).to_be_visible()
-            expect(page.locator("#plot-reward")).to_be_visible()
-            expect(page.locator("#plot-kl")).to_be_hidden()  # no KL coefficient: no flat KL
-            expect(page.locator("#plot-kl-empty")).to_be_hidden()
-            accuracy = [v.metrics.extra.get("heldout_accuracy") for v in repo.list_versions(1)]
-            assert accuracy[0] is not None and accuracy[-1] > accuracy[0]  # it rose
-            page.locator("#job-export").click()
-            csv_link = page.locator("#job-csv a").first
-            expect(csv_link).to_have_attribute("href", re.compile(r"job-1-metrics\.csv$"))
-            page.wait_for_timeout(800)  # let the plots draw
-            _shot(page, tmp_path, "jobs")
+        # Samples: open a trained sample: coloured tokens, per-token diagnostics, audit.
+        page.get_by_role("tab", name="Samples").click()
+        _choose(page, "samples-job", re.compile(r"^#1 train"))
+        page.locator("#samples-min-gap textarea").fill("0")  # trained samples only
+        page.locator("#samples-search").click()
+        expect(page.locator("#samples-info")).to_contain_text("Page 1")
+        rows = _data_rows(page, "samples-table")
+        expect(rows.first).to_be_visible()
+        rows.first.get_by_role("gridcell").first.click()
+        tokens = page.locator("#sample-detail .tok")
+        expect(tokens.first).to_be_visible()
+        for i in range(tokens.count()):
+            token = tokens.nth(i)
+            assert re.match(r"token id \d+ · log-prob -?\d", token.get_attribute("title"))
+            assert "hsl(" in token.get_attribute("style")
+            assert not re.fullmatch(r"⟨\d+⟩", token.inner_text())  # decoded, not ids
+        expect(page.locator("#sample-detail .facts")).to_contain_text("policy version")
+        diagnostics = page.locator("#sample-detail tr.diag")
+        expect(diagnostics).to_have_count(tokens.count())
+        page.locator("#sample-audit-button").click()
+        expect(page.locator("#sample-audit")).to_contain_text("PASS")
+        expect(page.locator("#sample-audit")).to_contain_text("tolerance 0.0001")
+        tokens.first.hover()
+        _shot(page, tmp_path, "sample")
 
-            # Samples: open a trained sample: coloured tokens, per-token diagnostics, audit.
-            page.get_by_role("tab", name="Samples").click()
-            _choose(page, "samples-job", re.compile(r"^#1 train"))
-            page.locator("#samples-min-gap textarea").fill("0")  # trained samples only
-            page.locator("#samples-search").click()
-            expect(page.locator("#samples-info")).to_contain_text("Page 1")
-            rows = _data_rows(page, "samples-table")
-            expect(rows.first).to_be_visible()
-            rows.first.get_by_role("gridcell").first.click()
-            tokens = page.locator("#sample-detail .tok")
-            expect(tokens.first).to_be_visible()
-            for i in range(tokens.count()):
-                token = tokens.nth(i)
-                assert re.match(r"token id \d+ · log-prob -?\d", token.get_attribute("title"))
-                assert "hsl(" in token.get_attribute("style")
-                assert not re.fullmatch(r"⟨\d+⟩", token.inner_text())  # decoded, not ids
-            expect(page.locator("#sample-detail .facts")).to_contain_text("policy version")
-            diagnostics = page.locator("#sample-detail tr.diag")
-            expect(diagnostics).to_have_count(tokens.count())
-            page.locator("#sample-audit-button").click()
-            expect(page.locator("#sample-audit")).to_contain_text("PASS")
-            expect(page.locator("#sample-audit")).to_contain_text("tolerance 0.0001")
-            tokens.first.hover()
-            _shot(page, tmp_path, "sample")
+        # Compare: defaults to versions with samples; the training batches share no
+        # prompt, so the view offers the held-out comparison, runs it, then shows it.
+        page.get_by_role("tab", name="Compare").click()
+        _choose(page, "compare-job", re.compile(r"^#1 train"))
+        expect(page.locator("#compare-b input")).to_have_value("7")  # v8 has no samples
+        page.locator("#compare-button").click()
+        expect(_data_rows(page, "compare-metrics").first).to_contain_text("samples")
+        pairs = page.locator("#compare-pairs")
+        if page.locator("#compare-pairs tr.pair").count() == 0:
+            expect(pairs).to_contain_text("Run the held-out comparison")
+        expect(page.locator("#compare-task input")).to_have_value("always7")  # the job's
+        page.locator("#compare-launch").click()
+        expect(page.locator("#compare-launched")).to_contain_text("Compare job #2")
+        queue.join(timeout=JOB_TIMEOUT_MS / 1000)
+        page.locator("#compare-button").click()
+        expect(pairs).to_contain_text("compare job #2")
+        expect(page.locator("#compare-pairs tr.pair").first).to_be_visible()
+        expect(page.locator("#diff-sample textarea")).not_to_have_value("")
+        page.locator("#diff-button").click()
+        diff = page.locator("#token-diff .diff-tok")
+        expect(diff.first).to_be_visible()
+        assert re.search(r"version 0 -?\d.* · version 7 -?\d", diff.first.get_attribute("title"))
+        page.wait_for_timeout(500)
+        _shot(page, tmp_path, "compare")
 
-            # Compare: defaults to versions with samples; the training batches share no
-            # prompt, so the view offers the held-out comparison, runs it, then shows it.
-            page.get_by_role("tab", name="Compare").click()
-            _choose(page, "compare-job", re.compile(r"^#1 train"))
-            expect(page.locator("#compare-b input")).to_have_value("7")  # v8 has no samples
-            page.locator("#compare-button").click()
-            expect(_data_rows(page, "compare-metrics").first).to_contain_text("samples")
-            pairs = page.locator("#compare-pairs")
-            if page.locator("#compare-pairs tr.pair").count() == 0:
-                expect(pairs).to_contain_text("Run the held-out comparison")
-            expect(page.locator("#compare-task input")).to_have_value("always7")  # the job's
-            page.locator("#compare-launch").click()
-            expect(page.locator("#compare-launched")).to_contain_text("Compare job #2")
-            queue.join(timeout=JOB_TIMEOUT_MS / 1000)
-            page.locator("#compare-button").click()
-            expect(pairs).to_contain_text("compare job #2")
-            expect(page.locator("#compare-pairs tr.pair").first).to_be_visible()
-            expect(page.locator("#diff-sample textarea")).not_to_have_value("")
-            page.locator("#diff-button").click()
-            diff = page.locator("#token-diff .diff-tok")
-            expect(diff.first).to_be_visible()
-            assert re.search(
-                r"version 0 -?\d.* · version 7 -?\d", diff.first.get_attribute("title")
-            )
-            page.wait_for_timeout(500)
-            _shot(page, tmp_path, "compare")
+        # Clone: the job's settings fill the Launch form.
+        page.get_by_role("tab", name="Jobs").click()
+        page.locator("#job-id textarea").fill("1")
+        page.locator("#job-clone").click()
+        expect(page.locator("#launch-steps input")).to_have_value("8")
+        expect(page.locator("#launch-lr input")).to_have_value("0.001")
 
-            # Clone: the job's settings fill the Launch form.
-            page.get_by_role("tab", name="Jobs").click()
-            page.locator("#job-id textarea").fill("1")
-            page.locator("#job-clone").click()
-            expect(page.locator("#launch-steps input")).to_have_value("8")
-            expect(page.locator("#launch-lr input")).to_have_value("0.001")
-
-            # Queue: the database's side shows at once, the workers follow.
-            page.get_by_role("tab", name="Queue").click()
-            summary = page.locator("#queue-summary")
-            # the handler reads the database alone (milliseconds); the margin over the 1 s
-            # target is for the browser round-trip on a loaded 2-core machine
-            expect(summary).to_contain_text("jobs in the database", timeout=2000)
-            expect(summary).to_contain_text("worker(s) online")
-        finally:
-            browser.close()
+        # Queue: the database's side shows at once, the workers follow.
+        page.get_by_role("tab", name="Queue").click()
+        summary = page.locator("#queue-summary")
+        # the handler reads the database alone (milliseconds); the margin over the 1 s
+        # target is for the browser round-trip on a loaded 2-core machine
+        expect(summary).to_contain_text("jobs in the database", timeout=2000)
+        expect(summary).to_contain_text("worker(s) online")
 
 
 def test_the_default_job_shows_learning(app):
@@ -220,23 +226,16 @@ def test_the_default_job_shows_learning(app):
     sync_api = _require_browser()
     expect = sync_api.expect
     url, _, repo, _ = app
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(20_000)
-            page.goto(url)
-            expect(page.locator("#launch-steps input")).to_have_value("600")
-            page.locator("#launch-button").click()
-            expect(page.locator("#launch-status")).to_contain_text(re.compile(r"Job #1 is"))
-            page.get_by_role("tab", name="Jobs").click()
-            job = _data_rows(page, "jobs-table").first
-            expect(job).to_contain_text("building the demo policy", timeout=60_000)
-            expect(job).to_contain_text("ETA", timeout=DEFAULT_JOB_TIMEOUT_MS)
-            expect(job).to_contain_text("succeeded", timeout=DEFAULT_JOB_TIMEOUT_MS)
-            expect(job).to_contain_text("600/600")
-        finally:
-            browser.close()
+    with _opened(sync_api, url) as page:
+        expect(page.locator("#launch-steps input")).to_have_value("600")
+        page.locator("#launch-button").click()
+        expect(page.locator("#launch-status")).to_contain_text(re.compile(r"Job #1 is"))
+        page.get_by_role("tab", name="Jobs").click()
+        job = _data_rows(page, "jobs-table").first
+        expect(job).to_contain_text("building the demo policy", timeout=60_000)
+        expect(job).to_contain_text("ETA", timeout=DEFAULT_JOB_TIMEOUT_MS)
+        expect(job).to_contain_text("succeeded", timeout=DEFAULT_JOB_TIMEOUT_MS)
+        expect(job).to_contain_text("600/600")
     accuracy = [v.metrics.extra.get("heldout_accuracy") for v in repo.list_versions(1)]
     assert accuracy[0] is not None and accuracy[-1] is not None
     assert accuracy[-1] >= accuracy[0] + 0.15, accuracy
