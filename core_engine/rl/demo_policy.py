@@ -8,8 +8,8 @@ GRPO barely learns (almost no group has mixed rewards); from much higher there i
 for it to show.
 
 Seeds differ in when the accuracy jumps, and that decides whether GRPO can take over: measured
-over seeds 0-5 (GRPO lr 3e-4, 16 x 8), the warm-ups that reached 18% within 340-440 steps gave
-policies GRPO lifted by 25-35 points in 1-2 minutes; those that needed 570-870 steps gave
+over seeds 0-7 (GRPO lr 3e-4, 16 x 8), the warm-ups that reached 18% within 340-440 steps gave
+policies GRPO lifted by 25-35 points in 1-2 minutes; those that needed 530 steps or more gave
 policies it left flat or made worse (the same with a lower lr, lr warm-up or a per-digit
 reward). So a seed that has not reached the target within `WarmupSettings.seed_patience` steps
 is dropped for the next one, within the overall step budget.
