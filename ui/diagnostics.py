@@ -7,8 +7,9 @@ from html import escape
 
 from db import SampleDetail
 from ui.render import CELL_STYLE, fmt
+from workers.api import TRAINER_DEFAULTS, clip_active
 
-DEFAULT_CLIP_EPS = 0.2  # `GRPOConfig.clip_eps` when the job's config does not say
+DEFAULT_CLIP_EPS = TRAINER_DEFAULTS["clip_eps"]  # when the job's config does not say
 RATIO_FLAG = 0.1  # |log ratio| from which a token row is highlighted
 
 
@@ -20,12 +21,6 @@ class TokenDiagnostics:
     trainer: float
     ratio: float
     clipped: bool
-
-
-def clip_active(ratio: float, advantage: float, clip_eps: float) -> bool:
-    """Whether PPO's clip zeroes this token's gradient (`core_engine.rl.loss.grpo_loss`'s
-    rule: the ratio left the trust region in the direction the advantage pushes it)."""
-    return (ratio < 1 - clip_eps and advantage < 0) or (ratio > 1 + clip_eps and advantage > 0)
 
 
 def token_diagnostics(detail: SampleDetail, clip_eps: float) -> list[TokenDiagnostics]:

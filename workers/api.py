@@ -13,6 +13,7 @@ from typing import Any
 
 from celery import Celery
 
+from core_engine.rl.clip import clip_active
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data import DataError, load_jsonl
 from core_engine.rl.rewards import BUILTIN_REWARDS, check_reward_spec
@@ -20,15 +21,16 @@ from core_engine.rl.tasks import BUILTIN_TASKS
 from db import JobInfo, JobKind, JobStatus
 from workers.chat import MAX_TEMPERATURE as CHAT_MAX_TEMPERATURE
 from workers.chat import MAX_TOKENS_LIMIT as CHAT_MAX_TOKENS
+from workers.chat import settings_problems as chat_settings_problems
 from workers.commands import COMMANDS as WORKER_COMMANDS
 from workers.commands import add_commands as add_worker_commands
 from workers.commands import run as run_worker_command
-from workers.heldout import DEFAULT_EVERY as HELDOUT_EVERY
-from workers.heldout import DEFAULT_PROMPTS as HELDOUT_PROMPTS
-from workers.heldout import METRIC as HELDOUT_METRIC
 from workers.settings import GPU_QUEUE, Settings
 from workers.specs import (
     DEMO_MODEL,
+    HELDOUT_EVERY,
+    HELDOUT_METRIC,
+    HELDOUT_PROMPTS,
     SpecError,
     check_paths,
     check_sizes,
@@ -53,7 +55,9 @@ __all__ = [
     "audit",
     "cancel_job",
     "chat",
+    "chat_settings_problems",
     "check_reward",
+    "clip_active",
     "count_records",
     "deployment",
     "exposure_problem",

@@ -21,6 +21,21 @@ class ChatProblem(ValueError):
     """Why a turn cannot be answered (shown to the user)."""
 
 
+def settings_problems(temperature: Any, max_tokens: Any, seed: Any) -> list[str]:
+    """What is wrong with a turn's sampling settings: the Playground's bounds, which the UI
+    checks as it reads the form and the worker checks again."""
+    problems = []
+    number = isinstance(temperature, int | float) and not isinstance(temperature, bool)
+    if not number or not 0 <= temperature <= MAX_TEMPERATURE:
+        problems.append(f"temperature must be between 0 and {MAX_TEMPERATURE:g}")
+    whole = isinstance(max_tokens, int) and not isinstance(max_tokens, bool)
+    if not whole or not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
+        problems.append(f"max tokens must be a whole number from 1 to {MAX_TOKENS_LIMIT}")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+        problems.append("seed must be a whole number >= 0")
+    return problems
+
+
 def check_request(messages: Any, temperature: Any, max_tokens: Any, seed: Any) -> SamplingParams:
     """The bounds the UI checks, checked again where the model runs; the turn's sampling."""
     if not isinstance(messages, list) or not messages:
@@ -32,12 +47,9 @@ def check_request(messages: Any, temperature: Any, max_tokens: Any, seed: Any) -
             raise ChatProblem("messages: each needs a text content")
     if sum(len(m["content"]) for m in messages) > MAX_CHAT_CHARS:
         raise ChatProblem(f"the chat is longer than {MAX_CHAT_CHARS} characters: clear it")
-    if not isinstance(temperature, int | float) or not 0 <= temperature <= MAX_TEMPERATURE:
-        raise ChatProblem(f"temperature must be between 0 and {MAX_TEMPERATURE:g}")
-    if not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
-        raise ChatProblem(f"max tokens must be a whole number from 1 to {MAX_TOKENS_LIMIT}")
-    if seed is not None and not isinstance(seed, int):
-        raise ChatProblem("seed must be a whole number")
+    problems = settings_problems(temperature, max_tokens, seed)
+    if problems:
+        raise ChatProblem("; ".join(problems))
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
     problem = params.validation_error()
     if problem:

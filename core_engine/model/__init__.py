@@ -9,6 +9,7 @@ from core_engine.model.loader import (
     default_dtype,
     load_model,
     load_state,
+    save_weights,
 )
 
 __all__ = [
@@ -22,4 +23,5 @@ __all__ = [
     "default_dtype",
     "load_model",
     "load_state",
+    "save_weights",
 ]

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from core_engine.atomic_dir import Writer, atomic_dir, is_staging
-from core_engine.weights import canonical_weights
+from core_engine.model import save_weights
 
 COPIED_FILES = (
     "config.json",
@@ -71,8 +71,7 @@ def save_checkpoint(
     joins the JSON trainer state."""
     final = checkpoint_dir(root, version)
     with atomic_dir(final, writer) as tmp:
-        weights = {k: v.detach().contiguous() for k, v in canonical_weights(model).items()}
-        save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
+        save_weights(model, tmp)
         for name in COPIED_FILES:
             if (Path(source_dir) / name).exists():
                 shutil.copy(Path(source_dir) / name, tmp / name)

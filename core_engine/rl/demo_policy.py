@@ -28,11 +28,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import transformers
-from safetensors.torch import save_file
 
 from core_engine.atomic_dir import atomic_dir
 from core_engine.engine import load_engine
-from core_engine.model import CausalLM, build_model, load_state
+from core_engine.model import CausalLM, build_model, load_state, save_weights
 from core_engine.rl.evaluate import evaluate
 from core_engine.rl.rewards import exact_match
 from core_engine.rl.tasks import addition_records
@@ -154,8 +153,7 @@ def supervised_step(model: CausalLM, optimizer, inputs, targets) -> float:
 def save_policy(path: Path, model: CausalLM, config, tokenizer, info: dict) -> Path:
     """A Hugging Face checkpoint directory, written atomically (`core_engine.atomic_dir`)."""
     with atomic_dir(path) as tmp:
-        weights = {k: v.detach().contiguous() for k, v in canonical_weights(model).items()}
-        save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
+        save_weights(model, tmp)
         config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / INFO_FILE).write_text(json.dumps(info, indent=1))

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from core_engine.rl.clip import clip_active
+
 
 def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
     """rewards [B, G] -> advantages (r - mean) / (population std + eps), and a [B] mask of
@@ -66,7 +68,7 @@ def grpo_loss(
         kl = ((torch.exp(delta) - delta - 1) * weight).sum() / tokens
         loss = loss + kl_coef * kl
     ratio = ratio.detach()
-    active = ((ratio < 1 - clip_eps) & (adv < 0)) | ((ratio > 1 + clip_eps) & (adv > 0))
+    active = clip_active(ratio, adv, clip_eps)
     outside = (ratio - 1).abs() > clip_eps
     return LossOutput(
         loss=loss,

@@ -11,7 +11,7 @@ import pytest
 
 from db import SampleFilter
 from tests.workers.helpers import train_config
-from ui.diagnostics import clip_active, token_diagnostics
+from ui.diagnostics import token_diagnostics
 from ui.handlers.audit import audit_view
 from ui.handlers.clone import clone_form
 from ui.handlers.export import metrics_csv
@@ -59,7 +59,7 @@ def test_the_sample_view_shows_per_token_diagnostics(services, trained):
         strict=True,
     ):
         assert row.ratio == pytest.approx(math.exp(new - old))
-        assert row.clipped == clip_active(row.ratio, detail.advantage, 0.1)
+        assert row.clipped == _clip_stops_gradient(row.ratio, detail.advantage, 0.1)
     assert "clip ε 0.1" in html
 
 
@@ -69,10 +69,22 @@ def test_an_untrained_sample_says_it_has_no_diagnostics(services, job):
     assert "No training diagnostics" in html and 'class="diag"' not in html
 
 
-def test_clip_rule_follows_the_advantage():
-    assert clip_active(1.5, 1.0, 0.2) and not clip_active(1.5, -1.0, 0.2)
-    assert clip_active(0.5, -1.0, 0.2) and not clip_active(0.5, 1.0, 0.2)
-    assert not clip_active(1.1, 1.0, 0.2)
+def _clip_stops_gradient(ratio: float, advantage: float, clip_eps: float) -> bool:
+    """Independent truth: autograd of PPO's surrogate min(r A, clip(r) A) in r is 0."""
+    import torch
+
+    r = torch.tensor(ratio, dtype=torch.float64, requires_grad=True)
+    surrogate = torch.minimum(r * advantage, r.clamp(1 - clip_eps, 1 + clip_eps) * advantage)
+    surrogate.backward()
+    return float(r.grad) == 0.0
+
+
+@pytest.mark.parametrize("ratio", [0.5, 0.79, 0.81, 1.0, 1.1, 1.19, 1.21, 1.5, 3.0])
+@pytest.mark.parametrize("advantage", [-1.3, 0.7])
+def test_clip_rule_is_where_the_surrogate_stops_the_gradient(ratio, advantage):
+    from core_engine.rl.clip import clip_active
+
+    assert clip_active(ratio, advantage, 0.2) == _clip_stops_gradient(ratio, advantage, 0.2)
 
 
 def test_the_samples_filter_finds_large_ratios(services, trained):

@@ -4,6 +4,8 @@ says so."""
 
 import shutil
 
+import pytest
+
 from db import JobStatus
 from tests.workers.helpers import train_config, wait_for
 
@@ -27,3 +29,24 @@ def test_chat_goes_to_the_interactive_worker(stack, tiny_model):
         assert "weights not kept" in gone["problem"]
     assert "Task workers.chat[" in stack.log("chat0")
     assert "Task workers.chat[" not in stack.log("gpu0")
+
+
+def test_the_worker_re_checks_every_setting_it_is_sent():
+    """What a crafted task message could carry, refused before any model is loaded."""
+
+    from workers.chat import ChatProblem, check_request
+
+    assert check_request(HELLO, 0.7, 8, 3).max_tokens == 8
+    for temperature, max_tokens, seed, said in [
+        (True, 8, 0, "temperature must be"),
+        ("0.5", 8, 0, "temperature must be"),
+        (11.0, 8, 0, "temperature must be"),
+        (0.5, 8.0, 0, "max tokens must be"),
+        (0.5, 1025, 0, "max tokens must be"),
+        (0.5, 8, -1, "seed must be"),
+        (0.5, 8, "1", "seed must be"),
+    ]:
+        with pytest.raises(ChatProblem, match=said):
+            check_request(HELLO, temperature, max_tokens, seed)
+    with pytest.raises(ChatProblem, match="role"):
+        check_request([{"role": "tool", "content": "x"}], 0.5, 8, 0)

@@ -11,7 +11,7 @@ from ui.handlers.common import parse_id, parse_number
 from ui.render import fmt, inert, token_spans
 from ui.services import Services
 from ui.tokens import token_texts
-from workers.api import CHAT_MAX_TEMPERATURE, CHAT_MAX_TOKENS
+from workers.api import chat_settings_problems
 
 Message = dict[str, str]
 Reply = tuple[list[Message], str, str, str]  # history, coloured tokens, facts, message box
@@ -27,18 +27,16 @@ def _settings(
     """The sampling settings, or one `PlaygroundError` naming every problem."""
     problems = []
     value = tokens = seed_value = None
-    with contextlib.suppress(InvalidValue):  # said below, in the bounds' words
+    with contextlib.suppress(InvalidValue):  # said by the bounds below
         value = parse_number(temperature, "temperature")
-    if value is None or not 0 <= value <= CHAT_MAX_TEMPERATURE:
-        problems.append(f"temperature must be between 0 and {CHAT_MAX_TEMPERATURE:g}")
     with contextlib.suppress(InvalidValue):
         tokens = parse_number(max_tokens, "max tokens")
-    if tokens is None or tokens != int(tokens) or not 1 <= tokens <= CHAT_MAX_TOKENS:
-        problems.append(f"max tokens must be a whole number from 1 to {CHAT_MAX_TOKENS}")
     try:
         seed_value = parse_id(seed, "seed")
     except InvalidValue as exc:
         problems.append(str(exc))
+    whole_tokens = int(tokens) if tokens is not None and tokens == int(tokens) else tokens
+    problems = chat_settings_problems(value, whole_tokens, seed_value) + problems
     if problems:
         raise PlaygroundError("; ".join(problems))
     return value, int(tokens), seed_value
