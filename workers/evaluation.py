@@ -1,19 +1,25 @@
 """Evaluate and compare jobs: generate on a prompt set with saved versions, store the samples
 (stamped with the evaluated version) and the metrics (a version row of the evaluation job)
-together, so a version row means its samples are stored (a redelivered job skips it)."""
+together, so a version row means its samples are stored (a redelivered job skips it). And a
+train job's held-out accuracy (`HeldoutEval`, settings in `workers.specs.heldout_settings`)."""
 
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from core_engine.rl.evaluate import evaluate
 from core_engine.rl.rewards import resolve_reward
 from core_engine.rl.tasks import default_reward, prompt_records
+from core_engine.task import SamplingParams
 from db import JobInfo, PolicyMetrics, PolicyVersionRecord, Repository
 from workers.engines import engine_cache, resolve_model, saved_version
 from workers.jobs import JobControl, Outcome
 from workers.records import sample_records, split_batch
 from workers.settings import Settings
-from workers.specs import EvalSettings, compare_spec, evaluate_spec
+from workers.specs import EvalSettings, HeldoutSettings, compare_spec, evaluate_spec
+
+HELDOUT_SEED = 2  # the demo policy's held-out problems (its warm-up never trains on them)
 
 
 @dataclass(frozen=True)
@@ -91,3 +97,33 @@ def run_compare(repo: Repository, job: JobInfo, settings: Settings, control: Job
         evaluate_target(repo, job.id, target, spec.eval, settings, step, control.fence)
     control.report(len(targets), len(targets))
     return Outcome("succeeded")
+
+
+class HeldoutEval:
+    """The job's held-out prompts and their greedy accuracy: the task's own reward (never a
+    job's custom reward: accuracy is the task's measure, and no user code runs here). Prompts
+    never drawn for training come first; a task with few distinct prompts (``always7``) has to
+    reuse training ones."""
+
+    def __init__(
+        self,
+        task: str,
+        settings: HeldoutSettings,
+        max_tokens: int,
+        train_records: Sequence[Mapping[str, str]],
+    ) -> None:
+        count = settings.prompts
+        seen = {(r.get("instruction", ""), r.get("input", "")) for r in train_records}
+        drawn = prompt_records(task, None, 2 * count, HELDOUT_SEED)
+        unseen = [r for r in drawn if (r.get("instruction", ""), r.get("input", "")) not in seen]
+        self.records = (unseen + [r for r in drawn if r not in unseen])[:count]
+        self.settings = settings
+        self.task = task
+        self.max_tokens = max_tokens
+
+    def accuracy(self, engine: Any) -> float:
+        """Mean task reward of the engine's greedy answers (its current, acknowledged
+        weights)."""
+        reward = resolve_reward(default_reward(self.task))
+        params = SamplingParams(temperature=0, max_tokens=self.max_tokens)
+        return evaluate(engine, self.records, reward, params).mean_reward

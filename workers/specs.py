@@ -20,7 +20,7 @@ or the data dir, an ``output_dir`` under the data dir; links are resolved first.
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -109,11 +109,9 @@ def _split(config: dict[str, Any], own: set[str]) -> tuple[dict[str, Any], EvalS
 
 def train_config(config: dict[str, Any], output_dir: str) -> GRPOConfig:
     """The trainer's config for a worker-run job (checkpoint every version, resume); the
-    held-out settings (`workers.heldout`) are the worker's, not the trainer's."""
-    from workers.heldout import KEYS, heldout_settings
-
+    held-out settings (`heldout_settings`) are the worker's, not the trainer's."""
     heldout_settings(config)
-    trainer = {k: v for k, v in config.items() if k not in KEYS}
+    trainer = {k: v for k, v in config.items() if k not in HELDOUT_KEYS}
     values = {"output_dir": output_dir, **trainer, "checkpoint_every": 1, "resume": True}
     try:
         return GRPOConfig.from_dict(values)
@@ -244,3 +242,40 @@ def check_paths(config: dict[str, Any], settings: Settings) -> None:
     output = config.get("output_dir")
     if isinstance(output, str) and not is_under(Path(output), (settings.data_dir,)):
         raise SpecError(f"output_dir: {output} is not under the data directory")
+
+
+# Held-out accuracy during training (`workers.evaluation.HeldoutEval`): every ``heldout_every``
+# versions (default for a built-in task; 0 = off, the only choice for JSONL data) the colocated
+# engine answers ``heldout_prompts`` held-out prompts of the job's task greedily; the accuracy
+# is stored with the version (``heldout_accuracy`` among its metrics). These settings are the
+# worker's, not the trainer's.
+HELDOUT_EVERY = 10
+HELDOUT_PROMPTS = 200
+MAX_HELDOUT_PROMPTS = 2000
+HELDOUT_KEYS = ("heldout_every", "heldout_prompts")
+HELDOUT_METRIC = "heldout_accuracy"
+
+
+@dataclass(frozen=True)
+class HeldoutSettings:
+    every: int
+    prompts: int
+
+    def due(self, version: int, last: int) -> bool:
+        """Whether ``version`` is evaluated: every ``every``-th one, the first and the last."""
+        return bool(self.every) and (version % self.every == 0 or version == last)
+
+
+def heldout_settings(config: Mapping[str, Any]) -> HeldoutSettings:
+    """The held-out settings of a train job's config (`SpecError` if they are unusable)."""
+    default = HELDOUT_EVERY if config.get("task") is not None else 0
+    every = config.get("heldout_every", default)
+    prompts = config.get("heldout_prompts", HELDOUT_PROMPTS)
+    for name, value in (("heldout_every", every), ("heldout_prompts", prompts)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise SpecError(f"{name} must be a whole number >= 0")
+    if every and config.get("task") is None:
+        raise SpecError("heldout_every needs a built-in task (held-out prompts come from it)")
+    if not 1 <= prompts <= MAX_HELDOUT_PROMPTS:
+        raise SpecError(f"heldout_prompts must be from 1 to {MAX_HELDOUT_PROMPTS}")
+    return HeldoutSettings(every, prompts)

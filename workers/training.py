@@ -22,12 +22,11 @@ from core_engine.rl.trainer import GRPOTrainer, TrainingError
 from core_engine.weights import model_checksum
 from db import JobInfo, PolicyMetrics, PolicyVersionRecord, Repository
 from workers.engines import demo_is_built, resolve_model
-from workers.heldout import METRIC as HELDOUT_METRIC
-from workers.heldout import HeldoutEval, heldout_settings
+from workers.evaluation import HeldoutEval
 from workers.jobs import JobControl, Outcome
 from workers.records import policy_metrics, trainer_batches
 from workers.settings import Settings
-from workers.specs import DEMO_MODEL, train_config
+from workers.specs import DEMO_MODEL, HELDOUT_METRIC, heldout_settings, train_config
 
 WARMUP_PHASE = "building the demo policy"
 

@@ -7,9 +7,9 @@ import pytest
 from core_engine.engine import load_engine
 from core_engine.rl.tasks import prompt_records
 from tests.workers.helpers import train_config
-from workers.heldout import HeldoutEval, HeldoutSettings, heldout_settings
+from workers.evaluation import HeldoutEval
 from workers.jobs import run_job
-from workers.specs import SpecError, validate
+from workers.specs import HeldoutSettings, SpecError, heldout_settings, validate
 
 
 def test_heldout_accuracy_is_stored_every_n_versions(repo, settings, tmp_path):
