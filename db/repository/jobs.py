@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
 
 from db.enums import JobKind, JobStatus, coerce
 from db.errors import InvalidTransition, InvalidValue
@@ -95,11 +95,7 @@ class JobsMixin(RepositoryBase):
     ) -> list[JobInfo]:
         """Jobs, newest first."""
         check_limit(limit)
-        statement = select(Job).order_by(Job.id.desc()).limit(limit)
-        if status is not None:
-            statement = statement.where(Job.status == coerce(JobStatus, status, "status"))
-        if kind is not None:
-            statement = statement.where(Job.kind == coerce(JobKind, kind, "kind"))
+        statement = _of(select(Job), status, kind).order_by(Job.id.desc()).limit(limit)
         with self._read() as session:
             return [job_info(job) for job in session.scalars(statement)]
 
@@ -107,11 +103,7 @@ class JobsMixin(RepositoryBase):
         self, status: JobStatus | str | None = None, kind: JobKind | str | None = None
     ) -> int:
         """How many jobs there are (of ``status`` and ``kind``, if given)."""
-        statement = select(func.count()).select_from(Job)
-        if status is not None:
-            statement = statement.where(Job.status == coerce(JobStatus, status, "status"))
-        if kind is not None:
-            statement = statement.where(Job.kind == coerce(JobKind, kind, "kind"))
+        statement = _of(select(func.count()).select_from(Job), status, kind)
         with self._read() as session:
             return session.scalar(statement)
 
@@ -225,3 +217,12 @@ class JobsMixin(RepositoryBase):
             if job.status in (JobStatus.RUNNING, JobStatus.CANCELLING):
                 raise InvalidTransition(job.id, job.status.value, "be deleted")
             session.delete(job)
+
+
+def _of(statement: Select, status: JobStatus | str | None, kind: JobKind | str | None) -> Select:
+    """``statement`` narrowed to the jobs of ``status`` and ``kind`` (None: any)."""
+    if status is not None:
+        statement = statement.where(Job.status == coerce(JobStatus, status, "status"))
+    if kind is not None:
+        statement = statement.where(Job.kind == coerce(JobKind, kind, "kind"))
+    return statement
