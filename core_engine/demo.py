@@ -16,7 +16,7 @@ import torch
 from core_engine.engine import load_engine
 from core_engine.prompts import chat_prompt_ids
 from core_engine.scheduler import EngineConfig, InferenceScheduler
-from core_engine.task import SamplingParams
+from core_engine.task import KV_STRATEGIES, SamplingParams
 from core_engine.toy import save_tiny_checkpoint
 from core_engine.weights import canonical_weights, weights_checksum
 
@@ -33,7 +33,7 @@ def demo_checkpoint(data_dir: Path) -> Path:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", type=Path, help="local Hugging Face checkpoint directory")
-    parser.add_argument("--kv-strategy", default="paged", choices=["paged", "contiguous"])
+    parser.add_argument("--kv-strategy", default="paged", choices=KV_STRATEGIES)
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument(
         "--data-dir", type=Path, default=Path("data"), help="where the small checkpoint is built"

@@ -14,6 +14,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+# The KV pool's layouts (`core_engine.cache.pool`), named here so that torch-free callers (job
+# validation, the UI's form) offer and check the same ones.
+KV_STRATEGIES = ("paged", "contiguous")
+
 
 class FinishReason(enum.StrEnum):
     STOP = "stop"

@@ -18,6 +18,7 @@ from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data import DataError, load_jsonl
 from core_engine.rl.rewards import BUILTIN_REWARDS, check_reward_spec
 from core_engine.rl.tasks import BUILTIN_TASKS
+from core_engine.task import KV_STRATEGIES
 from db import JobInfo, JobKind, JobStatus
 from workers.chat import MAX_TEMPERATURE as CHAT_MAX_TEMPERATURE
 from workers.chat import MAX_TOKENS_LIMIT as CHAT_MAX_TOKENS
@@ -45,6 +46,7 @@ __all__ = [
     "COMMANDS",
     "DEMO_MODEL",
     "HELDOUT_METRIC",
+    "KV_STRATEGIES",
     "LAUNCH_DEFAULTS",
     "REWARDS",
     "TASKS",

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from core_engine.rl.demo_policy import HELDOUT_SEED  # problems its warm-up never trains on
 from core_engine.rl.evaluate import evaluate
 from core_engine.rl.rewards import resolve_reward
 from core_engine.rl.tasks import default_reward, prompt_records
@@ -18,8 +19,6 @@ from workers.jobs import JobControl, Outcome
 from workers.records import sample_records, split_batch
 from workers.settings import Settings
 from workers.specs import EvalSettings, HeldoutSettings, compare_spec, evaluate_spec
-
-HELDOUT_SEED = 2  # the demo policy's held-out problems (its warm-up never trains on them)
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,7 @@ from core_engine.cache.strategy import (
     PagedStrategy,
     TaskCacheState,
 )
-
-KV_STRATEGIES = ("paged", "contiguous")
+from core_engine.task import KV_STRATEGIES
 
 
 class KVPool:

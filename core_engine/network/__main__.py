@@ -22,6 +22,7 @@ import uvicorn
 from core_engine.engine import DTYPES, load_engine
 from core_engine.network.app import create_app
 from core_engine.scheduler import EngineConfig
+from core_engine.task import KV_STRATEGIES
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -32,7 +33,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--served-model-name", help="the API's model id (default: --model)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--kv-strategy", choices=("paged", "contiguous"), default="paged")
+    parser.add_argument("--kv-strategy", choices=KV_STRATEGIES, default="paged")
     parser.add_argument("--max-batch-size", type=int, default=EngineConfig.max_batch_size)
     parser.add_argument("--max-seq-len", type=int, help="default: the model's context")
     parser.add_argument("--kv-cache-bytes", type=int, help="KV budget (default: see README)")

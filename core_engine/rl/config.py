@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from core_engine.rl.rewards import check_reward_spec
-from core_engine.task import SamplingParams
+from core_engine.task import KV_STRATEGIES, SamplingParams
 
 ENGINE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 OPTIMIZER_STATE_DTYPES = ("float32", "bfloat16")  # AdamW moments (core_engine.rl.optimizer)
@@ -87,6 +87,8 @@ class GRPOConfig:
             problems.append("lr must be > 0")
         sampling = SamplingParams(temperature=self.temperature, top_p=self.top_p)
         problems.extend(filter(None, [sampling.validation_error()]))
+        if self.kv_strategy not in KV_STRATEGIES:
+            problems.append(f"kv_strategy must be one of {', '.join(KV_STRATEGIES)}")
         if self.reject_scope not in ("batch", "group"):
             problems.append("reject_scope must be 'batch' or 'group'")
         if self.max_policy_lag < 0 or self.checkpoint_every < 0 or self.clip_eps <= 0:

@@ -18,6 +18,8 @@ def test_train_configs_are_checked_with_the_trainer_rules():
         validate("train", {"model": "m"})
     with pytest.raises(SpecError, match="unknown config keys"):
         validate("train", {"model": "m", "task": "always7", "stepz": 1})
+    with pytest.raises(SpecError, match="kv_strategy must be one of paged, contiguous"):
+        validate("train", {"model": "m", "task": "always7", "kv_strategy": "radix"})
 
 
 def test_evaluate_and_compare_configs():

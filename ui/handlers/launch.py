@@ -14,7 +14,6 @@ from workers import api
 TASK_SOURCE = "built-in task"
 JSONL_SOURCE = "JSONL file"
 TASK_DEFAULT_REWARD = "task default"
-KV_STRATEGIES = ("paged", "contiguous")
 OUTPUT_DIR_PLACEHOLDER = "(chosen by the worker)"
 # The form's fields, in `train_config`'s order (also what "Clone job" fills in).
 FORM_FIELDS = (
@@ -219,8 +218,8 @@ def train_config(
             if value not in (None, ""):
                 config[name] = _number(name, value, True, problems)
     config.update({name: _number(name, value, False, problems) for name, value in real.items()})
-    if kv_strategy not in KV_STRATEGIES:
-        problems.append(f"kv_strategy: choose one of {', '.join(KV_STRATEGIES)}")
+    if kv_strategy not in api.KV_STRATEGIES:
+        problems.append(f"kv_strategy: choose one of {', '.join(api.KV_STRATEGIES)}")
     config["kv_strategy"] = kv_strategy
     if not problems:
         try:

@@ -7,7 +7,6 @@ import gradio as gr
 from ui.handlers.launch import (
     FORM_FIELDS,
     JSONL_SOURCE,
-    KV_STRATEGIES,
     TASK_DEFAULT_REWARD,
     TASK_SOURCE,
     dataset_choices,
@@ -82,7 +81,7 @@ def build(services: Services) -> dict[str, gr.components.Component]:
         )
         max_policy_lag = gr.Number(d["max_policy_lag"], label="Max policy lag", precision=0)
     with gr.Accordion("More", open=False), gr.Row():
-        kv_strategy = gr.Dropdown(list(KV_STRATEGIES), value=d["kv_strategy"], label="KV cache")
+        kv_strategy = gr.Dropdown(list(api.KV_STRATEGIES), value=d["kv_strategy"], label="KV cache")
         clip_eps = gr.Number(d["clip_eps"], label="Clip ε")
         kl_coef = gr.Number(d["kl_coef"], label="KL coefficient")
         seed = gr.Number(d["seed"], label="Seed", precision=0)

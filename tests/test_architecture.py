@@ -1,0 +1,97 @@
+"""The map of DESIGN.md holds in the tree: ``ui -> workers -> core_engine``, ``ui -> db``,
+``workers -> db``, nothing upward; no import cycle between modules; no module over 350 lines."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("core_engine", "db", "workers", "ui")
+MAY_IMPORT = {
+    "core_engine": {"core_engine"},
+    "db": {"db"},
+    "workers": {"workers", "core_engine", "db"},
+    "ui": {"ui", "workers", "db"},
+}
+MAX_LINES = 350
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _imports(path: Path, module: str, everywhere: bool) -> set[str]:
+    """The absolute names ``path`` imports: all of them, or only those run at import time
+    (module level, outside ``if TYPE_CHECKING``)."""
+    tree = ast.parse(path.read_text())
+    nodes = ast.walk(tree) if everywhere else _import_time(tree.body)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+            names.add(base)
+    return names
+
+
+def _import_time(body: list[ast.stmt]):
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
+            yield from _import_time(node.body + node.orelse)
+        elif isinstance(node, ast.Try):
+            yield from _import_time(node.body)
+
+
+def test_no_layer_imports_upward():
+    wrong = []
+    for module, path in _modules().items():
+        layer = module.partition(".")[0]
+        for name in _imports(path, module, everywhere=True):
+            target = name.partition(".")[0]
+            if target in PACKAGES and target not in MAY_IMPORT[layer]:
+                wrong.append(f"{module} imports {name}")
+    assert not wrong
+
+
+def test_no_import_cycle_between_modules():
+    modules = _modules()
+    graph = {
+        module: {name for name in _imports(path, module, everywhere=False) if name in modules}
+        - {module}
+        for module, path in modules.items()
+    }
+    done: set[str] = set()
+
+    def visit(module: str, trail: list[str]) -> None:
+        if module in trail:
+            raise AssertionError("import cycle: " + " -> ".join([*trail, module]))
+        if module in done:
+            return
+        for target in sorted(graph[module]):
+            if not module.startswith(target + "."):  # a package's own __init__
+                visit(target, [*trail, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+
+
+def test_no_module_is_over_350_lines():
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in _modules().values()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long
