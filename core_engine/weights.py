@@ -1,4 +1,5 @@
-"""Weight sets: the canonical tensors of a model, their checksum, and validation of updates.
+"""Weight sets: the canonical tensors of a model, their file, their checksum, and validation
+of updates.
 
 The checksum is SHA-256 over (name, dtype, shape, bytes) of every canonical tensor in name
 order. The trainer computes it over the weights it sends and compares it with the engine's
@@ -9,8 +10,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
 
@@ -28,6 +31,13 @@ def canonical_weights(model: nn.Module) -> dict[str, torch.Tensor]:
         seen.add(id(tensor))
         weights[name] = tensor
     return weights
+
+
+def save_weights(model: nn.Module, directory: Path) -> None:
+    """The model's canonical weights (tied copies once) as ``directory/model.safetensors``,
+    which `load_model` and Hugging Face read back."""
+    weights = {k: v.detach().contiguous() for k, v in canonical_weights(model).items()}
+    save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
 
 
 def model_checksum(model: nn.Module) -> str:

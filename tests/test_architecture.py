@@ -95,3 +95,30 @@ def test_no_module_is_over_350_lines():
         if (n := len(path.read_text().splitlines())) > MAX_LINES
     }
     assert not long
+
+
+# Inside core_engine (DESIGN.md): the model imports nothing else of the project, the KV cache
+# at most the model's config; the runtime sits below the scheduler; rl and network are peers.
+ONLY = {
+    "core_engine.model": ("core_engine.model",),
+    "core_engine.cache": ("core_engine.cache", "core_engine.model.config"),
+}
+NEVER = {
+    "core_engine.runtime": ("core_engine.scheduler", "core_engine.serving", "core_engine.rl"),
+    "core_engine.rl": ("core_engine.network",),
+    "core_engine.network": ("core_engine.rl",),
+}
+
+
+def test_core_engine_layers():
+    wrong = []
+    for module, path in _modules().items():
+        part = ".".join(module.split(".")[:2])
+        for name in _imports(path, module, everywhere=True):
+            if not name.startswith("core_engine"):
+                continue
+            if part in ONLY and not name.startswith(ONLY[part]):
+                wrong.append(f"{module} imports {name}")
+            if name.startswith(NEVER.get(part, ("-",))):
+                wrong.append(f"{module} imports {name}")
+    assert not wrong

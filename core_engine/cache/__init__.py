@@ -1,7 +1,7 @@
 """KV cache: physical buffer, allocation strategies, prefix cache and the pool."""
 
 from core_engine.cache.buffer import KVBuffer, RequestPool
-from core_engine.cache.pool import KV_STRATEGIES, KVPool, TaskCacheManager
+from core_engine.cache.pool import KVPool, TaskCacheManager
 from core_engine.cache.strategy import (
     AllocationStrategy,
     ContiguousStrategy,
@@ -10,7 +10,6 @@ from core_engine.cache.strategy import (
 )
 
 __all__ = [
-    "KV_STRATEGIES",
     "AllocationStrategy",
     "ContiguousStrategy",
     "KVBuffer",

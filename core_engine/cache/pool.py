@@ -14,7 +14,6 @@ from core_engine.cache.strategy import (
     PagedStrategy,
     TaskCacheState,
 )
-from core_engine.task import KV_STRATEGIES
 
 
 class KVPool:
@@ -42,7 +41,7 @@ class KVPool:
         elif strategy == "contiguous":
             self._strategy = ContiguousStrategy(self._req_pool)
         else:
-            raise ValueError(f"unknown KV strategy {strategy!r}; choose one of {KV_STRATEGIES}")
+            raise ValueError(f"unknown KV strategy {strategy!r}; choose paged or contiguous")
         # One slot past the strategy's: a scratch slot that absorbs the K/V writes of padded
         # rows (CUDA-graph batches); no table ever points a real token at it.
         self.scratch_slot = self._strategy.num_slots

@@ -9,7 +9,6 @@ from core_engine.model.loader import (
     default_dtype,
     load_model,
     load_state,
-    save_weights,
 )
 
 __all__ = [
@@ -23,5 +22,4 @@ __all__ = [
     "default_dtype",
     "load_model",
     "load_state",
-    "save_weights",
 ]

@@ -1,5 +1,4 @@
-"""Build the decoder from a config, load it from a local Hugging Face checkpoint directory, and
-save its weights there.
+"""Build the decoder from a config, or load it from a local Hugging Face checkpoint directory.
 
 Weights are read from safetensors only (never pickle), by parameter name.
 """
@@ -11,11 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from core_engine.model.config import ModelConfig
 from core_engine.model.decoder import CausalLM
-from core_engine.weights import canonical_weights
 
 
 def default_dtype(device: str | torch.device) -> torch.dtype:
@@ -70,13 +68,6 @@ def load_model(
         state.update(load_file(file))
     load_state(model, state)
     return model
-
-
-def save_weights(model: torch.nn.Module, directory: Path) -> None:
-    """The model's canonical weights (tied copies once) as ``directory/model.safetensors``,
-    which `load_model` and Hugging Face read back."""
-    weights = {k: v.detach().contiguous() for k, v in canonical_weights(model).items()}
-    save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
 
 
 def _safetensors_files(path: Path) -> list[Path]:

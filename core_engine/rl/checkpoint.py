@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from core_engine.atomic_dir import Writer, atomic_dir, is_staging
-from core_engine.model import save_weights
+from core_engine.weights import save_weights
 
 COPIED_FILES = (
     "config.json",

@@ -31,14 +31,14 @@ import transformers
 
 from core_engine.atomic_dir import atomic_dir
 from core_engine.engine import load_engine
-from core_engine.model import CausalLM, build_model, load_state, save_weights
+from core_engine.model import CausalLM, build_model, load_state
 from core_engine.rl.evaluate import evaluate
 from core_engine.rl.rewards import exact_match
 from core_engine.rl.tasks import addition_records
 from core_engine.scheduler import EngineConfig, InferenceScheduler
 from core_engine.task import SamplingParams
 from core_engine.toy import char_tokenizer, tiny_config
-from core_engine.weights import canonical_weights
+from core_engine.weights import canonical_weights, save_weights
 
 DEMO_ALPHABET = "0123456789+="
 # Renders only the user turns: the prompt is exactly `a+b=`.

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from core_engine.cache import KVPool, TaskCacheManager
+from core_engine.task import KV_STRATEGIES
 
 
 def make_manager(strategy="paged", num_pages=8, page_size=4, max_requests=4, max_seq_len=32):
@@ -20,6 +21,15 @@ def make_manager(strategy="paged", num_pages=8, page_size=4, max_requests=4, max
         num_pages=num_pages,
     )
     return TaskCacheManager(pool)
+
+
+def test_the_pool_builds_every_strategy_jobs_may_name_and_refuses_others():
+    """`KV_STRATEGIES` (what job validation and the UI offer) is what the pool implements."""
+    for name in KV_STRATEGIES:
+        manager = make_manager(name)
+        assert manager.allocate(1, list(range(5)), version=0) == 0 and manager.holds(1)
+    with pytest.raises(ValueError, match="unknown KV strategy 'radix'"):
+        make_manager("radix")
 
 
 def test_pool_exposes_strategy_and_request_pool():
