@@ -17,7 +17,6 @@ rewards) costs its time and counts no step.
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_grpo.py --json bench_grpo.json
 """
 
-# ruff: noqa: E402  (torch is imported after the CPU numerics are pinned)
 from __future__ import annotations
 
 import argparse
@@ -31,14 +30,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
-from core_engine.numerics import pin_cpu_numerics
-
-pin_cpu_numerics()  # before torch: the demo policy as every machine with AVX2 builds it
-
 import torch
 from transformers import TrainerCallback
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 import db
 from core_engine.rl.config import GRPOConfig

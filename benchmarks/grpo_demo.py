@@ -9,7 +9,6 @@ included. Accuracy swings between evaluations, so a moving average is shown too.
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/grpo_demo.py --minutes 10 --out curve.json
 """
 
-# ruff: noqa: E402  (torch is imported after the CPU numerics are pinned)
 from __future__ import annotations
 
 import argparse
@@ -20,13 +19,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
-from core_engine.numerics import pin_cpu_numerics
-
-pin_cpu_numerics()  # before torch: the demo policy as every machine with AVX2 builds it
-
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 import db
 from core_engine.rl.config import GRPOConfig

@@ -7,12 +7,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-from core_engine.numerics import pin_cpu_numerics
-
-pin_cpu_numerics()  # before torch: the arithmetic of every machine with AVX2
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 torch.set_num_threads(1)
 

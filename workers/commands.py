@@ -22,8 +22,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from core_engine.numerics import pin_cpu_numerics
-
 COMMANDS = ("worker", "db", "train", "submit", "jobs", "resume", "cancel", "audit")
 DEFAULT_AUDIT_SAMPLES = 20
 WORKER_ARGS = ["--pool=threads", "--concurrency=1", "--queues=gpu"]
@@ -109,16 +107,8 @@ def worker_argv(extra: list[str], interactive: bool = False) -> list[str]:
     return ["worker", *role, *embedded, "--loglevel=INFO", *extra]
 
 
-def prepare_torch_process() -> None:
-    """What a process that will run torch sets before torch is imported: one OpenMP thread
-    (see workers/README.md) and the same CPU arithmetic on every machine
-    (`core_engine.numerics`: the demo policy's warm-up then ends alike everywhere)."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    pin_cpu_numerics()
-
-
 def run_worker(extra: list[str], interactive: bool = False) -> int:
-    prepare_torch_process()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     from workers.app import app
 
     app.worker_main(worker_argv(extra, interactive))
@@ -144,7 +134,7 @@ def _print_progress(meta: dict[str, Any]) -> None:
 
 def run_train(path: Path) -> int:
     """Create a train job for ``path`` and run it in this process."""
-    prepare_torch_process()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     from db import migrate
     from workers.app import repository
     from workers.jobs import run_job

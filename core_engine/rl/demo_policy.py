@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -252,8 +251,5 @@ def build_demo_policy(
         "total_seconds": round(time.perf_counter() - start, 1),
         "target_accuracy": target_accuracy,
         "reached_target": result.accuracy >= target_accuracy,
-        # the arithmetic that decided the result (`core_engine.numerics`)
-        "cpu_kernels": torch.backends.cpu.get_cpu_capability(),
-        "mkl_cbwr": os.environ.get("MKL_CBWR"),
     }
     return save_policy(path, model.eval(), config, tokenizer, info)
