@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(1)
     data_dir = db.data_dir()
-    policy = build_demo_policy(data_dir / "demo-policy", seed=args.seed)
+    policy = build_demo_policy(data_dir / "demo-policy")
     print(f"threads {torch.get_num_threads()}, policy {policy}")
     results = measure(policy, args)
     print_table({k: v for k, v in results.items() if k in ("ours", "trl")})

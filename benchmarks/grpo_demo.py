@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 import db
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.demo_policy import (
+    DEMO_SEEDS,
     TARGET_ACCURACY,
     build_demo_policy,
     greedy_accuracy,
@@ -78,7 +79,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--warmup-minutes", type=float, default=None, help="optional warm-up time budget"
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="GRPO's seed")
+    parser.add_argument(
+        "--warmup-seed",
+        type=int,
+        help="warm up this seed alone (default: the demo policy's seeds, `DEMO_SEEDS`)",
+    )
     parser.add_argument(
         "--target-accuracy",
         type=float,
@@ -176,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     data_dir = db.data_dir()
     policy = build_demo_policy(
         data_dir / "demo-policy",
-        seed=args.seed,
+        seeds=DEMO_SEEDS if args.warmup_seed is None else (args.warmup_seed,),
         target_accuracy=args.target_accuracy,
         max_minutes=args.warmup_minutes,
         log=print,

@@ -78,15 +78,20 @@ def test_a_seed_short_of_the_target_gives_way_to_the_next(tmp_path):
     lines = []
     impatient = dataclasses.replace(TINY, seed_patience=2)
     path = build_demo_policy(
-        tmp_path / "p", target_accuracy=1.01, max_steps=5, settings=impatient, log=lines.append
+        tmp_path / "p",
+        seeds=(5, 0, 2, 9),
+        target_accuracy=1.01,
+        max_steps=5,
+        settings=impatient,
+        log=lines.append,
     )
     info = json.loads((path / INFO_FILE).read_text())
-    assert info["seeds_tried"] == [0, 1, 2]  # 2 + 2 + the last step of the budget
+    assert info["seeds_tried"] == [5, 0, 2]  # 2 + 2 + the last step of the budget
     assert (info["seed"], info["steps"], info["total_steps"]) == (2, 1, 5)
     assert info["reached_target"] is False
-    assert "seed 0 short of 101% after 2 steps: next seed" in lines
+    assert "seed 5 short of 101% after 2 steps: next seed" in lines
     assert any(line.startswith("warm-up seed 2, step 1:") for line in lines)
-    fresh = build_demo_policy(tmp_path / "q", seed=2, max_steps=1, settings=TINY)
+    fresh = build_demo_policy(tmp_path / "q", seeds=(2,), max_steps=1, settings=TINY)
     first, second = load_file(path / "model.safetensors"), load_file(fresh / "model.safetensors")
     assert all(torch.equal(first[k], second[k]) for k in first)  # seed 2's own first step
 
@@ -94,4 +99,4 @@ def test_a_seed_short_of_the_target_gives_way_to_the_next(tmp_path):
 def test_a_seed_that_reaches_the_target_is_kept(tmp_path):
     path = build_demo_policy(tmp_path / "p", target_accuracy=0.0, max_steps=50, settings=TINY)
     info = json.loads((path / INFO_FILE).read_text())
-    assert (info["seeds_tried"], info["steps"], info["reached_target"]) == ([0], 0, True)
+    assert (info["seeds_tried"], info["steps"], info["reached_target"]) == ([2], 0, True)
