@@ -34,7 +34,7 @@ CHROMIUM_ARGS = [
 ]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 JOB_TIMEOUT_MS = 90_000
-DEFAULT_JOB_TIMEOUT_MS = 480_000  # first-use warm-up ~90 s, 600 versions ~90 s, on a quiet machine
+DEFAULT_JOB_TIMEOUT_MS = 480_000  # warm-up 90-150 s, 600 versions 90-120 s, quiet; ~1.6x here
 
 pytestmark = pytest.mark.slow
 
@@ -219,6 +219,10 @@ def test_launch_watch_inspect_compare(app, tmp_path):
         expect(summary).to_contain_text("worker(s) online")
 
 
+@pytest.mark.skipif(
+    os.environ.get("CI") != "true" and not os.environ.get("RLWB_FULL_JOB_TEST"),
+    reason="the whole default job (4-8 min): run by CI (.ci/run) or with RLWB_FULL_JOB_TEST=1",
+)
 def test_the_default_job_shows_learning(app):
     """Launch as it opens (the demo policy, built on first use, 600 steps): the warm-up shows
     as its own phase, the running job an ETA, and held-out accuracy rises clearly (the README
