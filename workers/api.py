@@ -20,8 +20,6 @@ from core_engine.rl.rewards import BUILTIN_REWARDS, check_reward_spec
 from core_engine.rl.tasks import BUILTIN_TASKS
 from core_engine.task import KV_STRATEGIES
 from db import JobInfo, JobKind, JobStatus
-from workers.chat import MAX_TEMPERATURE as CHAT_MAX_TEMPERATURE
-from workers.chat import MAX_TOKENS_LIMIT as CHAT_MAX_TOKENS
 from workers.chat import settings_problems as chat_settings_problems
 from workers.commands import COMMANDS as WORKER_COMMANDS
 from workers.commands import add_commands as add_worker_commands
@@ -41,8 +39,6 @@ from workers.specs import (
 )
 
 __all__ = [
-    "CHAT_MAX_TEMPERATURE",
-    "CHAT_MAX_TOKENS",
     "COMMANDS",
     "DEMO_MODEL",
     "HELDOUT_METRIC",
