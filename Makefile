@@ -9,7 +9,7 @@ export GRADIO_ANALYTICS_ENABLED := False
 export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: install up demo test lint format bench gpu-check
+.PHONY: install up demo demo-policy test lint format bench gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ up: install
 
 demo: install
 	$(PY) -m core_engine.demo
+
+# Rebuild the shipped demo policy (core_engine/assets/demo-policy; a few minutes of warm-up).
+demo-policy: install
+	$(PY) -m core_engine.rl.demo_policy
 
 test: install lint
 	$(PY) -m pytest $(PYTEST_ARGS)

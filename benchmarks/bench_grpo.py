@@ -35,9 +35,8 @@ from transformers import TrainerCallback
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-import db
 from core_engine.rl.config import GRPOConfig
-from core_engine.rl.demo_policy import build_demo_policy
+from core_engine.rl.demo_policy import SHIPPED_POLICY
 from core_engine.rl.rewards import exact_match
 from core_engine.rl.tasks import addition_records
 from core_engine.rl.trainer import GRPOTrainer
@@ -252,8 +251,7 @@ def measure(policy: Path, args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(1)
-    data_dir = db.data_dir()
-    policy = build_demo_policy(data_dir / "demo-policy")
+    policy = SHIPPED_POLICY
     print(f"threads {torch.get_num_threads()}, policy {policy}")
     results = measure(policy, args)
     print_table({k: v for k, v in results.items() if k in ("ours", "trl")})

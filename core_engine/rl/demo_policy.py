@@ -14,13 +14,21 @@ made worse (the same with a lower lr, lr warm-up, a per-digit reward, temperatur
 the jump comes also depends on the CPU's rounding (the warm-up is chaotic; README), so seeds
 are tried in the order `DEMO_SEEDS`, and one that has not reached the target within
 `WarmupSettings.seed_patience` steps gives way to the next, within the overall step budget.
+
+Because of that, the policy is built once and shipped in the repository (`SHIPPED_POLICY`,
+~2 MB), so every machine starts its first job from the same weights at once. Rebuild it with
+`python -m core_engine.rl.demo_policy` (`make demo-policy`); `demo_policy.json` beside the
+weights says how it was built and what it scores.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
+import platform
 import random
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -39,7 +47,7 @@ from core_engine.rl.tasks import addition_records
 from core_engine.scheduler import EngineConfig, InferenceScheduler
 from core_engine.task import SamplingParams
 from core_engine.toy import char_tokenizer, tiny_config
-from core_engine.weights import canonical_weights, save_weights
+from core_engine.weights import canonical_weights, model_checksum, save_weights
 
 DEMO_ALPHABET = "0123456789+="
 # Renders only the user turns: the prompt is exactly `a+b=`.
@@ -48,6 +56,7 @@ DEMO_CHAT_TEMPLATE = (
 )
 HELDOUT_SEED = 2
 INFO_FILE = "demo_policy.json"
+SHIPPED_POLICY = Path(__file__).resolve().parents[1] / "assets" / "demo-policy"
 GREEDY = SamplingParams(temperature=0, max_tokens=6)
 TARGET_ACCURACY = 0.18
 MAX_WARMUP_STEPS = 3000  # the budget when the target is not reached first
@@ -257,5 +266,46 @@ def build_demo_policy(
         "total_seconds": round(time.perf_counter() - start, 1),
         "target_accuracy": target_accuracy,
         "reached_target": result.accuracy >= target_accuracy,
+        "heldout": {"seed": HELDOUT_SEED, "prompts": settings.eval_count, "metric": "greedy"},
+        "settings": asdict(settings),
+        "built_with": build_environment(),
+        "weights_checksum": model_checksum(model),
     }
     return save_policy(path, model.eval(), config, tokenizer, info)
+
+
+def build_environment() -> dict[str, str]:
+    """What a build's numerics depend on: the builder, torch and the CPU."""
+    return {
+        "builder": "core_engine.rl.demo_policy.build_demo_policy",
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "cpu": _cpu_name(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Rebuild the demo policy (by default the shipped one, replaced)."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--out", type=Path, default=SHIPPED_POLICY, help="checkpoint directory")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)  # the numerics the README's figures were measured with
+    if (args.out / "config.json").is_file():
+        shutil.rmtree(args.out)
+    build_demo_policy(args.out, log=print)
+    print(json.dumps(json.loads((args.out / INFO_FILE).read_text()), indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -10,12 +10,18 @@ from safetensors.torch import load_file
 
 from core_engine.model import load_model
 from core_engine.rl.demo_policy import (
+    HELDOUT_SEED,
     INFO_FILE,
+    SHIPPED_POLICY,
     WarmupSettings,
     build_demo_policy,
     demo_tokenizer,
+    eval_engine,
+    greedy_accuracy,
+    heldout_records,
     supervised_batch,
 )
+from core_engine.weights import model_checksum
 
 TINY = WarmupSettings(batch_size=8, eval_every=1, eval_count=16)
 
@@ -100,3 +106,22 @@ def test_a_seed_that_reaches_the_target_is_kept(tmp_path):
     path = build_demo_policy(tmp_path / "p", target_accuracy=0.0, max_steps=50, settings=TINY)
     info = json.loads((path / INFO_FILE).read_text())
     assert (info["seeds_tried"], info["steps"], info["reached_target"]) == ([2], 0, True)
+
+
+def test_the_shipped_policy_is_what_its_metadata_says():
+    """The policy in the repository: HF loads it, its checksum and its held-out accuracy are
+    the recorded ones (greedy answers may differ in a rare near-tie on another CPU)."""
+    info = json.loads((SHIPPED_POLICY / INFO_FILE).read_text())
+    assert info["reached_target"] and info["accuracy"] >= info["target_accuracy"]
+    assert info["heldout"] == {"seed": HELDOUT_SEED, "prompts": 1000, "metric": "greedy"}
+    assert info["built_with"]["builder"] == "core_engine.rl.demo_policy.build_demo_policy"
+    model = load_model(SHIPPED_POLICY)
+    assert model_checksum(model) == info["weights_checksum"]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(SHIPPED_POLICY)
+    assert model_checksum(hf) == info["weights_checksum"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(SHIPPED_POLICY)
+    engine = eval_engine(model, tokenizer)
+    accuracy = greedy_accuracy(engine, heldout_records(info["heldout"]["prompts"]))
+    assert accuracy == pytest.approx(info["accuracy"], abs=0.01)
+    size = sum(f.stat().st_size for f in SHIPPED_POLICY.iterdir())
+    assert size < 3 * 2**20

@@ -1,0 +1,34 @@
+"""A job on the built-in demo model starts from the policy shipped in the repository at once:
+no warm-up, its version 0 is those weights (checksum as the shipped metadata records), and a
+missing policy is a clear error, not a build."""
+
+import json
+
+import pytest
+
+from core_engine.rl.demo_policy import INFO_FILE, SHIPPED_POLICY
+from tests.workers.helpers import train_config
+from workers import engines
+from workers.engines import DemoPolicyMissing, resolve_model
+from workers.jobs import run_job
+
+
+def test_a_demo_job_trains_from_the_shipped_policy(repo, settings):
+    config = train_config("demo", task="addition", steps=2, batch_size=4, group_size=4)
+    config.update(max_tokens=6, heldout_every=0)
+    job = repo.create_job("train", config, total_steps=2)
+    assert run_job(repo, job.id, settings).status == "succeeded"
+    assert repo.get_job(job.id).phase is None  # the loading phase ended with the steps
+    first, *rest = repo.list_versions(job.id)
+    assert first.version == 0 and len(rest) == 2
+    assert first.checkpoint_path == str(SHIPPED_POLICY)
+    shipped = json.loads((SHIPPED_POLICY / INFO_FILE).read_text())
+    assert first.weights_checksum == shipped["weights_checksum"]
+    assert not (settings.data_dir / "demo-policy").exists()  # nothing was built
+
+
+def test_a_missing_shipped_policy_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(engines, "SHIPPED_POLICY", tmp_path / "gone")
+    with pytest.raises(DemoPolicyMissing, match="rebuild it with `python -m core_engine"):
+        resolve_model("demo")
+    assert resolve_model(str(tmp_path)) == str(tmp_path)  # a directory stays itself
