@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+from core_engine.detokenize import StopScan
 from core_engine.task import ErrorCode, FinishReason, Task, TaskError
 
 log = logging.getLogger(__name__)
@@ -49,17 +50,18 @@ def stop_reason(
     task: Task, eos_token_ids: Collection[int], max_seq_len: int, tokenizer=None
 ) -> FinishReason | None:
     """`stop` (EOS, stop token id, stop string; wins on the same token) or `length`, or None.
-    Records `task.stop_reason`, and trims `task.text` at a matched stop string."""
+    Records `task.stop_reason`, and trims `task.text` at a matched stop string. Called once
+    per generated token: the stop-string search costs the same at every token."""
     token, p = task.output_ids[-1], task.params
     if (token in eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
         task.stop_reason = token
         return FinishReason.STOP
     if p.stop:
-        text = tokenizer.decode(task.output_ids, skip_special_tokens=True)
-        hits = [(text.find(s), s) for s in p.stop if s in text]
-        if hits:
-            index, task.stop_reason = min(hits)
-            task.text = text[:index]
+        if task.stop_scan is None:
+            task.stop_scan = StopScan(tokenizer, p.stop)
+        hit = task.stop_scan.push(token)
+        if hit is not None:
+            task.text, task.stop_reason = hit
             return FinishReason.STOP
     if len(task.output_ids) >= p.max_tokens or task.num_tokens >= max_seq_len:
         return FinishReason.LENGTH

@@ -11,6 +11,8 @@ import operator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from core_engine.detokenize import StopScan
+
 if TYPE_CHECKING:
     import torch
 
@@ -177,6 +179,7 @@ class Task:
     generator: torch.Generator | None = None
     return_logprobs: bool = True
     text: str | None = None
+    stop_scan: StopScan | None = None  # the stop-string search so far (`outcomes.stop_reason`)
     arrival_time: float = 0.0
     admit_time: float | None = None
     first_token_time: float | None = None

@@ -1,10 +1,12 @@
-"""Small in-process building blocks: a character tokenizer and tiny model configs.
+"""Small in-process building blocks: a character tokenizer, a byte-level BPE tokenizer trained
+on a given corpus, and tiny model configs.
 
 Nothing here downloads anything; tests, the demo and the benchmarks build on it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,26 @@ def char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> transformers.PreTrainedT
     )
     tok.chat_template = CHAT_TEMPLATE
     return tok
+
+
+def byte_bpe_tokenizer(
+    corpus: Sequence[str], special_tokens: Sequence[str], vocab_size: int = 400, **roles: str
+) -> transformers.PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained here on ``corpus`` (merges across words and splits
+    multi-byte characters over tokens, as real ones do); ``roles`` name its special tokens,
+    e.g. ``eos_token="<|im_end|>"``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    backend.train_from_iterator(corpus, trainer)
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=backend, **roles)
 
 
 ARCH_CONFIGS = {

@@ -7,7 +7,8 @@ python -m core_engine.network --model PATH [--host 127.0.0.1] [--port 8000]
     [--served-model-name NAME] [--device cpu|cuda] [--dtype float32|bfloat16|float16]
 
 A non-loopback `--host` needs `--api-key` (or the explicit `--allow-unauthenticated-public`).
-The API key may also come from the `RLWB_API_KEY` environment variable.
+The API key may also come from the `RLWB_API_KEY` environment variable. Without a key, a
+loopback server answers only requests whose Host header names loopback (DNS rebinding).
 """
 
 from __future__ import annotations
@@ -86,7 +87,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         gpu_memory_utilization=args.gpu_memory_utilization,
     )
     engine = load_engine(args.model, config, device=args.device, dtype=args.dtype)
-    app = create_app(engine, args.served_model_name or args.model, api_key=args.api_key)
+    app = create_app(
+        engine,
+        args.served_model_name or args.model,
+        api_key=args.api_key,
+        loopback=is_loopback(args.host),
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
 

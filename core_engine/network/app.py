@@ -3,13 +3,17 @@
 Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (JSON or SSE with
 `stream: true`), `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text).
 The app starts a serving loop over the engine on startup and stops it on shutdown. Requests
-are bounded by `ServerLimits`; with `api_key`, `/v1/*` needs it as a Bearer token.
+are bounded by `ServerLimits`; with `api_key` every path but `/health` needs it as a Bearer
+token, and without one a loopback server checks the Host header (`access.py`). The event
+loop only moves requests and events: tokenizing, detokenizing and rendering bodies run in
+worker threads, so `/health` answers at once whatever else is being served.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
@@ -20,17 +24,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from core_engine.network import prometheus
+from core_engine.network.access import BearerAuth, LoopbackHostGuard
 from core_engine.network.bridge import HandleEvents
+from core_engine.network.encode import chat_prompt_ids, completion_prompt_ids
 from core_engine.network.errors import APIError, engine_error, install_error_handlers
-from core_engine.network.formats import ChatFormat, CompletionFormat, OutputFormat
-from core_engine.network.limits import BearerAuth, BodyLimit, SequenceBudget, ServerLimits
+from core_engine.network.formats import ChatFormat, CompletionFormat, OutputFormat, json_bytes
+from core_engine.network.limits import BodyLimit, SequenceBudget, ServerLimits, check_context
 from core_engine.network.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerationRequest,
 )
 from core_engine.network.stream import EventStreamResponse, StreamContext, sse_stream
-from core_engine.prompts import encode_prompt, render_prompt
 from core_engine.scheduler import InferenceScheduler
 from core_engine.serving import ServingLoop
 from core_engine.task import GenerationResult, SamplingParams
@@ -44,8 +49,10 @@ def create_app(
     model_name: str = "rl-workbench",
     limits: ServerLimits | None = None,
     api_key: str | None = None,
+    loopback: bool = True,
 ) -> FastAPI:
-    """The FastAPI app serving `engine` under the model name `model_name`."""
+    """The FastAPI app serving `engine` under the model name `model_name`; `loopback`: it is
+    bound to a loopback address (then, without `api_key`, requests must name loopback)."""
     if engine.tokenizer is None:
         raise ValueError("the HTTP server needs an engine with a tokenizer")
     tokenizer = engine.tokenizer
@@ -57,11 +64,17 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         nonlocal budget
         budget = app.state.sequence_budget = SequenceBudget(limits)  # on the server's loop
+        # The heap so far (model, tokenizer, libraries) is left out of garbage collections,
+        # as vLLM does: a request that allocates much then sets off a collection of its own
+        # objects, not a pause of 250 ms that scans the whole heap.
+        gc.collect()
+        gc.freeze()
         loop.start()
         try:
             yield
         finally:
             await anyio.to_thread.run_sync(loop.stop)
+            gc.unfreeze()
 
     app = FastAPI(title="RL Workbench engine", lifespan=lifespan)
     app.state.serving_loop = loop
@@ -69,6 +82,8 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     if api_key:
         app.add_middleware(BearerAuth, api_key=api_key)
+    elif loopback:
+        app.add_middleware(LoopbackHostGuard)
 
     def check_model(body: GenerationRequest) -> None:
         if body.model != model_name:
@@ -86,16 +101,8 @@ def create_app(
         params: SamplingParams,
         fmt: OutputFormat,
     ) -> Response:
-        limits.check_request(len(prompts), body.n, params.stop)
         for ids in prompts:
-            if len(ids) < engine.max_seq_len < len(ids) + params.max_tokens:
-                raise APIError(
-                    400,
-                    f"this model's context is {engine.max_seq_len} tokens; the prompt has "
-                    f"{len(ids)} and max_tokens is {params.max_tokens}",
-                    "context_length_exceeded",
-                    "max_tokens",
-                )
+            check_context(len(ids), params.max_tokens, engine.max_seq_len, fmt.prompt_param)
         assert budget is not None, "the app's lifespan has not started"
         sequences = len(prompts) * body.n
         await budget.acquire(sequences)
@@ -126,7 +133,10 @@ def create_app(
             failed = next((r for r in results if not r.ok), None)
             if failed is not None:
                 raise engine_error(failed, fmt.prompt_param)
-            return JSONResponse(fmt.response(results, prompt_tokens))
+            content = await asyncio.to_thread(
+                lambda: json_bytes(fmt.response(results, prompt_tokens))
+            )
+            return Response(content, media_type="application/json")
         leaders = range(0, len(handles), body.n)
         await _cancel_on_failure(events, _raise_admission_error(events, leaders, fmt))
         ctx = StreamContext(
@@ -142,7 +152,8 @@ def create_app(
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest) -> Response:
         check_model(body)
-        prompts = [p if isinstance(p, list) else tokenizer.encode(p) for p in body.prompts()]
+        limits.check_request(len(body.prompts()), body.n, body.stop_strings)
+        prompts = await completion_prompt_ids(tokenizer, body.prompts(), limits, engine.max_seq_len)
         fmt = CompletionFormat(tokenizer, model_name, body.n, body.logprobs is not None)
         params = body.sampling_params(body.max_tokens or 16)
         return await generate(request, body, prompts, params, fmt)
@@ -150,14 +161,9 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
         check_model(body)
+        limits.check_request(1, body.n, body.stop_strings)
         messages = [m.for_template() for m in body.messages]
-        try:
-            text = render_prompt(tokenizer, messages)
-        except Exception as exc:  # no template, or the template rejects these messages
-            raise APIError(
-                400, f"cannot apply the chat template: {exc}", "invalid_messages", "messages"
-            ) from exc
-        prompt = encode_prompt(tokenizer, text)
+        prompt = await chat_prompt_ids(tokenizer, messages, limits, engine.max_seq_len)
         max_tokens = body.token_limit or max(1, engine.max_seq_len - len(prompt))
         fmt = ChatFormat(
             tokenizer, model_name, body.n, bool(body.logprobs), bool(body.top_logprobs)

@@ -37,7 +37,9 @@ class HandleEvents:
             handle.cancel()
 
     async def _receive(self) -> tuple[int, Event]:
-        item = await self._queue.get()
+        return self._note(await self._queue.get())
+
+    def _note(self, item: tuple[int, Event]) -> tuple[int, Event]:
         if isinstance(item[1], GenerationResult):
             self._finished.add(item[0])
         return item
@@ -51,6 +53,19 @@ class HandleEvents:
         if len(self._finished) == len(self._handles):
             raise StopAsyncIteration
         return await self._receive()
+
+    async def next_batch(self) -> list[tuple[int, Event]]:
+        """The events that have arrived (waiting for one if none has), in order; empty once
+        every handle's result has been read."""
+        try:
+            batch = [await self.__anext__()]
+        except StopAsyncIteration:
+            return []
+        batch += self._replay
+        self._replay.clear()
+        while not self._queue.empty():
+            batch.append(self._note(self._queue.get_nowait()))
+        return batch
 
     async def first_events(self, indices: Iterable[int]) -> dict[int, Event]:
         """Wait for the first event of each given handle; every event read on the way is

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -9,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.types import Send
 
 from core_engine.task import ErrorCode, GenerationResult
 
@@ -41,6 +43,14 @@ class APIError(Exception):
     def body(self) -> dict[str, Any]:
         error = {"message": self.message, "type": _error_type(self.status), "code": self.code}
         return {"error": {**error, "param": self.param}, **self.extra}
+
+
+async def send_error(send: Send, error: APIError) -> None:
+    """Answer with `error` straight from ASGI middleware, before the app sees the request."""
+    body = json.dumps(error.body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _error_type(status: int) -> str:

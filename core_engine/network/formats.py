@@ -8,6 +8,7 @@ waves), the top-level field is the sorted list of those versions.
 from __future__ import annotations
 
 import abc
+import json
 import time
 import uuid
 from collections.abc import Sequence
@@ -27,6 +28,23 @@ def usage(results: Sequence[GenerationResult], prompt_tokens: int, n: int) -> di
         "total_tokens": prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
+
+
+def json_bytes(body: dict[str, Any]) -> bytes:
+    """`body` as JSON, each list item (a choice) serialized on its own: the encoder, which
+    holds the GIL while it runs, lets other threads in between items whatever the body's size."""
+    parts = []
+    for key, value in body.items():
+        if isinstance(value, list):
+            value_json = "[" + ",".join(_json(item) for item in value) + "]"
+        else:
+            value_json = _json(value)
+        parts.append(f"{_json(key)}:{value_json}")
+    return ("{" + ",".join(parts) + "}").encode()
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
 def policy_version(results: Sequence[GenerationResult]) -> int | list[int]:
@@ -50,6 +68,7 @@ class OutputFormat(abc.ABC):
         self.logprobs = logprobs
         self.id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
+        self._token_texts: dict[int, str] = {}  # at most the vocabulary
 
     def envelope(self, obj: str, choices: list[dict[str, Any]], version: Any) -> dict[str, Any]:
         return {
@@ -76,7 +95,10 @@ class OutputFormat(abc.ABC):
         return {**body, "usage": usage(results, prompt_tokens, self.n)}
 
     def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.tokenizer.decode([token_id])
+        return text
 
     def pairs(self, result: GenerationResult) -> list[tuple[int, float]]:
         """(token id, log-prob) of every generated token, when log-probs were asked for: the

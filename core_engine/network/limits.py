@@ -1,21 +1,20 @@
-"""Server limits: body size, request shape, sequences in flight, and the optional API key.
+"""Server limits: body size, request shape, prompt length, and sequences in flight.
 
 Refusals are OpenAI-style errors: 413 for a body over the size limit, 400 for a request shape
-over a limit, 429 when the admission queue is full, 503 when a queued request waited too long,
-401 for a missing or wrong Bearer key. No request ever spawns a thread per sequence (see
-`bridge.py`), so the in-flight bound is the server's whole concurrency.
+over a limit or a prompt too long for the context, 429 when the admission queue is full, 503
+when a queued request waited too long. Each check runs before the work it bounds. No request
+ever spawns a thread per sequence (see `bridge.py`), so the in-flight bound is the server's
+whole generation concurrency.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
 from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from core_engine.network.errors import APIError
+from core_engine.network.errors import APIError, send_error
 
 
 @dataclass(frozen=True)
@@ -28,6 +27,10 @@ class ServerLimits:
     max_sequences_in_flight: int = 256  # prompts x n over every request being generated
     max_queued_requests: int = 64  # requests waiting for room; one more is a 429
     queue_timeout_s: float = 60.0  # a queued request waiting longer is a 503
+    # A prompt of more characters than context x this is refused before it is tokenized.
+    # Prose averages about 4 characters per token and code 3 to 6, so only a prompt made
+    # mostly of long runs of whitespace or punctuation can be refused although it would fit.
+    max_chars_per_token: int = 16
 
     def check_request(self, num_prompts: int, n: int, stop: tuple[str, ...]) -> None:
         """Refuse (400) a request whose shape is over a limit."""
@@ -41,6 +44,30 @@ class ServerLimits:
             _too_many("stop", f"{len(stop)} stop strings; at most {self.max_stop}")
         if any(len(s) > self.max_stop_chars for s in stop):
             _too_many("stop", f"a stop string is over {self.max_stop_chars} characters")
+
+    def check_prompt_chars(self, chars: int, context: int, param: str) -> None:
+        """Refuse (400) a prompt too long for `context` tokens by its characters alone."""
+        if chars > context * self.max_chars_per_token:
+            message = (
+                f"the prompt has {chars} characters, over {self.max_chars_per_token} per token "
+                f"of this model's {context}-token context"
+            )
+            raise APIError(400, message, "prompt_too_long", param)
+
+
+def check_context(prompt_tokens: int, max_tokens: int, context: int, prompt_param: str) -> None:
+    """Refuse (400) a tokenized prompt that, with `max_tokens`, does not fit the context."""
+    if prompt_tokens >= context:
+        message = f"a {prompt_tokens}-token prompt leaves no room in the {context}-token context"
+        raise APIError(400, message, "prompt_too_long", prompt_param)
+    if prompt_tokens + max_tokens > context:
+        raise APIError(
+            400,
+            f"this model's context is {context} tokens; the prompt has {prompt_tokens} and "
+            f"max_tokens is {max_tokens}",
+            "context_length_exceeded",
+            "max_tokens",
+        )
 
 
 def _too_many(param: str, message: str) -> None:
@@ -95,7 +122,7 @@ class BodyLimit:
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await _send_error(send, self._too_large())
+            await send_error(send, self._too_large())
             return
         seen = 0
 
@@ -113,27 +140,3 @@ class BodyLimit:
         return APIError(
             413, f"the request body is over {self.max_bytes} bytes", "request_too_large"
         )
-
-
-class BearerAuth:
-    """ASGI middleware: `/v1/*` needs `Authorization: Bearer <api_key>` (as vLLM does)."""
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                error = APIError(401, "missing or invalid API key", "invalid_api_key")
-                await _send_error(send, error)
-                return
-        await self.app(scope, receive, send)
-
-
-async def _send_error(send: Send, error: APIError) -> None:
-    body = json.dumps(error.body()).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    await send({"type": "http.response.start", "status": error.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})

@@ -20,6 +20,9 @@ from core_engine.task import SamplingParams
 
 Prompt = str | list[int]
 StopString = Annotated[str, Field(min_length=1)]
+# Messages of one chat request: checked before the messages are validated one by one, so an
+# endless list of tiny messages costs no more than this many.
+MAX_MESSAGES = 2048
 
 # Parameter -> the values that make it a no-op.
 _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
@@ -90,16 +93,19 @@ class GenerationRequest(BaseModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         """Engine sampling parameters (OpenAI defaults where the request leaves one unset)."""
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=self.top_k or 0,
             seed=self.seed,
-            stop=stop,
+            stop=self.stop_strings,
             ignore_eos=self.ignore_eos,
         )
 
@@ -167,7 +173,7 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(GenerationRequest):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = None

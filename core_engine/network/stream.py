@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,34 +48,66 @@ class StreamContext:
 async def sse_stream(events: HandleEvents, ctx: StreamContext) -> AsyncIterator[str]:
     """Chunks of every choice as tokens arrive, a final chunk per choice, then `[DONE]`.
 
+    The events that arrived together are rendered together in a worker thread (decoding,
+    stop strings, JSON), so the event loop only moves them: its work per token is constant.
+    """
+    renderer = _Renderer(ctx)
+    while batch := await events.next_batch():
+        text = await asyncio.to_thread(renderer.render, batch)
+        if text:
+            yield text
+        if renderer.failed:
+            events.cancel()
+            return
+    yield await asyncio.to_thread(renderer.close)
+
+
+class _Renderer:
+    """The SSE text of a stream's events, batch by batch (one batch at a time).
+
     Token events carry no version, so a choice's chunks are released once its version is
     certain: the engine still serves the version it had at submission (then no update can
     have intervened), or the choice's result has arrived. An engine error ends the stream with
-    an error event and cancels the other choices.
+    an error event (the caller cancels the other choices).
     """
-    fmt = ctx.fmt
-    choices: dict[int, _Choice] = {}
-    results: dict[int, GenerationResult] = {}
-    async for index, event in events:
-        choice = choices.setdefault(index, _Choice(IncrementalText(fmt.tokenizer, ctx.stop)))
-        if isinstance(event, TokenEvent):
-            choice.pending.append(event)
-            if choice.version is None and ctx.current_version() == ctx.submitted_version:
-                choice.version = ctx.submitted_version
-        elif not event.ok:
-            events.cancel()
-            yield sse(engine_error(event, fmt.prompt_param).body())
-            yield sse("[DONE]")
-            return
-        else:
-            choice.version = event.policy_version
-            results[index] = event
-        if choice.version is not None:
-            for chunk in _flush(fmt, index, choice, event):
-                yield sse(fmt.chunk(chunk, choice.version))
-    if ctx.include_usage:
-        yield sse(fmt.usage_chunk([results[i] for i in sorted(results)], ctx.prompt_tokens))
-    yield sse("[DONE]")
+
+    def __init__(self, ctx: StreamContext) -> None:
+        self.ctx = ctx
+        self.choices: dict[int, _Choice] = {}
+        self.results: dict[int, GenerationResult] = {}
+        self.failed = False
+
+    def render(self, batch: Sequence[tuple[int, TokenEvent | GenerationResult]]) -> str:
+        """The events of `batch` as SSE text (empty while no version is certain)."""
+        fmt, ctx = self.ctx.fmt, self.ctx
+        out: list[str] = []
+        for index, event in batch:
+            choice = self.choices.get(index)
+            if choice is None:
+                choice = self.choices[index] = _Choice(IncrementalText(fmt.tokenizer, ctx.stop))
+            if isinstance(event, TokenEvent):
+                choice.pending.append(event)
+                if choice.version is None and ctx.current_version() == ctx.submitted_version:
+                    choice.version = ctx.submitted_version
+            elif not event.ok:
+                self.failed = True
+                out += [sse(engine_error(event, fmt.prompt_param).body()), sse("[DONE]")]
+                break
+            else:
+                choice.version = event.policy_version
+                self.results[index] = event
+            if choice.version is not None:
+                chunks = _flush(fmt, index, choice, event)
+                out += [sse(fmt.chunk(chunk, choice.version)) for chunk in chunks]
+        return "".join(out)
+
+    def close(self) -> str:
+        """The usage chunk (if asked for) and `[DONE]`."""
+        out = []
+        if self.ctx.include_usage:
+            results = [self.results[i] for i in sorted(self.results)]
+            out.append(sse(self.ctx.fmt.usage_chunk(results, self.ctx.prompt_tokens)))
+        return "".join([*out, sse("[DONE]")])
 
 
 def _flush(

@@ -1,19 +1,23 @@
 """Operator-registered reward functions, scored in a child process with a time limit.
 
 The child (``python -m core_engine.rl.reward_sandbox module:function``) imports the function
-once and answers one JSON line per batch. A batch that takes longer than the limit kills the
-child (the next batch starts a fresh one) and raises `RewardError` with ``reward_timeout``, so
-a slow or stuck reward never blocks the worker (cancel, shutdown, broker replies).
+once and answers one JSON line per batch. The limit covers the whole call: writing the request
+(a child that does not read blocks a large one on the pipe), the function and reading the
+reply. A batch that runs over kills the child (the next batch starts a fresh one) and raises
+`RewardError` with ``reward_timeout``, so a slow or stuck reward never blocks the worker
+(cancel, shutdown, broker replies).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
 import select
 import subprocess
 import sys
+import time
 import weakref
 from collections.abc import Sequence
 
@@ -52,23 +56,21 @@ class SandboxedReward:
     def __call__(
         self, completions: Sequence[str], references: Sequence[str], prompts: Sequence[str]
     ) -> list[float]:
+        deadline = time.monotonic() + self.timeout
         if self._child is None or self._child.poll() is not None:
             self._child = self._start()
         request = {"completions": list(completions), "references": list(references)}
         request["prompts"] = list(prompts)
         try:
-            self._child.stdin.write(json.dumps(request).encode() + b"\n")
-            self._child.stdin.flush()
-            ready, _, _ = select.select([self._child.stdout], [], [], self.timeout)
-            line = self._child.stdout.readline() if ready else None
-        except (BrokenPipeError, OSError) as exc:
-            self.close()
-            raise RewardError(f"reward {self.target} stopped: {exc}") from None
-        if line is None:
+            line = _exchange(self._child, json.dumps(request).encode() + b"\n", deadline)
+        except TimeoutError:
             self.close()
             raise RewardError(
                 f"reward_timeout: reward {self.target} took longer than {self.timeout:g} s"
-            )
+            ) from None
+        except OSError as exc:
+            self.close()
+            raise RewardError(f"reward {self.target} stopped: {exc}") from None
         if not line:
             self.close()
             raise RewardError(f"reward {self.target} exited (import or crash; see worker log)")
@@ -76,6 +78,30 @@ class SandboxedReward:
         if "error" in reply:
             raise RewardError(f"reward function raised {reply['error']}")
         return reply["scores"]
+
+
+def _exchange(child: subprocess.Popen, request: bytes, deadline: float) -> bytes:
+    """Write ``request`` to the child and read its one-line reply, both before ``deadline``
+    (`time.monotonic`; `TimeoutError` after it): nothing here blocks on the pipes. Returns
+    b"" when the child exits first."""
+    to_child, from_child = child.stdin.fileno(), child.stdout.fileno()
+    os.set_blocking(to_child, False)
+    pending, reply = memoryview(request), bytearray()
+    while not reply.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        writers = [to_child] if pending else []
+        readable, writable, _ = select.select([from_child], writers, [], remaining)
+        if writable:
+            with contextlib.suppress(BlockingIOError):  # no room after all: wait again
+                pending = pending[os.write(to_child, pending) :]
+        if readable:
+            chunk = os.read(from_child, 1 << 16)
+            if not chunk:
+                return b""
+            reply += chunk
+    return bytes(reply)
 
 
 def _kill(child: subprocess.Popen) -> None:

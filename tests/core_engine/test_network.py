@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 import transformers
+from starlette.testclient import TestClient
 
 from core_engine.engine import load_engine
 from core_engine.network import create_app
@@ -225,6 +226,34 @@ def test_models_and_health(served):
     health = httpx.get(f"{served.url}/health")
     assert health.status_code == 200
     assert health.json() == {"status": "ok", "policy_version": served.engine.version}
+
+
+@pytest.mark.parametrize(
+    ("host", "status"),
+    [
+        ("localhost:8000", 200),
+        ("LOCALHOST", 200),
+        ("127.0.0.1", 200),
+        ("[::1]:9", 200),
+        ("rebound.example", 421),
+        ("rebound.example:8000", 421),
+        ("127.0.0.1.rebound.example", 421),
+        ("[::1", 421),
+    ],
+)
+def test_a_keyless_loopback_server_answers_only_loopback_host_names(served, host, status):
+    """DNS rebinding: a page whose name now resolves to 127.0.0.1 still sends its own Host."""
+    for path in ("/v1/models", "/health"):
+        r = httpx.get(f"{served.url}{path}", headers={"Host": host})
+        assert r.status_code == status
+        if status == 421:
+            assert r.json()["error"]["code"] == "invalid_host"
+
+
+def test_a_server_bound_beyond_loopback_checks_no_host(served):
+    app = create_app(served.engine, MODEL, loopback=False)  # --allow-unauthenticated-public
+    client = TestClient(app, base_url="http://engine.example.com")  # no lifespan: no 2nd loop
+    assert client.get("/v1/models").status_code == 200
 
 
 def test_metrics_are_prometheus_text(served):

@@ -134,13 +134,23 @@ def test_in_flight_bound_queues_then_refuses_without_a_thread_per_sequence(serve
     assert after.choices[0].finish_reason in ("stop", "length")
 
 
-def test_api_key_is_required_on_the_api_but_not_on_health(server):
+@pytest.mark.parametrize("path", ["/v1/models", "/metrics", "/docs", "/openapi.json", "/nowhere"])
+def test_api_key_is_required_everywhere_but_on_health(server, path):
     _, _, url, _ = server
     wrong = openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0)
     e = refused(wrong.models.list, openai.AuthenticationError)
     assert e.code == "invalid_api_key"
-    assert httpx.get(f"{url}/v1/models").status_code == 401  # no key at all
+    no_key = httpx.get(f"{url}{path}")
+    assert no_key.status_code == 401 and no_key.json()["error"]["code"] == "invalid_api_key"
+    keyed = httpx.get(f"{url}{path}", headers={"Authorization": f"Bearer {KEY}"})
+    assert keyed.status_code == (404 if path == "/nowhere" else 200)
     assert httpx.get(f"{url}/health").status_code == 200
+
+
+def test_a_keyed_server_answers_any_host(server):
+    _, _, url, _ = server
+    headers = {"Host": "engine.example.com", "Authorization": f"Bearer {KEY}"}
+    assert httpx.get(f"{url}/v1/models", headers=headers).status_code == 200
 
 
 def test_non_loopback_bind_needs_an_api_key_or_an_explicit_flag(monkeypatch):

@@ -1,0 +1,56 @@
+"""A registered reward's time limit covers the whole call, in a real child process: writing
+the request (a child that does not read blocks a large one on the pipe), the function and
+reading the reply (issue 24, item 4)."""
+
+import os
+import time
+
+import pytest
+
+from core_engine.rl.reward_sandbox import RewardError, SandboxedReward
+
+LIMIT_S = 3.0
+MARGIN_S = 1.0  # starting the child and killing it
+BIG = ["x" * 1_000_000] * 8  # 8 MB of completions: far more than a pipe's buffer
+
+
+@pytest.fixture
+def reward_module(tmp_path, monkeypatch):
+    """Write a module the child can import; returns its ``module:fn`` target."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def write(name: str, source: str) -> str:
+        (tmp_path / f"{name}.py").write_text(source)
+        return f"{name}:fn"
+
+    return write
+
+
+def test_the_limit_covers_writing_a_request_the_child_does_not_read(reward_module, tmp_path):
+    """The child is still importing (60 s) when 8 MB arrive: a 3 s limit used to block on
+    the write until the import ended."""
+    pid_file = tmp_path / "pid"
+    target = reward_module(
+        "rlwb_slow_import",
+        f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        "time.sleep(60)\ndef fn(c, r, p):\n    return [1.0] * len(c)\n",
+    )
+    reward = SandboxedReward(target, timeout=LIMIT_S)
+    started = time.monotonic()
+    with pytest.raises(RewardError, match="reward_timeout"):
+        reward(BIG, [""] * len(BIG), [""] * len(BIG))
+    assert time.monotonic() - started < LIMIT_S + MARGIN_S
+    with pytest.raises(ProcessLookupError):  # the child was killed (and reaped)
+        os.kill(int(pid_file.read_text()), 0)
+
+
+def test_a_large_request_to_a_quick_reward_is_answered(reward_module):
+    reward = SandboxedReward(
+        reward_module("rlwb_length", "def fn(c, r, p):\n    return [len(x) for x in c]\n"),
+        timeout=30,
+    )
+    try:
+        assert reward(BIG, [""] * len(BIG), [""] * len(BIG)) == [1e6] * len(BIG)
+        assert reward(["ab"], [""], [""]) == [2.0]  # the same child, the next batch
+    finally:
+        reward.close()
