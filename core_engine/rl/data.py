@@ -3,6 +3,9 @@
 A record is `{"instruction", "input", "output"}` (input and output optional) or
 `{"messages": [...]}`. For generation only the system/user part is used: `output` is the
 reference answer handed to the reward and shown in the UI, never part of the prompt.
+Roles (`instruction_to_messages`): with an `input`, instruction -> system and input -> user;
+an `instruction` alone is the user turn (the Alpaca convention). A `messages` record keeps
+its system and user turns; its trailing assistant turn is the reference.
 """
 
 from __future__ import annotations
@@ -12,7 +15,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from core_engine.user_files import MAX_DATA_BYTES, UnsafeFileError, open_regular
+
 Batch = dict[str, list[str]]
+MAX_PROBLEMS = 20  # malformed lines reported; reading stops at the last
 
 
 class DataError(ValueError):
@@ -20,12 +26,13 @@ class DataError(ValueError):
 
 
 def instruction_to_messages(instruction: str, input: str = "", output: str = "") -> list[dict]:
-    """instruction -> system, input -> user, output -> assistant (empty fields are left out)."""
+    """instruction -> system and input -> user, or an instruction without input -> user (the
+    Alpaca convention); output -> assistant. Empty fields are left out."""
     messages = []
-    if instruction:
+    if instruction and input:
         messages.append({"role": "system", "content": instruction})
-    if input:
-        messages.append({"role": "user", "content": input})
+    if instruction or input:
+        messages.append({"role": "user", "content": input or instruction})
     if output:
         messages.append({"role": "assistant", "content": output})
     return messages
@@ -76,23 +83,49 @@ def normalize_record(record: Mapping[str, Any], where: str = "record") -> dict[s
 
 
 def load_jsonl(path: str | Path) -> list[dict[str, str]]:
-    """Records of a JSONL file; malformed lines are reported with their line number."""
-    records, problems = [], []
-    with open(path, encoding="utf-8") as file:
+    """Records of a JSONL file (a regular file of at most `MAX_DATA_BYTES`, else `DataError`
+    before it is read); malformed lines are reported with their line number."""
+    return _read_jsonl(path, keep=True)[0]
+
+
+def count_jsonl(path: str | Path) -> int:
+    """How many records `load_jsonl` would return, checked the same way, holding none."""
+    return _read_jsonl(path, keep=False)[1]
+
+
+def _read_jsonl(path: str | Path, keep: bool) -> tuple[list[dict[str, str]], int]:
+    """(the records if ``keep``, their count): each line parsed once; reading stops at the
+    `MAX_PROBLEMS`-th malformed line."""
+    records, count, problems = [], 0, []
+    try:
+        file = open_regular(path, MAX_DATA_BYTES)
+    except UnsafeFileError as exc:
+        raise DataError(str(exc)) from None
+    with file:
         for number, line in enumerate(file, start=1):
             if not line.strip():
                 continue
             try:
-                records.append(normalize_record(json.loads(line), f"{path}:{number}"))
+                record = normalize_record(json.loads(line), f"{path}:{number}")
+            except UnicodeDecodeError:
+                problems.append(f"{path}:{number}: not UTF-8 text")
             except json.JSONDecodeError as exc:
                 problems.append(f"{path}:{number}: not valid JSON ({exc.msg})")
+            except RecursionError:
+                problems.append(f"{path}:{number}: nested too deeply")
             except DataError as exc:
                 problems.append(str(exc))
+            else:
+                count += 1
+                if keep:
+                    records.append(record)
+            if len(problems) >= MAX_PROBLEMS:
+                break
     if problems:
-        raise DataError("malformed records:\n" + "\n".join(problems[:20]))
-    if not records:
+        raise DataError("malformed records:\n" + "\n".join(problems))
+    if not count:
         raise DataError(f"{path}: no usable record")
-    return records
+    return records, count
 
 
 def collate(records: Iterable[Mapping[str, str]]) -> Batch:

@@ -22,9 +22,22 @@ def test_three_field_role_mapping_is_pinned():
         {"role": "user", "content": "2+2?"},
         {"role": "assistant", "content": "4"},
     ]
-    assert RolloutGenerator._instruction_to_messages("sys", "", "") == [
-        {"role": "system", "content": "sys"}
+    assert RolloutGenerator._instruction_to_messages("", "2+2?") == [
+        {"role": "user", "content": "2+2?"}
     ]
+
+
+def test_an_instruction_without_input_is_the_user_turn():
+    """The Alpaca convention: the instruction is the task itself when there is no input."""
+    assert RolloutGenerator._instruction_to_messages("What is 2+2?", "", "4") == [
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "4"},
+    ]
+    gen = RolloutGenerator(_Engine(), params=None, group_size=1)
+    batch = collate([normalize_record({"instruction": "What is 2+2?", "output": "4"})])
+    ((messages, text, reference),) = gen._prepare_prompts(batch)
+    assert messages == [{"role": "user", "content": "What is 2+2?"}]
+    assert text == "<|user|>What is 2+2?<|end|><|assistant|>" and reference == "4"
 
 
 class _Engine:
