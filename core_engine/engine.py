@@ -9,8 +9,15 @@ from typing import Any
 
 import torch
 
-from core_engine.model import CausalLM, checkpoint_eos_ids, load_model, load_state
+from core_engine.adapters import (
+    adapter_base,
+    add_saved_adapter,
+    is_adapter_dir,
+    load_adapted_model,
+)
+from core_engine.model import CausalLM, ModelConfig, checkpoint_eos_ids, load_model, load_state
 from core_engine.scheduler import EngineConfig, InferenceScheduler
+from core_engine.weights import adapter_weights
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -58,10 +65,16 @@ def end_of_sequence_ids(tokenizer: Any, checkpoint: str | Path | None) -> tuple[
 def engine_model(model: CausalLM, dtype: torch.dtype, device: torch.device) -> CausalLM:
     """`model` itself when it already has this dtype and device (one copy of the weights:
     a weight sync is then a version bump plus its checks); else a copy converted tensor by
-    tensor, never holding a second full-precision copy."""
+    tensor, never holding a second full-precision copy. A model carrying a LoRA adapter is
+    only served as it is (its base is shared, never copied)."""
     weight = model.lm_head.weight
     if weight.dtype == dtype and weight.device == device:
         return model
+    if adapter_weights(model):
+        raise ValueError(
+            f"a model carrying an adapter is served as it is: its base is {weight.dtype} on "
+            f"{weight.device}, the engine asked for {dtype} on {device}"
+        )
     with torch.device("meta"):
         copy = CausalLM(model.config)
     copy = copy.to(dtype).to_empty(device=device)
@@ -69,6 +82,32 @@ def engine_model(model: CausalLM, dtype: torch.dtype, device: torch.device) -> C
     copy.reset_rope()
     load_state(copy, model.state_dict())
     return copy.eval()
+
+
+def meta_model(
+    checkpoint: str | Path,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype | None = "auto",
+) -> CausalLM:
+    """The model `load_engine(checkpoint, device=, dtype=)` builds, on the meta device: its
+    sizes (`weight_bytes`, an adapter's included) and KV plan (`plan_for`), with no weights
+    read or allocated."""
+    from transformers import AutoConfig
+
+    adapter = is_adapter_dir(checkpoint)
+    base = adapter_base(checkpoint) if adapter else checkpoint
+    target = resolve_dtype(dtype, resolve_device(device))
+    config = ModelConfig.from_hf(AutoConfig.from_pretrained(base, local_files_only=True))
+    with torch.device("meta"):
+        model = CausalLM(config).to(target)
+    model.tie_weights()
+    return add_saved_adapter(model, checkpoint, low_cpu_mem_usage=True) if adapter else model
+
+
+def weight_bytes(model: CausalLM) -> int:
+    """The bytes of a model's parameters (tied ones once) and buffers (the RoPE tables)."""
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
 
 
 def load_engine(
@@ -84,18 +123,22 @@ def load_engine(
     """An engine serving a checkpoint directory (`source` path) or a model in memory.
 
     `checkpoint` is the directory whose tokenizer and generation_config.json apply (default:
-    `source` when it is a path). The EOS ids of `config` are extended by `end_of_sequence_ids`.
+    `source` when it is a path; the base's for an adapter). The EOS ids of `config` are extended
+    by `end_of_sequence_ids`. A PEFT adapter directory is served as its base
+    (`base_model_name_or_path`) + the adapter.
     """
     device = resolve_device(device)
     target = resolve_dtype(dtype, device)
     if checkpoint is None and not isinstance(source, CausalLM):
-        checkpoint = source
+        checkpoint = adapter_base(source) if is_adapter_dir(source) else source
     if tokenizer is None and checkpoint is not None:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
     if isinstance(source, CausalLM):
         model = engine_model(source, target, device)
+    elif is_adapter_dir(source):
+        model = load_adapted_model(source, target, device)
     else:
         model = load_model(source, target, device)
     config = config or EngineConfig()

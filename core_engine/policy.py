@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core_engine.weights import WeightUpdateError, canonical_weights, validate_update
+from core_engine.weights import WeightUpdateError, served_weights, validate_update
 
 
 @dataclass(frozen=True)
@@ -86,9 +86,10 @@ def next_version(version: object, current: int) -> int:
 def served_update(
     model: torch.nn.Module, weights: Mapping[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
-    """The served tensors, checked against `weights`. A tied model's alias names (e.g.
-    `lm_head.weight` of a `model.state_dict()`) are accepted when they equal their tensor."""
-    served = canonical_weights(model)
+    """The served tensors (`served_weights`: a LoRA engine's are its adapter's), checked
+    against `weights`. A tied model's alias names (e.g. `lm_head.weight` of a
+    `model.state_dict()`) are accepted when they equal their tensor."""
+    served = served_weights(model)
     aliases = {
         name: tensor
         for name, tensor in model.state_dict(keep_vars=True).items()

@@ -94,17 +94,20 @@ class InferenceScheduler:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         samples_per_prompt: int = 1,
         return_logprobs: bool = True,
+        cancelled: Callable[[], bool] = lambda: False,
     ) -> list[GenerationResult]:
         """Generate for every prompt on the caller's thread; one result per request, in order
-        (prompt-major: the `samples_per_prompt` samples of prompt 0 first). Only a malformed
-        call (see `TaskIntake.make_tasks`) raises, before anything is queued."""
+        (prompt-major: prompt 0's samples first), `abort/cancelled` once `cancelled()` is true
+        (asked before each step). Only a malformed call raises, queueing nothing (`make_tasks`)."""
         self.updates.wait()
         with self.lock:
             tasks = self.make_tasks(prompts, params, samples_per_prompt, return_logprobs)
             try:
                 self.enqueue(tasks)
-                while not all(t.finished for t in tasks):
+                while not all(t.finished for t in tasks) and not cancelled():
                     self.step()
+                for task in tasks:  # the unfinished ones were cancelled
+                    self.abort(task, ErrorCode.CANCELLED, "the request was cancelled")
             except Exception as exc:  # a bug outside any step: end these requests, not the caller
                 log.exception("run_batch failed outside a step")
                 self._fail(tasks, exc)

@@ -1,9 +1,11 @@
 """Weight sets: the canonical tensors of a model, their file, their checksum, and validation
 of updates.
 
-The checksum is SHA-256 over (name, dtype, shape, bytes) of every canonical tensor in name
-order. The trainer computes it over the weights it sends and compares it with the engine's
+The checksum is SHA-256 over (name, dtype, shape, bytes) of every served tensor in name order.
+The trainer computes it over the weights it sends and compares it with the engine's
 acknowledgement, which is computed from the tensors the engine forward actually reads.
+A model carrying a LoRA adapter (`core_engine.adapters`) serves its adapter: its weight updates
+and its checksum of record cover the adapter's tensors alone, under the keys of PEFT's saved file.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 from torch import nn
+
+ADAPTER_KEY_PREFIX = "base_model.model."  # PEFT's saved keys: the PeftModel wrapper's path
 
 
 class WeightUpdateError(ValueError):
@@ -33,6 +37,24 @@ def canonical_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     return weights
 
 
+def adapter_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors of the PEFT adapter `model` carries, keyed as in its `adapter_model.safetensors`
+    (`base_model.model.<module>.lora_A.weight`, ...) and sharing the live storage; empty for a
+    model without one."""
+    if not getattr(model, "peft_config", None):
+        return {}
+    from peft import get_peft_model_state_dict
+
+    state = get_peft_model_state_dict(model, save_embedding_layers=False)
+    return {ADAPTER_KEY_PREFIX + name: tensor for name, tensor in state.items()}
+
+
+def served_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """What a weight update replaces and the checksum of record covers: the adapter's tensors of
+    a model carrying one, else every canonical tensor."""
+    return adapter_weights(model) or canonical_weights(model)
+
+
 def save_weights(model: nn.Module, directory: Path) -> None:
     """The model's canonical weights (tied copies once) as ``directory/model.safetensors``,
     which `load_model` and Hugging Face read back."""
@@ -41,8 +63,8 @@ def save_weights(model: nn.Module, directory: Path) -> None:
 
 
 def model_checksum(model: nn.Module) -> str:
-    """The checksum of record of what `model` serves or trains (tied copies once)."""
-    return weights_checksum(canonical_weights(model))
+    """The checksum of record of what `model` serves or trains (`served_weights`)."""
+    return weights_checksum(served_weights(model))
 
 
 def weights_checksum(weights: Mapping[str, torch.Tensor]) -> str:

@@ -5,6 +5,8 @@ explicit `kv_cache_bytes`, or on CUDA a fraction of the device memory still free
 weights are loaded (like vLLM's `gpu_memory_utilization`), or on CPU `DEFAULT_CPU_KV_BYTES`.
 `max_seq_len` (longest prompt + max_tokens) bounds one request. A budget that cannot hold even
 one request of `max_seq_len` tokens is an `EngineSizingError` at engine construction.
+The warm engines of one worker share one budget (`engines_memory_budget`), split between them
+by `workers.engines.EngineCache`.
 """
 
 from __future__ import annotations
@@ -58,6 +60,25 @@ def kv_budget_bytes(
         )
     free, _total = (mem_get_info or torch.cuda.mem_get_info)(device)
     return int(free * gpu_memory_utilization)
+
+
+def engines_memory_budget(
+    configured_bytes: int | None,
+    device: torch.device,
+    mem_get_info: Callable[[torch.device], tuple[int, int]] | None = None,
+) -> int | None:
+    """The bytes all warm engines of one worker share, weights and KV pools together:
+    `configured_bytes`, else on CUDA `DEFAULT_GPU_MEMORY_UTILIZATION` of the device memory
+    free when asked (once, when the worker's cache is made), else None: no shared budget
+    (each CPU engine's pool is `DEFAULT_CPU_KV_BYTES` at most, as for a lone engine)."""
+    if configured_bytes is not None:
+        if configured_bytes <= 0:
+            raise EngineSizingError(f"engine memory must be positive, got {configured_bytes}")
+        return int(configured_bytes)
+    if device.type != "cuda":
+        return None
+    free, _total = (mem_get_info or torch.cuda.mem_get_info)(device)
+    return int(free * DEFAULT_GPU_MEMORY_UTILIZATION)
 
 
 @dataclass(frozen=True)

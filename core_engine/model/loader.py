@@ -59,6 +59,11 @@ def load_model(
     from transformers import AutoConfig
 
     path = Path(path)
+    if (path / "adapter_config.json").is_file():
+        raise ValueError(
+            f"{path} is a PEFT adapter: load it with core_engine.engine.load_engine or "
+            "core_engine.adapters.load_adapted_model (its base + the adapter)"
+        )
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} has no config.json")
     files = _safetensors_files(path)

@@ -1,9 +1,12 @@
 """Per-version checkpoints as Hugging Face directories, plus the optimizer state to resume.
 
 `version-00012/` holds config.json, model.safetensors and the tokenizer (loadable by
-`transformers`), `trainer_state.json` (version, step, optimizer scalars),
-`optimizer.safetensors` (optimizer tensors) and, when the version was saved between two updates
-of one rollout batch, `pending_rollout.json` (the rollout the next update reuses). Never pickle.
+`transformers`); a LoRA run's holds its PEFT adapter instead of model.safetensors
+(adapter_config.json naming the base + adapter_model.safetensors, `core_engine.adapters`;
+config.json is the base's). Then `trainer_state.json` (version, step, optimizer scalars, a LoRA
+run's base checksum), `optimizer.safetensors` (optimizer tensors) and, when the version was saved
+between two updates of one rollout batch, `pending_rollout.json` (the rollout the next update
+reuses). Never pickle.
 
 Retention (`prune_checkpoints`): the newest version keeps everything; older ones keep their
 weights only if they are among the last `keep_last` or a multiple of `keep_every`, and never
@@ -20,8 +23,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from core_engine.adapters import save_adapter
 from core_engine.atomic_dir import Writer, atomic_dir, is_staging
-from core_engine.weights import save_weights
+from core_engine.weights import adapter_weights, save_weights
 
 COPIED_FILES = (
     "config.json",
@@ -35,6 +39,7 @@ COPIED_FILES = (
 
 OPTIMIZER_FILE = "optimizer.safetensors"
 PENDING_ROLLOUT = "pending_rollout.json"
+TRAINING_STATE = ("trainer_state.json", OPTIMIZER_FILE, PENDING_ROLLOUT)  # not the policy's
 
 
 def checkpoint_dir(root: str | Path, version: int) -> Path:
@@ -71,7 +76,10 @@ def save_checkpoint(
     joins the JSON trainer state."""
     final = checkpoint_dir(root, version)
     with atomic_dir(final, writer) as tmp:
-        save_weights(model, tmp)
+        if adapter_weights(model):
+            save_adapter(model, tmp, Path(source_dir).resolve())
+        else:
+            save_weights(model, tmp)
         for name in COPIED_FILES:
             if (Path(source_dir) / name).exists():
                 shutil.copy(Path(source_dir) / name, tmp / name)

@@ -43,7 +43,8 @@ def colocated_engine(
 
 def update_settings(config: GRPOConfig, engine: InferenceScheduler) -> UpdateSettings:
     """Truncated importance sampling is on (cap 2.0) unless the engine computes in fp32 like
-    the trainer; on CUDA a low-precision engine's dtype is also the trainer's autocast."""
+    the trainer; on CUDA a low-precision engine's dtype is also the trainer's autocast, except
+    with LoRA, whose base already is in the engine's dtype and whose adapter computes in fp32."""
     engine_dtype = engine.model.lm_head.weight.dtype
     low_precision = engine_dtype != torch.float32
     tis_cap = config.tis_cap
@@ -58,5 +59,5 @@ def update_settings(config: GRPOConfig, engine: InferenceScheduler) -> UpdateSet
         chunk_rows=config.logit_chunk_rows,
         checkpointing=config.gradient_checkpointing,
         tis_cap=tis_cap,
-        autocast=engine_dtype if on_cuda and low_precision else None,
+        autocast=engine_dtype if on_cuda and low_precision and config.lora is None else None,
     )

@@ -3,18 +3,31 @@
 from __future__ import annotations
 
 import json
-import math
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from core_engine.lora_settings import LoraSettings
+from core_engine.rl.limits import TRAINER_FIELDS, field_problems
 from core_engine.rl.rewards import check_reward_spec
 from core_engine.task import KV_STRATEGIES, SamplingParams
+from core_engine.user_files import MAX_TEXT_BYTES, read_text
 
 ENGINE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 OPTIMIZER_STATE_DTYPES = ("float32", "bfloat16")  # AdamW moments (core_engine.rl.optimizer)
 DEVICE_TYPES = ("cpu", "cuda")
+DEFAULT_LR = 3e-4
+DEFAULT_LORA_LR = 3e-3  # 10x DEFAULT_LR: LoRA's rate is ~10x full fine-tuning's (Schulman 2025)
+DEFAULT_KEEP_LAST = 3
+
+
+def mode_defaults(lora: bool) -> dict[str, float | int]:
+    """The defaults that depend on LoRA: the learning rate (10x with LoRA) and `keep_last`
+    (0 with LoRA: a version's adapter is small, so every version's is kept)."""
+    if lora:
+        return {"lr": DEFAULT_LORA_LR, "keep_last": 0}
+    return {"lr": DEFAULT_LR, "keep_last": DEFAULT_KEEP_LAST}
 
 
 def torch_device_type(device: str) -> str:
@@ -36,7 +49,7 @@ class GRPOConfig:
     steps: int = 50
     batch_size: int = 16  # prompts per rollout batch
     group_size: int = 8
-    lr: float = 3e-4
+    lr: float | None = None  # default: `mode_defaults` (3e-4, or 3e-3 with `lora`)
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     temperature: float = 1.0
@@ -50,7 +63,9 @@ class GRPOConfig:
     max_policy_lag: int = 0
     updates_per_batch: int = 1  # optimizer steps per batch of prompts (rollout reuse)
     checkpoint_every: int = 0  # 0: only the last version
-    keep_last: int = 3  # versions whose weights are kept (0: all); optimizer state: newest only
+    # versions whose weights are kept (0: all; default 3, all with `lora`); optimizer state:
+    # newest only
+    keep_last: int | None = None
     keep_every: int = 25  # ... plus every version that is a multiple of this (0: none)
     kv_strategy: str = "paged"
     engine_batch_size: int = 128
@@ -66,46 +81,31 @@ class GRPOConfig:
     release_kv_during_training: bool = True  # the engine's KV memory is freed while training
     kv_cache_bytes: int | None = None  # the engine's KV budget (default: the engine's)
     gpu_memory_utilization: float | None = None  # on CUDA: the budget as a share of free memory
+    # LoRA over a frozen base shared with the engine (`core_engine.adapters.LoraSettings`; a
+    # table in job files); None: full-weight training.
+    lora: LoraSettings | None = None
 
     def __post_init__(self) -> None:
-        problems = []
+        problems = self._resolve_lora()
+        for name, value in mode_defaults(self.lora is not None).items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
         if (self.task is None) == (self.data is None):
             problems.append("give exactly one of 'task' or 'data'")
-        for name in (
-            "steps",
-            "batch_size",
-            "group_size",
-            "max_tokens",
-            "engine_batch_size",
-            "updates_per_batch",
-            "max_tokens_per_micro_batch",
-            "logit_chunk_rows",
-        ):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be >= 1")
-        if self.lr <= 0:
-            problems.append("lr must be > 0")
-        sampling = SamplingParams(temperature=self.temperature, top_p=self.top_p)
-        problems.extend(filter(None, [sampling.validation_error()]))
+        numbers = field_problems(vars(self), TRAINER_FIELDS)
+        problems.extend(numbers)
+        if not numbers:  # the rules across fields compare numbers
+            sampling = SamplingParams(temperature=self.temperature, top_p=self.top_p)
+            problems.extend(filter(None, [sampling.validation_error()]))
         if self.kv_strategy not in KV_STRATEGIES:
             problems.append(f"kv_strategy must be one of {', '.join(KV_STRATEGIES)}")
         if self.reject_scope not in ("batch", "group"):
             problems.append("reject_scope must be 'batch' or 'group'")
-        if self.max_policy_lag < 0 or self.checkpoint_every < 0 or self.clip_eps <= 0:
-            problems.append("max_policy_lag and checkpoint_every must be >= 0, clip_eps > 0")
-        if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
-            problems.append("kv_cache_bytes must be >= 1")
-        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
-            problems.append("gpu_memory_utilization must be in (0, 1]")
-        if self.keep_last < 0 or self.keep_every < 0:
-            problems.append("keep_last and keep_every must be >= 0")
         if self.optimizer_state_dtype not in OPTIMIZER_STATE_DTYPES:
             problems.append(f"optimizer_state_dtype must be one of {list(OPTIMIZER_STATE_DTYPES)}")
         if self.engine_dtype not in ENGINE_DTYPES:
             problems.append(f"engine_dtype must be one of {sorted(ENGINE_DTYPES)}")
-        if self.tis_cap is not None and not (math.isfinite(self.tis_cap) and self.tis_cap >= 0):
-            problems.append("tis_cap must be a finite number >= 0 (0 turns it off)")
-        if self.max_tokens >= self.max_tokens_per_micro_batch:
+        if not numbers and self.max_tokens >= self.max_tokens_per_micro_batch:
             problems.append(
                 f"max_tokens_per_micro_batch ({self.max_tokens_per_micro_batch}) cannot hold one "
                 f"sample: a prompt plus max_tokens ({self.max_tokens}) needs more"
@@ -122,6 +122,18 @@ class GRPOConfig:
         if problems:
             raise ValueError("invalid training config: " + "; ".join(problems))
 
+    def _resolve_lora(self) -> list[str]:
+        """`lora` given as a table becomes `LoraSettings`; returns what is wrong with it."""
+        if self.lora is None or isinstance(self.lora, LoraSettings):
+            return []
+        if not isinstance(self.lora, dict):
+            return [f"lora must be a table of LoRA settings, got {self.lora!r}"]
+        try:
+            object.__setattr__(self, "lora", LoraSettings.from_dict(self.lora))
+        except (TypeError, ValueError) as exc:
+            return [str(exc)]
+        return []
+
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GRPOConfig:
         known = {f.name for f in fields(cls)}
@@ -133,6 +145,6 @@ class GRPOConfig:
     @classmethod
     def from_file(cls, path: str | Path) -> GRPOConfig:
         path = Path(path)
-        text = path.read_text()
+        text = read_text(path, MAX_TEXT_BYTES)
         values = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
         return cls.from_dict(values)

@@ -4,7 +4,9 @@ weights are loaded.
 The floor: the trainer's fp32 weights, gradients and AdamW's two moments (16 bytes per
 parameter, 12 with bfloat16 moments), a KL reference model (4 bytes per parameter), the
 engine's own copy when it computes in a lower precision, and the engine's KV pool when it is
-kept during the training phase.
+kept during the training phase. A LoRA job instead holds its frozen base once, in the engine's
+dtype (the engine serves it, its adapter disabled it is the KL reference), plus 16 (12) bytes
+per adapter parameter, counted as fp32.
 Activations, the log-softmax chunks and the process itself come on top, so a job refused here
 could never have run; one that passes may still need more.
 """
@@ -19,9 +21,10 @@ from typing import Any
 
 import torch
 
+from core_engine.adapters import count_adapter_parameters
 from core_engine.cache.sizing import kv_budget_bytes
 from core_engine.engine import resolve_dtype
-from core_engine.model.loader import build_model
+from core_engine.model import CausalLM, ModelConfig
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.optimizer import optimizer_state_bytes
 
@@ -37,17 +40,31 @@ class InsufficientMemoryError(ValueError):
 @dataclass(frozen=True)
 class Footprint:
     parameters: int
-    trainer_bytes: int  # fp32 weights + gradients + AdamW moments
+    trainer_bytes: int  # fp32 weights (LoRA: the adapter's) + gradients + AdamW moments
     reference_bytes: int
     engine_copy_bytes: int
     kv_bytes: int
+    adapter_parameters: int = 0  # LoRA: the trained parameters
+    base_bytes: int = 0  # LoRA: the frozen base, shared by the trainer and the engine
 
     @property
     def total_bytes(self) -> int:
-        return self.trainer_bytes + self.reference_bytes + self.engine_copy_bytes + self.kv_bytes
+        return (
+            self.trainer_bytes
+            + self.reference_bytes
+            + self.engine_copy_bytes
+            + self.kv_bytes
+            + self.base_bytes
+        )
 
     def describe(self) -> str:
         parts = [f"{self.trainer_bytes / GIB:.2f} GiB fp32 weights + gradients + AdamW"]
+        if self.adapter_parameters:
+            parts = [
+                f"{self.base_bytes / GIB:.2f} GiB frozen base shared with the engine",
+                f"{self.trainer_bytes / GIB:.2f} GiB LoRA adapter ({self.adapter_parameters:,} "
+                "parameters) + gradients + AdamW",
+            ]
         if self.reference_bytes:
             parts.append(f"{self.reference_bytes / GIB:.2f} GiB KL reference")
         if self.engine_copy_bytes:
@@ -60,7 +77,9 @@ class Footprint:
 def count_parameters(hf_config: Any) -> int:
     """Distinct parameters of the model a config describes (tied embeddings once), counted on
     the meta device: nothing is allocated."""
-    return sum(p.numel() for p in build_model(hf_config, torch.float32, "meta").parameters())
+    with torch.device("meta"):  # built there: nothing is allocated, even while initialising
+        model = CausalLM(ModelConfig.from_hf(hf_config))
+    return sum(p.numel() for p in model.parameters())
 
 
 def training_footprint(config: GRPOConfig, hf_config: Any, device: torch.device) -> Footprint:
@@ -70,9 +89,21 @@ def training_footprint(config: GRPOConfig, hf_config: Any, device: torch.device)
     kv = 0
     if not config.release_kv_during_training and device.type == "cpu":  # CUDA: sized from free
         kv = kv_budget_bytes(config.kv_cache_bytes, 1.0, device)
+    per_trained = 8 + optimizer_state_bytes(config.optimizer_state_dtype)
+    if config.lora is not None:
+        adapter = count_adapter_parameters(hf_config, config.lora)
+        return Footprint(
+            parameters=parameters,
+            trainer_bytes=per_trained * adapter,
+            reference_bytes=0,
+            engine_copy_bytes=0,
+            kv_bytes=kv,
+            adapter_parameters=adapter,
+            base_bytes=parameters * engine_dtype.itemsize,
+        )
     return Footprint(
         parameters=parameters,
-        trainer_bytes=(8 + optimizer_state_bytes(config.optimizer_state_dtype)) * parameters,
+        trainer_bytes=per_trained * parameters,
         reference_bytes=4 * parameters if config.kl_coef else 0,
         engine_copy_bytes=engine_copy,
         kv_bytes=kv,

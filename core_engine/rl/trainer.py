@@ -21,7 +21,6 @@ import torch
 from transformers import AutoTokenizer
 
 from core_engine.engine import resolve_device
-from core_engine.model import load_model
 from core_engine.rl.checkpoint import (
     latest_checkpoint,
     load_optimizer_state,
@@ -36,14 +35,15 @@ from core_engine.rl.data import collate
 from core_engine.rl.footprint import check_room_for, return_large_frees_to_the_os
 from core_engine.rl.loss import group_advantages
 from core_engine.rl.optimizer import build_optimizer
+from core_engine.rl.policy_weights import kl_reference, load_policy, published_weights
 from core_engine.rl.records import StepRecord, StopReason, TrainerHooks, VersionRecord
 from core_engine.rl.rewards import RewardError, resolve_reward
 from core_engine.rl.rollout import RolloutGenerator, RolloutResult, RolloutRunner, longest_prompt
 from core_engine.rl.screen import screen_groups
 from core_engine.rl.tasks import default_reward
-from core_engine.rl.update import TrainSample, UpdateResult, accumulate_gradients
+from core_engine.rl.update import TrainSample, UpdateResult, accumulate_gradients, training_mode
 from core_engine.task import SamplingParams
-from core_engine.weights import canonical_weights, update_digest, weights_checksum
+from core_engine.weights import update_digest, weights_checksum
 
 
 class TrainingError(RuntimeError):
@@ -77,13 +77,11 @@ class GRPOTrainer:
             )
         check_room_for(config, self.device)  # before anything is loaded
         return_large_frees_to_the_os()
-        self.model = load_model(resume or config.model, torch.float32, self.device).train()
-        # The KL anchor is the starting policy, also when resuming.
-        self.reference = (
-            load_model(config.model, torch.float32, self.device).eval() if config.kl_coef else None
-        )
+        self.model, self.base_checksum = load_policy(config, resume, self.device)
+        self.reference = kl_reference(config, self.model, self.device)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: adapter
         self.optimizer = build_optimizer(
-            self.model.parameters(), config.lr, config.weight_decay, config.optimizer_state_dtype
+            trainable, config.lr, config.weight_decay, config.optimizer_state_dtype
         )
         if resume:
             load_optimizer_state(self.optimizer, resume)
@@ -253,7 +251,8 @@ class GRPOTrainer:
     def _backward(self, samples: list[TrainSample]) -> tuple[UpdateResult, float]:
         """The step's gradients (accumulated over micro-batches) and their clipped norm."""
         self.optimizer.zero_grad(set_to_none=True)
-        update = accumulate_gradients(self.model, samples, self.update_settings, self.reference)
+        with training_mode(self.model):
+            update = accumulate_gradients(self.model, samples, self.update_settings, self.reference)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
         return update, float(norm)
 
@@ -270,7 +269,7 @@ class GRPOTrainer:
         parent, self.version = self.version, self.version + 1
         self.step_index += 1
         engine_dtype = self.engine.model.lm_head.weight.dtype
-        weights = {k: v.detach().to(engine_dtype) for k, v in canonical_weights(self.model).items()}
+        weights = published_weights(self.model, engine_dtype)
         ack = self.engine.update_weights(weights, self.version)
         expected = update_digest(weights)
         if ack.version != self.version or ack.checksum != expected:
@@ -330,6 +329,8 @@ class GRPOTrainer:
             kept = self._old_logprobs
             old = kept[1] if kept is not None and kept[0] is self.runner.last else {}
             pending = {"rollout": self.runner.last.to_json(), "old_logprobs": old}
+        state = {"batches_drawn": self.batches_drawn, "updates_done": done}
+        state["base_checksum"] = self.base_checksum  # LoRA's, verified on resume
         return save_checkpoint(
             self.output_dir,
             self.model,
@@ -337,7 +338,7 @@ class GRPOTrainer:
             self.version,
             self.step_index,
             self.config.model,
-            {"batches_drawn": self.batches_drawn, "updates_done": done},
+            state,
             pending,
             self.hooks.checkpoint_writer,
         )

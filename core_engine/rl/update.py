@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from core_engine.adapters import adapters_disabled
 from core_engine.model import CausalLM
 from core_engine.rl.logprobs import packed_response_logprobs
 from core_engine.rl.loss import grpo_loss
@@ -82,6 +83,18 @@ def pack_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int
     return batches
 
 
+@contextlib.contextmanager
+def training_mode(model: torch.nn.Module) -> Iterator[None]:
+    """`model` in training mode for the duration (e.g. LoRA dropout on): the colocated engine
+    serves the same modules, in eval mode."""
+    was_training = model.training
+    model.train()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
 def accumulate_gradients(
     model: CausalLM,
     samples: Sequence[TrainSample],
@@ -101,7 +114,7 @@ def accumulate_gradients(
             logprobs[i] = row.detach().tolist()
         ref = None
         if reference is not None and settings.kl_coef:
-            with torch.no_grad():
+            with torch.no_grad(), adapters_disabled(reference):  # LoRA: the policy's own base
                 ref = _padded(_score(reference, part, settings))
         behaviour = _padded([_tensor(s.behaviour, logp[0]) for s in part])
         old = _padded(

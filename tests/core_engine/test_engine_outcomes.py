@@ -197,6 +197,22 @@ def test_abort_releases_everything(qwen2_pair):
     assert_idle(engine)
 
 
+def test_run_batch_stops_at_the_step_its_caller_cancels(qwen2_pair):
+    """`cancelled` is asked before every step: a request cancelled after 3 steps ends
+    `abort/cancelled` with the tokens it had, and releases everything."""
+    ours, _ = qwen2_pair
+    engine = make_engine(ours, page_size=4)
+    asked = []
+    long = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    results = engine.run_batch(
+        [[1, 2, 3], [4, 5]], long, cancelled=lambda: asked.append(1) or len(asked) > 3
+    )
+    assert [outcome(r) for r in results] == [(FinishReason.ABORT, ErrorCode.CANCELLED)] * 2
+    assert [len(r.output_ids) for r in results] == [3, 3]  # one prefill, two decode steps
+    assert_idle(engine)
+    assert len(engine.run_batch([[1, 2]], long)[0].output_ids) == 40  # never cancelled
+
+
 def test_metrics_record_timings_and_outcomes(qwen2_pair):
     ours, _ = qwen2_pair
     engine = make_engine(ours)

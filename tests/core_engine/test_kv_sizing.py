@@ -7,6 +7,7 @@ import transformers
 from core_engine.cache.sizing import (
     DEFAULT_CPU_KV_BYTES,
     EngineSizingError,
+    engines_memory_budget,
     kv_budget_bytes,
     kv_bytes_per_token,
     model_kv_bytes_per_token,
@@ -68,6 +69,24 @@ def test_cuda_budget_is_a_fraction_of_free_memory_after_weights():
     assert kv_budget_bytes(123_456, 0.5, torch.device("cuda", 0), fake_mem_get_info) == 123_456
     with pytest.raises(EngineSizingError, match="gpu_memory_utilization"):
         kv_budget_bytes(None, 1.5, torch.device("cuda", 0), fake_mem_get_info)
+
+
+def test_the_engines_of_a_worker_share_one_budget():
+    """Issue 24, item 9: one budget for all warm engines (`workers.engines.EngineCache`
+    splits it), not 90% of the free device memory for each of them."""
+    gib = 1 << 30
+
+    def fake_mem_get_info(device):
+        assert device.type == "cuda"
+        return 70 * gib, 80 * gib  # free, total
+
+    cuda = torch.device("cuda", 0)
+    assert engines_memory_budget(None, cuda, fake_mem_get_info) == int(0.9 * 70 * gib)
+    assert engines_memory_budget(24 * gib, cuda, fake_mem_get_info) == 24 * gib
+    assert engines_memory_budget(None, torch.device("cpu")) is None  # CPU: as before
+    assert engines_memory_budget(gib, torch.device("cpu")) == gib
+    with pytest.raises(EngineSizingError, match="engine memory"):
+        engines_memory_budget(0, torch.device("cpu"))
 
 
 def test_job_lengths_bound_the_pool():

@@ -5,7 +5,7 @@ import torch
 import transformers
 
 from core_engine.rl import footprint as footprint_module
-from core_engine.rl import trainer as trainer_module
+from core_engine.rl import policy_weights as policy_weights_module
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.footprint import (
     InsufficientMemoryError,
@@ -56,7 +56,7 @@ def test_a_job_the_worker_cannot_hold_fails_before_loading_weights(
     def never(*args, **kwargs):
         raise AssertionError("weights were loaded")
 
-    monkeypatch.setattr(trainer_module, "load_model", never)
+    monkeypatch.setattr(policy_weights_module, "load_model", never)
     with pytest.raises(InsufficientMemoryError, match=r"needs at least .* GiB on cpu") as info:
         make_trainer(checkpoint, tmp_path)
     assert "fp32 weights + gradients + AdamW" in str(info.value)
