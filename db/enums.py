@@ -19,10 +19,16 @@ class JobStatus(StrEnum):
     CANCELLED = "cancelled"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    STALLED = "stalled"  # ended early, nothing broken: no reward variance left to learn from
 
     @property
     def is_terminal(self) -> bool:
-        return self in (JobStatus.CANCELLED, JobStatus.SUCCEEDED, JobStatus.FAILED)
+        return self in (
+            JobStatus.CANCELLED,
+            JobStatus.SUCCEEDED,
+            JobStatus.FAILED,
+            JobStatus.STALLED,
+        )
 
 
 class BatchStatus(StrEnum):

@@ -91,6 +91,8 @@ class Job(Base):
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     phase: Mapped[str | None] = mapped_column(Text)  # before the first step (e.g. a warm-up)
+    # a LoRA job's frozen base (`core_engine.adapters.base_checksum`), recorded once
+    base_checksum: Mapped[str | None] = mapped_column(String(128))
 
     versions: Mapped[list["PolicyVersion"]] = relationship(
         back_populates="job", passive_deletes=True

@@ -151,6 +151,7 @@ class JobInfo:
     fence: int = 0
     heartbeat_at: datetime | None = None
     phase: str | None = None
+    base_checksum: str | None = None  # a LoRA job's base checkpoint, recorded once
 
 
 @dataclass(frozen=True)
@@ -236,10 +237,12 @@ class SampleDetail:
 @dataclass(frozen=True)
 class SamplePage:
     """One page of samples; pass ``next_cursor`` back to get the next page (None: last page).
-    The cursor is an opaque string."""
+    The cursor is an opaque string. ``searched``: the samples a text search read when it
+    stopped at its bound before filling the page (the next page searches on); else None."""
 
     items: list[SampleSummary]
     next_cursor: str | None
+    searched: int | None = None
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from db.repository.base import (
     lock_job,
     require_active,
 )
-from db.timestamps import utcnow
+from db.timestamps import database_now, utcnow
 
 # The statuses each status may be entered from. RUNNING -> RUNNING is a redelivered task
 # (the worker died; Celery runs it again).
@@ -24,8 +24,11 @@ _ENTERED_FROM: dict[JobStatus, tuple[JobStatus, ...]] = {
     JobStatus.RUNNING: (JobStatus.QUEUED, JobStatus.RUNNING),
     JobStatus.SUCCEEDED: (JobStatus.RUNNING, JobStatus.CANCELLING),
     JobStatus.FAILED: (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING),
+    JobStatus.STALLED: (JobStatus.RUNNING, JobStatus.CANCELLING),
     JobStatus.CANCELLED: (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING),
 }
+# What `Repository.reopen` may queue again (a train job continues from its newest version).
+_RESUMABLE = (JobStatus.FAILED, JobStatus.STALLED, JobStatus.CANCELLED)
 
 
 def job_info(job: Job) -> JobInfo:
@@ -48,6 +51,7 @@ def job_info(job: Job) -> JobInfo:
         fence=job.fence,
         heartbeat_at=job.heartbeat_at,
         phase=job.phase,
+        base_checksum=job.base_checksum,
     )
 
 
@@ -131,13 +135,30 @@ class JobsMixin(RepositoryBase):
             job = lock_job(session, job_id, fence)
             require_active(job, "update progress")
             if fence is not None:
-                job.heartbeat_at = utcnow()
+                job.heartbeat_at = database_now(session)
             total = job.total_steps if total_steps is None else total_steps
             if step < 0 or (total is not None and step > total):
                 raise InvalidValue(f"step: {step} is outside 0..{total}")
             job.step = step
             job.total_steps = total
             job.phase = phase
+            session.flush()
+            return job_info(job)
+
+    def record_base_checksum(
+        self, job_id: int, checksum: str, *, fence: int | None = None
+    ) -> JobInfo:
+        """Record the checksum of a running LoRA job's base checkpoint, once: the same one
+        again is a no-op, another one is refused (`InvalidValue`: the base changed)."""
+        with self._write() as session:
+            job = lock_job(session, job_id, fence)
+            require_active(job, "record its base checksum")
+            if job.base_checksum not in (None, checksum):
+                raise InvalidValue(
+                    f"base_checksum: job {job_id} was trained on a base with checksum "
+                    f"{job.base_checksum[:12]}, not {checksum[:12]}"
+                )
+            job.base_checksum = checksum
             session.flush()
             return job_info(job)
 
@@ -180,6 +201,11 @@ class JobsMixin(RepositoryBase):
     def mark_failed(self, job_id: int, error: str, *, fence: int | None = None) -> JobInfo:
         return self._finish(job_id, JobStatus.FAILED, error, fence)
 
+    def mark_stalled(self, job_id: int, reason: str, *, fence: int | None = None) -> JobInfo:
+        """End a job that stopped early with nothing broken (no learning signal left), with
+        the ``reason`` shown as its error."""
+        return self._finish(job_id, JobStatus.STALLED, reason, fence)
+
     def mark_cancelled(
         self, job_id: int, error: str | None = None, *, fence: int | None = None
     ) -> JobInfo:
@@ -196,12 +222,12 @@ class JobsMixin(RepositoryBase):
             return job_info(job)
 
     def reopen(self, job_id: int) -> JobInfo:
-        """Queue a failed or cancelled train job again, to continue from its newest version:
-        a fresh count of attempts, no error, no cancel request (`InvalidTransition` for any
-        other job)."""
+        """Queue a failed, stalled or cancelled train job again, to continue from its newest
+        version: a fresh count of attempts, no error, no cancel request (`InvalidTransition`
+        for any other job)."""
         with self._write() as session:
             job = load_job(session, job_id, for_update=True)
-            resumable = job.status in (JobStatus.FAILED, JobStatus.CANCELLED)
+            resumable = job.status in _RESUMABLE
             if not resumable or job.kind is not JobKind.TRAIN:
                 raise InvalidTransition(job.id, job.status.value, f"resume a {job.kind} job")
             job.status, job.attempts, job.error = JobStatus.QUEUED, 0, None

@@ -3,12 +3,14 @@ from a stale owner, and dropping what an interrupted attempt stored after its la
 
 Every write of a worker carries the fencing token its attempt started with (``fence=``); the
 token is checked in the transaction of the write (`lock_job`), so once recovery or a new
-attempt has taken the job, the old owner cannot store anything more.
+attempt has taken the job, the old owner cannot store anything more. Heartbeats are written
+and judged by the database server's clock (`database_now`), never a worker's: a worker whose
+clock runs ahead cannot take a healthy job, nor one whose clock runs behind lose its own.
 """
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import timedelta
 
 from sqlalchemy import delete, select
 
@@ -19,7 +21,7 @@ from db.records import JobInfo
 from db.repository.base import ACTIVE_STATUSES, RepositoryBase, load_job, lock_job
 from db.repository.jobs import job_info
 from db.repository.stats import add_samples
-from db.timestamps import utcnow
+from db.timestamps import database_now, utcnow
 
 _STAT_COLUMNS = (Sample.policy_version, Sample.finish_reason, Sample.response_length, Sample.reward)
 
@@ -39,7 +41,7 @@ class OwnershipMixin(RepositoryBase):
                 )
             job.attempts += 1
             job.fence += 1
-            job.heartbeat_at = utcnow()
+            job.heartbeat_at = database_now(session)
             if celery_task_id is not None:
                 job.celery_task_id = celery_task_id
             session.flush()
@@ -49,7 +51,7 @@ class OwnershipMixin(RepositoryBase):
         """The owner is alive (`StaleOwner` once it is not the owner any more)."""
         with self._write() as session:
             job = lock_job(session, job_id, fence)
-            job.heartbeat_at = utcnow()
+            job.heartbeat_at = database_now(session)
             session.flush()
             return job_info(job)
 
@@ -73,14 +75,16 @@ class OwnershipMixin(RepositoryBase):
             session.flush()
             return job_info(job)
 
-    def requeue_stale(self, job_id: int, older_than: datetime, task_id: str) -> JobInfo | None:
-        """Recovery: a running job whose owner released it or gave no heartbeat since
-        ``older_than`` is taken from that owner (a new fencing token) and queued again under
-        ``task_id`` (a cancelling one is cancelled instead). None: the owner is alive."""
+    def requeue_stale(self, job_id: int, timeout_s: float, task_id: str) -> JobInfo | None:
+        """Recovery: a running job whose owner released it or gave no heartbeat in the last
+        ``timeout_s`` seconds of the database's clock is taken from that owner (a new fencing
+        token) and queued again under ``task_id`` (a cancelling one is cancelled instead).
+        None: the owner is alive."""
         with self._write() as session:
             job = load_job(session, job_id, for_update=True)
             beat = job.heartbeat_at
-            if job.status not in ACTIVE_STATUSES or (beat is not None and beat >= older_than):
+            older_than = database_now(session) - timedelta(seconds=timeout_s)
+            if job.status not in ACTIVE_STATUSES or (beat is not None and beat > older_than):
                 return None
             job.fence += 1
             job.heartbeat_at = None

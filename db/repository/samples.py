@@ -1,6 +1,7 @@
 """Reading samples: filtered keyset pages, one sample in full, two versions side by side."""
 
 from collections import defaultdict
+from collections.abc import Collection
 from typing import Any, Literal
 
 from sqlalchemy import ColumnElement, Select, distinct, func, literal, select, tuple_
@@ -10,9 +11,10 @@ from db.enums import BatchStatus, FinishReason, coerce
 from db.errors import InvalidValue, SampleNotFound
 from db.models import RolloutBatch, Sample
 from db.records import PromptComparison, SampleDetail, SampleFilter, SamplePage, SampleSummary
-from db.repository.base import RepositoryBase, check_limit, load_job
+from db.repository.base import MAX_PAGE_SIZE, RepositoryBase, check_limit, load_job
 
 RARE_MATCHES = 5000
+TEXT_SEARCH_ROWS = 10_000  # the samples one page of a text search reads, at most
 
 _SUMMARY_COLUMNS = (
     Sample.id,
@@ -68,11 +70,6 @@ def _apply_filter(
         conditions.append(RolloutBatch.status == status)
     if where.min_logprob_gap is not None:
         conditions.append(Sample.logprob_gap_max >= where.min_logprob_gap)
-    if where.text:
-        conditions.append(
-            Sample.prompt_text.icontains(where.text, autoescape=True)
-            | Sample.response_text.icontains(where.text, autoescape=True)
-        )
     return statement.where(*conditions)
 
 
@@ -93,20 +90,52 @@ def _reward_is_rare(session: Session, where: SampleFilter) -> bool:
     return session.scalar(matches) < RARE_MATCHES
 
 
-def page_statement(
-    where: SampleFilter, cursor: str | None, newest_first: bool, *, reward_index: bool = True
+def _scan(
+    where: SampleFilter, cursor: str | None, newest_first: bool, reward_index: bool
 ) -> Select[Any]:
-    """The summaries matching ``where`` after ``cursor``, in page order (without a limit).
-    Without ``reward_index`` the reward filter cannot use an index (see `_reward_is_rare`)."""
+    """The summaries matching ``where`` but its text, after ``cursor``, in page order."""
     key = tuple_(Sample.policy_version, Sample.id)
     reward = Sample.reward if reward_index else Sample.reward + 0
     statement = _apply_filter(_summaries(), where, reward)
     if cursor is not None:
         after = tuple_(*(literal(part) for part in _parse_cursor(cursor)))
         statement = statement.where(key < after if newest_first else key > after)
+    return _in_page_order(statement, Sample.policy_version, Sample.id, newest_first)
+
+
+def _in_page_order(
+    statement: Select[Any], version: Any, sample_id: Any, newest_first: bool
+) -> Select[Any]:
     if newest_first:
-        return statement.order_by(Sample.policy_version.desc(), Sample.id.desc())
-    return statement.order_by(Sample.policy_version, Sample.id)
+        return statement.order_by(version.desc(), sample_id.desc())
+    return statement.order_by(version, sample_id)
+
+
+def page_statement(
+    where: SampleFilter, cursor: str | None, newest_first: bool, *, reward_index: bool = True
+) -> Select[Any]:
+    """The summaries matching ``where`` after ``cursor``, in page order (without a limit).
+    Without ``reward_index`` the reward filter cannot use an index (see `_reward_is_rare`).
+    The ``text`` filter reads only the next `TEXT_SEARCH_ROWS` samples that match the rest."""
+    statement = _scan(where, cursor, newest_first, reward_index)
+    if not where.text:
+        return statement
+    window = statement.limit(TEXT_SEARCH_ROWS).subquery()  # no plan can read more
+    text = window.c.prompt_text.icontains(where.text, autoescape=True) | (
+        window.c.response_text.icontains(where.text, autoescape=True)
+    )
+    matches = select(window).where(text)
+    return _in_page_order(matches, window.c.policy_version, window.c.id, newest_first)
+
+
+def _last_searched(
+    where: SampleFilter, cursor: str | None, newest_first: bool, reward_index: bool
+) -> Select[Any]:
+    """The keys of the last sample `page_statement` reads for a text search and of the one
+    after it: two rows where samples are left unread, fewer where it reads to the end."""
+    statement = _scan(where, cursor, newest_first, reward_index)
+    columns = statement.with_only_columns(Sample.policy_version, Sample.id)
+    return columns.offset(TEXT_SEARCH_ROWS - 1).limit(2)
 
 
 def _parse_cursor(cursor: str) -> tuple[int, int]:
@@ -135,21 +164,33 @@ class SamplesMixin(RepositoryBase):
     ) -> SamplePage:
         """One page of the job's samples matching ``where``, ordered by (policy version,
         sample id), ascending or, with ``newest_first``, descending. Pass the page's
-        ``next_cursor`` to get the next page; pages never repeat or skip a stored sample."""
+        ``next_cursor`` to get the next page; pages never repeat or skip a stored sample.
+
+        A ``text`` search reads at most `TEXT_SEARCH_ROWS` samples per page: where they do
+        not fill the page, it says so (``searched``) and the next page searches on."""
         check_limit(limit)
         probe = where.batch_id is None and (
             where.min_reward is not None or where.max_reward is not None
         )
+        resume_at = None  # where a text search that stopped at its bound goes on
         with self._read() as session:
             load_job(session, where.job_id)
             reward_index = probe and _reward_is_rare(session, where)
             statement = page_statement(where, cursor, newest_first, reward_index=reward_index)
             rows = session.execute(statement.limit(limit + 1)).all()
+            if where.text and len(rows) <= limit:
+                last = _last_searched(where, cursor, newest_first, reward_index)
+                last_read = session.execute(last).all()
+                if len(last_read) == 2:  # samples are left unread
+                    resume_at = last_read[0]
         items = [_summary(row) for row in rows[:limit]]
         next_cursor = None
         if len(rows) > limit:
             next_cursor = f"{items[-1].policy_version}:{items[-1].id}"
-        return SamplePage(items=items, next_cursor=next_cursor)
+        elif resume_at is not None:
+            next_cursor = f"{resume_at.policy_version}:{resume_at.id}"
+        searched = None if resume_at is None else TEXT_SEARCH_ROWS
+        return SamplePage(items=items, next_cursor=next_cursor, searched=searched)
 
     def get_sample(self, sample_id: int) -> SampleDetail:
         """Everything stored about one sample, per-token arrays included."""
@@ -180,13 +221,20 @@ class SamplesMixin(RepositoryBase):
                 trainer_logprobs=sample.trainer_logprobs,
             )
 
-    def random_sample_ids(self, job_id: int, count: int) -> list[int]:
-        """Up to ``count`` ids of the job's samples with a response, drawn at random across
-        its versions (oldest version first)."""
+    def random_sample_ids(self, job_id: int, count: int, versions: Collection[int]) -> list[int]:
+        """Up to ``count`` ids of the job's samples with a response, drawn at random from
+        those of ``versions`` (at most `MAX_PAGE_SIZE` of them, e.g. the versions whose
+        weights were kept), oldest version first."""
         check_limit(count)
+        if len(versions) > MAX_PAGE_SIZE:
+            raise InvalidValue(f"versions: {len(versions)} is more than {MAX_PAGE_SIZE}")
         statement = (
             select(Sample.id, Sample.policy_version)
-            .where(Sample.job_id == job_id, Sample.response_length > 0)
+            .where(
+                Sample.job_id == job_id,
+                Sample.policy_version.in_(sorted(versions)),
+                Sample.response_length > 0,
+            )
             .order_by(func.random())
             .limit(count)
         )

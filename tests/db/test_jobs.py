@@ -11,6 +11,7 @@ from db import (
     JobStatus,
     PolicyVersionRecord,
     Repository,
+    StaleOwner,
 )
 from db.models import PolicyVersion, RolloutBatch, Sample, VersionSampleStats
 
@@ -122,6 +123,19 @@ def test_failure_keeps_the_error(repo: Repository) -> None:
     assert repo.get_job(job.id) == failed
 
 
+def test_a_stalled_train_job_keeps_its_reason_and_can_be_reopened(repo: Repository) -> None:
+    queued = repo.create_job("train", {})
+    with pytest.raises(InvalidTransition, match="'queued': cannot become 'stalled'"):
+        repo.mark_stalled(queued.id, "never ran")
+    repo.mark_running(queued.id)
+    stalled = repo.mark_stalled(queued.id, "every sample scored 0.0 in 6 batches")
+    assert stalled.status is JobStatus.STALLED and stalled.status.is_terminal
+    assert stalled.error == "every sample scored 0.0 in 6 batches"
+    assert stalled.finished_at is not None
+    reopened = repo.reopen(queued.id)
+    assert reopened.status is JobStatus.QUEUED and reopened.error is None
+
+
 def test_redelivered_task_runs_again_and_counts_attempts(repo: Repository) -> None:
     job = repo.create_job("train", {})
     assert repo.start_attempt(job.id).attempts == 1
@@ -136,6 +150,7 @@ def test_redelivered_task_runs_again_and_counts_attempts(repo: Repository) -> No
 FINISHERS = {
     "succeeded": lambda repo, job_id: repo.mark_succeeded(job_id),
     "failed": lambda repo, job_id: repo.mark_failed(job_id, "boom"),
+    "stalled": lambda repo, job_id: repo.mark_stalled(job_id, "no reward variance"),
     "cancelled": lambda repo, job_id: repo.mark_cancelled(job_id),
 }
 
@@ -241,3 +256,18 @@ def test_record_version_updates_the_current_version(repo: Repository) -> None:
     assert job.current_version == 0
     repo.record_policy_version(PolicyVersionRecord(job.id, 1, parent_version=0))
     assert repo.get_job(job.id).current_version == 1
+
+
+def test_a_base_checksum_is_recorded_once_per_job(repo: Repository) -> None:
+    job = running_job(repo)
+    assert job.base_checksum is None
+    assert repo.record_base_checksum(job.id, "ab" * 32).base_checksum == "ab" * 32
+    assert repo.record_base_checksum(job.id, "ab" * 32).base_checksum == "ab" * 32  # resumed
+    with pytest.raises(InvalidValue, match=f"trained on a base with checksum {'ab' * 6}"):
+        repo.record_base_checksum(job.id, "cd" * 32)
+    assert repo.get_job(job.id).base_checksum == "ab" * 32
+    with pytest.raises(StaleOwner):
+        repo.record_base_checksum(job.id, "ab" * 32, fence=job.fence + 1)
+    repo.mark_succeeded(job.id)
+    with pytest.raises(InvalidTransition):
+        repo.record_base_checksum(job.id, "ab" * 32)

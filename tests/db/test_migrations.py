@@ -2,12 +2,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import URL
 
-from db import downgrade, make_engine, upgrade
+from db import JobStatus, PolicyVersionRecord, Repository, downgrade, make_engine, upgrade
 from db.__main__ import main
 from db.migrate import heads
 from db.models import Base
@@ -70,6 +71,67 @@ def test_downgrade_0002_restores_the_batch_index(empty_database_url: URL) -> Non
     assert "ix_rollout_batches_job_order" not in _indexes(empty_database_url, "rollout_batches")
     upgrade(empty_database_url)
     assert _differences(empty_database_url) == []
+
+
+def test_0005_adds_stalled_and_its_downgrade_turns_stalled_jobs_into_failed_ones(
+    empty_database_url: URL,
+) -> None:
+    reason = "every sample scored 0.0 in 6 batches: check the reward and the task"
+    upgrade(empty_database_url)
+    repo = Repository.from_url(empty_database_url)
+    job = repo.create_job("train", {})
+    repo.mark_running(job.id)
+    repo.record_policy_version(PolicyVersionRecord(job.id, 0, None))
+    assert repo.mark_stalled(job.id, reason).status is JobStatus.STALLED
+    deleted = repo.create_job("train", {})
+    repo.delete_job(deleted.id)
+    repo.close()
+
+    downgrade(empty_database_url, "0004")
+    engine = make_engine(empty_database_url)
+    statement = sa.text("SELECT status, error FROM jobs WHERE id = :id")
+    with engine.connect() as connection:
+        assert tuple(connection.execute(statement, {"id": job.id}).one()) == ("failed", reason)
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as connection:
+        connection.execute(sa.text("UPDATE jobs SET status = 'stalled'"))
+    engine.dispose()
+
+    upgrade(empty_database_url)
+    assert _differences(empty_database_url) == []
+    repo = Repository.from_url(empty_database_url)
+    assert [v.version for v in repo.list_versions(job.id)] == [0]  # the copies lost nothing
+    newer = repo.create_job("train", {})
+    assert newer.id > deleted.id  # nor the id counter: a deleted job's id is never reused
+    repo.mark_running(newer.id)
+    assert repo.mark_stalled(newer.id, reason).status is JobStatus.STALLED
+    repo.close()
+
+
+def test_0006_adds_the_base_checksum_and_its_downgrade_keeps_the_jobs(
+    empty_database_url: URL,
+) -> None:
+    upgrade(empty_database_url)
+    repo = Repository.from_url(empty_database_url)
+    job = repo.create_job("train", {"lora": {"rank": 4}})
+    repo.mark_running(job.id)
+    repo.record_base_checksum(job.id, "ab" * 32)
+    deleted = repo.create_job("train", {})
+    repo.delete_job(deleted.id)
+    repo.close()
+
+    downgrade(empty_database_url, "0005")
+    engine = make_engine(empty_database_url)
+    columns = {c["name"] for c in sa.inspect(engine).get_columns("jobs")}
+    assert "base_checksum" not in columns and "phase" in columns
+    engine.dispose()
+
+    upgrade(empty_database_url)
+    assert _differences(empty_database_url) == []
+    repo = Repository.from_url(empty_database_url)
+    kept = repo.get_job(job.id)
+    assert kept.config == {"lora": {"rank": 4}} and kept.base_checksum is None
+    assert repo.create_job("train", {}).id > deleted.id  # the id counter is kept
+    repo.close()
 
 
 def test_command_line_upgrades_the_database_url(empty_database_url: URL, monkeypatch) -> None:

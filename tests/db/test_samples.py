@@ -204,6 +204,18 @@ def test_bad_queries(repo: Repository, data: Dataset, call, error: type, match: 
         call(repo, data)
 
 
+def test_random_sample_ids_draw_only_from_the_given_versions(
+    repo: Repository, data: Dataset
+) -> None:
+    v0_and_v2 = data.ids[:4] + data.ids[6:]
+    assert repo.random_sample_ids(data.job_id, 100, [2, 0]) == v0_and_v2  # oldest first
+    drawn = repo.random_sample_ids(data.job_id, 3, [0, 2])
+    assert len(drawn) == 3 and set(drawn) <= set(v0_and_v2)
+    assert repo.random_sample_ids(data.job_id, 5, []) == []
+    with pytest.raises(InvalidValue, match="versions"):
+        repo.random_sample_ids(data.job_id, 5, range(MAX_PAGE_SIZE + 1))
+
+
 def test_get_sample_has_the_arrays(repo: Repository, data: Dataset) -> None:
     sample = repo.get_sample(data.ids[0])
     assert sample.response_token_ids == [100, 101, 102, 103]
