@@ -1,5 +1,6 @@
 """The map of DESIGN.md holds in the tree: ``ui -> workers -> core_engine``, ``ui -> db``,
-``workers -> db``, nothing upward; no import cycle between modules; no module over 350 lines."""
+``workers -> db``, nothing upward; no import cycle between modules, counting the imports inside
+functions too; no module over 350 lines."""
 
 import ast
 from pathlib import Path
@@ -24,14 +25,13 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _imports(path: Path, module: str, everywhere: bool) -> set[str]:
-    """The absolute names ``path`` imports: all of them, or only those run at import time
-    (module level, outside ``if TYPE_CHECKING``)."""
+def _imports(path: Path, module: str) -> set[str]:
+    """The absolute names ``path`` imports, wherever the import statement is (module level,
+    inside a function, under ``if TYPE_CHECKING``)."""
     tree = ast.parse(path.read_text())
-    nodes = ast.walk(tree) if everywhere else _import_time(tree.body)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     names = set()
-    for node in nodes:
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -44,21 +44,11 @@ def _imports(path: Path, module: str, everywhere: bool) -> set[str]:
     return names
 
 
-def _import_time(body: list[ast.stmt]):
-    for node in body:
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            yield node
-        elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
-            yield from _import_time(node.body + node.orelse)
-        elif isinstance(node, ast.Try):
-            yield from _import_time(node.body)
-
-
 def test_no_layer_imports_upward():
     wrong = []
     for module, path in _modules().items():
         layer = module.partition(".")[0]
-        for name in _imports(path, module, everywhere=True):
+        for name in _imports(path, module):
             target = name.partition(".")[0]
             if target in PACKAGES and target not in MAY_IMPORT[layer]:
                 wrong.append(f"{module} imports {name}")
@@ -66,10 +56,11 @@ def test_no_layer_imports_upward():
 
 
 def test_no_import_cycle_between_modules():
+    """Not even through a function-level import: a circle that only runs late is still a
+    circle (`workers.control` and `workers.submission` exist to break two)."""
     modules = _modules()
     graph = {
-        module: {name for name in _imports(path, module, everywhere=False) if name in modules}
-        - {module}
+        module: {name for name in _imports(path, module) if name in modules} - {module}
         for module, path in modules.items()
     }
     done: set[str] = set()
@@ -114,7 +105,7 @@ def test_core_engine_layers():
     wrong = []
     for module, path in _modules().items():
         part = ".".join(module.split(".")[:2])
-        for name in _imports(path, module, everywhere=True):
+        for name in _imports(path, module):
             if not name.startswith("core_engine"):
                 continue
             if part in ONLY and not name.startswith(ONLY[part]):

@@ -1,70 +1,100 @@
 """What the UI and the CLI call: the job vocabulary and checks of user input (no user code is
 imported), when the UI may be served, the worker side of ``rlwb`` (`workers.commands`),
-submitting, cancelling and resuming jobs, and the queue. Imports no torch; Celery is
-configured on first use, not at import.
+submitting, cancelling and resuming jobs (`workers.submission`), and the queue. Imports no
+torch; Celery is configured on first use, not at import.
 
 from workers.api import submit_job, cancel_job, queue_overview
 job = submit_job("train", {"model": DEMO_MODEL, "task": "addition", "steps": 200})
 """
 
 from dataclasses import MISSING, fields
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from celery import Celery
-
+from core_engine.lora_settings import (
+    ADAPTER_FILE,
+    ALL_LINEAR,
+    LINEAR_MODULES,
+    SAVABLE_MODULES,
+    LoraSettings,
+)
 from core_engine.rl.clip import clip_active
-from core_engine.rl.config import GRPOConfig
-from core_engine.rl.data import DataError, load_jsonl
+from core_engine.rl.config import GRPOConfig, mode_defaults
+from core_engine.rl.data import DataError, count_jsonl
 from core_engine.rl.rewards import BUILTIN_REWARDS, check_reward_spec
 from core_engine.rl.tasks import BUILTIN_TASKS
 from core_engine.task import KV_STRATEGIES
-from db import JobInfo, JobKind, JobStatus
+from core_engine.user_files import (
+    MAX_DATA_BYTES,
+    MAX_TEXT_BYTES,
+    UnsafeFileError,
+    is_under,
+    regular_file,
+    size_text,
+)
+from db import JobStatus
+from workers.chat import checkpoint_context, max_tokens_bounds
 from workers.chat import settings_problems as chat_settings_problems
 from workers.commands import COMMANDS as WORKER_COMMANDS
 from workers.commands import add_commands as add_worker_commands
 from workers.commands import run as run_worker_command
+from workers.job_files import check_data_file, check_model, model_roots
 from workers.settings import GPU_QUEUE, Settings
 from workers.specs import (
     DEMO_MODEL,
     HELDOUT_EVERY,
     HELDOUT_METRIC,
     HELDOUT_PROMPTS,
+    JOB_FIELDS,
     SpecError,
-    check_paths,
-    check_sizes,
-    is_under,
-    model_roots,
-    validate,
 )
+from workers.submission import cancel_job, celery_app, resume_job, submit_job, validate_job
+from workers.trackers import TRACKERS
 
 __all__ = [
+    "ALL_LINEAR",
     "COMMANDS",
     "DEMO_MODEL",
     "HELDOUT_METRIC",
+    "JOB_FIELDS",
     "KV_STRATEGIES",
     "LAUNCH_DEFAULTS",
+    "LINEAR_MODULES",
+    "MAX_DATA_BYTES",
+    "MAX_TEXT_BYTES",
     "REWARDS",
+    "SAVABLE_MODULES",
     "TASKS",
+    "TRACKERS",
     "TRAINER_DEFAULTS",
     "WORKER_COMMANDS",
     "SpecError",
+    "UnsafeFileError",
+    "adapter_bytes",
     "add_worker_commands",
     "audit",
     "cancel_job",
     "chat",
     "chat_settings_problems",
+    "check_data_file",
+    "check_model",
     "check_reward",
+    "checkpoint_context",
     "clip_active",
     "count_records",
     "deployment",
     "exposure_problem",
     "is_under",
+    "max_tokens_bounds",
+    "mode_defaults",
     "model_roots",
     "queue_counts",
     "queue_overview",
+    "regular_file",
     "resume_job",
     "run_worker_command",
+    "size_text",
     "submit_job",
     "token_diff",
     "validate_job",
@@ -75,7 +105,9 @@ REWARDS: tuple[str, ...] = tuple(BUILTIN_REWARDS)
 TRAINER_DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in fields(GRPOConfig) if f.default is not MISSING
 }
-# What a new job starts from: the demo policy on addition, with held-out accuracy checked.
+LORA_DEFAULTS = LoraSettings()
+# What a new job starts from: the demo policy on addition, with held-out accuracy checked,
+# full-weight (LoRA off; when on, the `LORA_DEFAULTS` on every linear layer).
 LAUNCH_DEFAULTS: dict[str, Any] = {
     **TRAINER_DEFAULTS,
     "model": DEMO_MODEL,
@@ -83,12 +115,20 @@ LAUNCH_DEFAULTS: dict[str, Any] = {
     "steps": 600,
     "batch_size": 16,
     "group_size": 8,
-    "lr": 3e-4,
+    "lr": mode_defaults(lora=False)["lr"],
     "max_tokens": 6,
     "heldout_every": HELDOUT_EVERY,
     "heldout_prompts": HELDOUT_PROMPTS,
+    "report_to": [],
+    "lora": False,
+    "lora_rank": LORA_DEFAULTS.rank,
+    "lora_alpha": LORA_DEFAULTS.alpha,
+    "lora_dropout": LORA_DEFAULTS.dropout,
+    "lora_target_modules": list(LINEAR_MODULES),
+    "lora_modules_to_save": [],
 }
 LOOPBACK_NAMES = ("localhost", "::1")
+RECORD_COUNTS_KEPT = 256  # JSONL files whose record count (`count_records`) is remembered
 CHAT_TIMEOUT_S = 120.0
 QUEUE_REPLY_TIMEOUT_S = 0.6  # how long the Queue view waits for the workers' replies
 AUDIT_TIMEOUT_S = 600.0
@@ -103,6 +143,15 @@ COMMANDS = {
 }
 
 
+def adapter_bytes(checkpoint: str | None) -> int | None:
+    """The size of a LoRA version's adapter (its ``adapter_model.safetensors``); None when
+    the checkpoint holds none (a full-weight version, or weights not kept)."""
+    try:
+        return (Path(checkpoint) / ADAPTER_FILE).stat().st_size if checkpoint else None
+    except OSError:
+        return None
+
+
 def check_reward(spec: str) -> None:
     """The reward spec's syntax (`SpecError`); a registered name is checked on the worker."""
     try:
@@ -112,19 +161,27 @@ def check_reward(spec: str) -> None:
 
 
 def count_records(path: str | Path) -> int:
-    """How many prompt records a JSONL file holds (`SpecError` if it is unusable)."""
+    """How many prompt records a JSONL file holds (`SpecError` if it is unusable). Parsed
+    once per version of the file: the count, or the refusal, is kept for its identity (device,
+    inode, size, change times), so asking again costs one ``stat``."""
     try:
-        return len(load_jsonl(path))
-    except (DataError, OSError, UnicodeDecodeError) as exc:
+        info = regular_file(path, MAX_DATA_BYTES)
+    except UnsafeFileError as exc:
         raise SpecError(str(exc)) from None
+    identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    found = _count_records(str(path), identity)
+    if isinstance(found, str):
+        raise SpecError(found)
+    return found
 
 
-def validate_job(kind: JobKind | str, config: dict[str, Any]) -> int | None:
-    """Check a job config and its sizes as the worker will (`SpecError`); returns its
-    total steps."""
-    total_steps = validate(kind, config)
-    check_sizes(kind, config)
-    return total_steps
+@lru_cache(maxsize=RECORD_COUNTS_KEPT)
+def _count_records(path: str, identity: tuple[int, ...]) -> int | str:
+    """The record count of ``path`` as it is at ``identity``, or why it is unusable."""
+    try:
+        return count_jsonl(path)
+    except (DataError, OSError) as exc:
+        return str(exc)
 
 
 def exposure_problem(
@@ -145,48 +202,6 @@ def exposure_problem(
         f"refusing to serve the UI on {host} without a password: pass --auth USER:PASSWORD "
         "(or set RLWB_AUTH), or --allow-unauthenticated if that address is private"
     )
-
-
-def celery_app() -> Celery:
-    """The Celery app with the tasks registered."""
-    from workers import tasks
-
-    return tasks.app
-
-
-def submit_job(kind: JobKind | str, config: dict[str, Any]) -> JobInfo:
-    """Validate ``config`` (see `workers.specs`; raises `SpecError`), store a queued job and
-    send its task to the ``gpu`` queue."""
-    from workers.app import enqueue, repository
-
-    total_steps = validate_job(kind, config)
-    check_paths(config, Settings.from_env())
-    repo = repository()
-    job = repo.create_job(kind, config, total_steps=total_steps)
-    enqueue(celery_app(), repo, job)
-    return repo.get_job(job.id)
-
-
-def cancel_job(job_id: int) -> JobInfo:
-    """Cancel a job: a queued one at once (and its task is revoked), a running one at its
-    next step (it ends ``cancelled`` with everything so far kept)."""
-    from workers.app import repository
-
-    job = repository().request_cancel(job_id)
-    if job.status is JobStatus.CANCELLED and job.celery_task_id:
-        celery_app().control.revoke(job.celery_task_id)
-    return job
-
-
-def resume_job(job_id: int) -> JobInfo:
-    """Queue a failed or cancelled train job again: it continues from its newest checkpoint
-    at that version (`db.InvalidTransition` for any other job)."""
-    from workers.app import enqueue, repository
-
-    repo = repository()
-    job = repo.reopen(job_id)
-    enqueue(celery_app(), repo, job)
-    return repo.get_job(job_id)
 
 
 def chat(
@@ -220,14 +235,18 @@ def token_diff(
 
 def _interactive(name: str, args: list[Any], timeout: float) -> dict[str, Any]:
     """Run task ``name`` on the ``interactive`` queue and wait for its JSON answer;
-    ``{"problem": ...}`` when no worker answers within ``timeout`` seconds."""
+    ``{"problem": ...}`` when no worker answers within ``timeout`` seconds. The task is then
+    revoked: a worker that runs it stops at its next step (`workers.control.revoked`)."""
     from celery.exceptions import TimeoutError as CeleryTimeout
 
     result = celery_app().tasks[name].apply_async(args=args, expires=timeout)
     try:
         return result.get(timeout=timeout)
     except CeleryTimeout:
+        started = result.state == "STARTED"
         result.revoke()
+        if started:
+            return {"problem": f"stopped: the worker took longer than {timeout:g} s"}
         return {
             "problem": f"no interactive worker answered within {timeout:g} s: start one "
             "(`rlwb worker --interactive`)"

@@ -32,7 +32,7 @@ from celery.worker.control import Panel, inspect_command
 
 from db import JobInfo, JobStatus, Repository, resolve_url
 from db.timestamps import utcnow
-from workers.jobs import SHUTTING_DOWN
+from workers.control import SHUTTING_DOWN
 from workers.settings import (
     DAY_S,
     EMBEDDED_POLL_S,
@@ -174,13 +174,13 @@ def queue_state(state: Any, **_: Any) -> dict[str, list[dict[str, Any]]]:
 
 
 def recover_stale(app: Celery, repo: Repository, timeout_s: float) -> list[int]:
-    """One pass: re-queue the jobs without a recent heartbeat; returns their ids."""
-    older_than = utcnow() - timedelta(seconds=timeout_s)
+    """One pass: re-queue the jobs without a heartbeat in the last ``timeout_s`` seconds
+    (by the database server's clock, not this worker's); returns their ids."""
     recovered = []
     for status in ACTIVE:
         for job in repo.list_jobs(limit=1000, status=status):
             task_id = str(uuid.uuid4())
-            taken = repo.requeue_stale(job.id, older_than, task_id)
+            taken = repo.requeue_stale(job.id, timeout_s, task_id)
             if taken is None:
                 continue
             recovered.append(job.id)

@@ -1,15 +1,16 @@
 """The worker side of ``rlwb`` (`ui.cli` composes it with ``up`` and ``ui``), also
 ``python -m workers``:
 
-    worker [ARGS]           a GPU worker (celery worker --pool threads -c 1 -Q gpu ARGS)
-    worker --interactive    a worker for Playground chat (queue interactive)
+    worker [ARGS]           a GPU worker gpu@%h (celery worker --pool threads -c 1 -Q gpu ARGS)
+    worker --interactive    a worker for Playground chat chat@%h (queue interactive)
     db upgrade              migrate the database (DATABASE_URL, else the SQLite file)
     train CONFIG            run a training job here, without UI or queue, writing to the DB
     submit CONFIG           queue a job for the workers and print its id
     jobs                    list the jobs
-    resume JOB_ID           queue a failed or cancelled train job again, from its newest version
+    resume JOB_ID           requeue a failed, stalled or cancelled train job, from its last version
     cancel JOB_ID           cancel a job
     audit JOB_ID [--samples N]   re-score stored samples under their versions' weights
+    export JOB_ID VERSION DIR [--merged]   write a version's adapter, merged model or checkpoint
 
 Environment: DATABASE_URL, REDIS_URL, RLWB_DATA_DIR (see workers/README.md).
 """
@@ -17,16 +18,27 @@ Environment: DATABASE_URL, REDIS_URL, RLWB_DATA_DIR (see workers/README.md).
 import argparse
 import json
 import os
+import random
+import shutil
+import sys
 import tomllib
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-COMMANDS = ("worker", "db", "train", "submit", "jobs", "resume", "cancel", "audit")
+COMMANDS = ("worker", "db", "train", "submit", "jobs", "resume", "cancel", "audit", "export")
 DEFAULT_AUDIT_SAMPLES = 20
-WORKER_ARGS = ["--pool=threads", "--concurrency=1", "--queues=gpu"]
+MAX_LISTED_RANGES = 8  # of versions an audit could not check
+# Each role has its own node name (%h: this host), so two workers on one host both answer
+# `celery inspect`; a -n/--hostname passed on comes later and wins (e.g. gpu0@%h, gpu1@%h).
+WORKER_ARGS = ["--pool=threads", "--concurrency=1", "--queues=gpu", "--hostname=gpu@%h"]
 # Playground turns: short, two at a time, never behind a training job.
-INTERACTIVE_ARGS = ["--pool=threads", "--concurrency=2", "--queues=interactive"]
+INTERACTIVE_ARGS = [
+    "--pool=threads",
+    "--concurrency=2",
+    "--queues=interactive",
+    "--hostname=chat@%h",
+]
 EMBEDDED_ARGS = ["--without-gossip", "--without-mingle", "--without-heartbeat"]
 
 
@@ -35,8 +47,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     worker = commands.add_parser(
         "worker",
         help="run a GPU worker",
-        description="A Celery worker for the gpu queue: threads pool, one job at a time. "
-        "Further arguments go to `celery worker` (e.g. -n gpu0@%%h, --loglevel DEBUG).",
+        description="A Celery worker for the gpu queue: threads pool, one job at a time, "
+        "named gpu@%h (chat@%h with --interactive). Further arguments go to `celery "
+        "worker` (e.g. -n gpu0@%h for a second GPU worker on this host, --loglevel DEBUG).",
     )
     worker.add_argument(
         "--interactive",
@@ -64,25 +77,50 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     jobs = commands.add_parser("jobs", help="list jobs, newest first")
     jobs.add_argument("--limit", type=int, default=20)
     for name, text in (
-        ("resume", "queue a failed or cancelled train job again (from its newest checkpoint)"),
+        ("resume", "queue a failed, stalled or cancelled train job again (from its last version)"),
         ("cancel", "cancel a queued or running job"),
     ):
         commands.add_parser(name, help=text).add_argument("job_id", type=int)
     audit = commands.add_parser(
         "audit",
         help="re-score stored samples under their versions' kept weights (attribution check)",
-        description="Draw N stored samples of JOB at random across its versions, recompute "
-        "their log-probs under the stamped version's kept weights and report the largest "
-        "|stored - recomputed| per sample against the tolerance. Exit status 1 if any fails.",
+        description="Draw N stored samples of JOB at random from the versions whose weights "
+        "were kept, recompute their log-probs under those weights and report the largest "
+        "|stored - recomputed| per sample against the tolerance, then the coverage: how many "
+        "were checked, and which versions could not be. Exit status 1 if any fails or "
+        "nothing could be checked.",
     )
     audit.add_argument("job_id", type=int)
     audit.add_argument(
         "--samples", type=int, default=DEFAULT_AUDIT_SAMPLES, help="how many (max 200)"
     )
+    export = commands.add_parser(
+        "export",
+        help="write a kept version's weights to a new directory",
+        description="Write a LoRA version's PEFT adapter (or, --merged, a checkpoint of base "
+        "and adapter merged), or a full-weight version's checkpoint, to DIR (new or empty).",
+    )
+    export.add_argument("job_id", type=int)
+    export.add_argument("version", type=int)
+    export.add_argument("directory", type=Path)
+    export.add_argument("--merged", action="store_true", help="merge a LoRA adapter into its base")
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
-    """Run one of `COMMANDS` (``extra``: the arguments ``worker`` passes on to Celery)."""
+    """Run one of `COMMANDS` (``extra``: the arguments ``worker`` passes on to Celery). A
+    reader that stops early (``rlwb jobs | head``) ends it quietly, with status 1."""
+    try:
+        status = _run_command(args, extra)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+    except BrokenPipeError:
+        # Python's recipe (signal module docs, "Note on SIGPIPE"): what is left to flush
+        # at exit goes nowhere instead of raising again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return status
+
+
+def _run_command(args: argparse.Namespace, extra: list[str]) -> int:
     if args.command == "worker":
         return run_worker(extra, args.interactive)
     if args.command == "db":
@@ -94,12 +132,14 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         return run_train(args.config)
     if args.command == "audit":
         return run_audit(args.job_id, args.samples)
+    if args.command == "export":
+        return run_export(args.job_id, args.version, args.directory, args.merged)
     return run_queue_command(args)
 
 
 def worker_argv(extra: list[str], interactive: bool = False) -> list[str]:
-    """``celery worker`` arguments for a GPU (or interactive) worker (quieter on the
-    embedded broker)."""
+    """``celery worker`` arguments for a GPU (or interactive) worker, named ``gpu@%h`` (or
+    ``chat@%h``) unless ``extra`` names it (quieter on the embedded broker)."""
     from workers.settings import Settings
 
     embedded = EMBEDDED_ARGS if Settings.from_env().embedded else []
@@ -116,8 +156,11 @@ def run_worker(extra: list[str], interactive: bool = False) -> int:
 
 
 def read_config(path: Path) -> dict[str, Any]:
-    """A job file: JSON, or TOML for a ``.toml`` name."""
-    text = path.read_text()
+    """A job file: JSON, or TOML for a ``.toml`` name (a regular file of bounded size, else
+    `core_engine.user_files.UnsafeFileError`, a `ValueError`)."""
+    from core_engine.user_files import MAX_TEXT_BYTES, read_text
+
+    text = read_text(path, MAX_TEXT_BYTES)
     return tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
 
 
@@ -139,10 +182,11 @@ def run_train(path: Path) -> int:
     from workers.app import repository
     from workers.jobs import run_job
     from workers.settings import Settings
-    from workers.specs import validate
+    from workers.specs import check_trackers_installed, validate
 
     config = read_config(path)
     total_steps = validate("train", config)
+    check_trackers_installed(config)
     migrate.upgrade()
     repo = repository()
     job = repo.create_job("train", config, total_steps=total_steps)
@@ -160,22 +204,22 @@ def _line(job: Any) -> str:
 
 
 def run_queue_command(args: argparse.Namespace) -> int:
-    """``submit``, ``jobs``, ``resume`` or ``cancel`` through `workers.api`; a refused
-    request prints why and returns 1."""
+    """``submit``, ``jobs``, ``resume`` or ``cancel`` through `workers.submission`; a
+    refused request prints why and returns 1."""
     from db import StorageError
-    from workers import api
+    from workers import submission
     from workers.app import repository
 
     try:
         if args.command == "submit":
-            print(api.submit_job(args.kind, read_config(args.config)).id)
+            print(submission.submit_job(args.kind, read_config(args.config)).id)
         elif args.command == "jobs":
             for job in repository().list_jobs(limit=args.limit):
                 print(_line(job))
         elif args.command == "resume":
-            print(_line(api.resume_job(args.job_id)))
+            print(_line(submission.resume_job(args.job_id)))
         else:
-            print(_line(api.cancel_job(args.job_id)))
+            print(_line(submission.cancel_job(args.job_id)))
     except (ValueError, StorageError, OSError, tomllib.TOMLDecodeError) as exc:
         print(f"refused: {exc}")
         return 1
@@ -207,12 +251,45 @@ def _audit_line(result: dict[str, Any]) -> str:
     return line + (f"  ({result['problem']})" if result.get("problem") else "")
 
 
+def _version_ranges(versions: list[int]) -> str:
+    """Sorted versions as runs, e.g. ``0-24, 26-49, 51`` (the first `MAX_LISTED_RANGES`)."""
+    runs: list[list[int]] = []
+    for version in versions:
+        if runs and version == runs[-1][1] + 1:
+            runs[-1][1] = version
+        else:
+            runs.append([version, version])
+    shown = [str(a) if a == b else f"{a}-{b}" for a, b in runs[:MAX_LISTED_RANGES]]
+    more = len(runs) - len(shown)
+    return ", ".join(shown) + (f" and {more} more ranges" if more else "")
+
+
+def _coverage(statuses: Counter[str], not_kept: dict[int, int]) -> str:
+    """What the audit checked, and what it could not check and why: the audited samples'
+    other statuses, and the samples of versions (``not_kept``: version -> samples) whose
+    weights are gone."""
+    checked = statuses["pass"] + statuses["fail"]
+    reasons = [
+        f"{count} {status}"
+        for status, count in sorted(statuses.items())
+        if status not in ("pass", "fail")
+    ]
+    unchecked = statuses.total() - checked + sum(not_kept.values())
+    if not_kept:
+        versions = _version_ranges(sorted(not_kept))
+        reasons.insert(0, f"weights not kept for versions {versions}")
+    line = f"{checked} checked ({statuses['pass']} pass, {statuses['fail']} fail), "
+    return line + f"{unchecked} not checkable" + (": " + "; ".join(reasons) if reasons else "")
+
+
 def run_audit(job_id: int, samples: int) -> int:
-    """Audit ``samples`` random stored samples of a job, here, and print one line per sample
-    and a summary; 1 if a sample failed or erred (see `workers.scoring`)."""
+    """Audit ``samples`` stored samples of a job, drawn at random from the versions whose
+    weights were kept, here; print one line per sample and the coverage. 1 if nothing could
+    be checked, or a sample failed or erred (see `workers.scoring`)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from db import NotFound, StorageError
+    from db import MAX_PAGE_SIZE, NotFound, StorageError
     from workers.app import repository
+    from workers.engines import weights_kept
     from workers.scoring import AUDIT_TOLERANCE, MAX_AUDIT_SAMPLES, audit_samples
     from workers.settings import Settings
 
@@ -221,20 +298,50 @@ def run_audit(job_id: int, samples: int) -> int:
         return 1
     repo = repository()
     try:
-        ids = repo.random_sample_ids(job_id, samples)
+        versions = [v for v in repo.version_metrics(job_id) if v.num_samples]
     except (NotFound, StorageError) as exc:
         print(f"refused: {exc}")
         return 1
-    if not ids:
-        print(f"job {job_id} has no stored samples with a response")
+    if not versions:
+        print(f"job {job_id} has no stored samples")
         return 1
-    results = audit_samples(repo, Settings.from_env(), ids)["samples"]
+    kept = {v.version for v in versions if v.recorded is not None and weights_kept(v.recorded)}
+    not_kept = {v.version: v.num_samples for v in versions if v.version not in kept}
+    drawn_from = random.sample(sorted(kept), min(len(kept), MAX_PAGE_SIZE))
+    ids = repo.random_sample_ids(job_id, samples, drawn_from)
+    results = audit_samples(repo, Settings.from_env(), ids)["samples"] if ids else []
     for result in results:
         print(_audit_line(result), flush=True)
-    counts = Counter(result["status"] for result in results)
-    print(
-        f"{len(results)} samples: "
-        + ", ".join(f"{count} {status}" for status, count in sorted(counts.items()))
-        + f" (tolerance {AUDIT_TOLERANCE:g} per token, fp32)"
-    )
-    return 1 if counts["fail"] or counts["error"] else 0
+    statuses = Counter(result["status"] for result in results)
+    print(_coverage(statuses, not_kept) + f" (tolerance {AUDIT_TOLERANCE:g} per token, fp32)")
+    checked = statuses["pass"] + statuses["fail"]
+    return 1 if not checked or statuses["fail"] or statuses["error"] else 0
+
+
+def run_export(job_id: int, version: int, directory: Path, merged: bool) -> int:
+    """The ``export`` command: a kept version's adapter, merged model or checkpoint (its
+    training state left out) written to ``directory`` at once; 1 and why when refused."""
+    from core_engine.adapters import export_merged, is_adapter_dir
+    from core_engine.atomic_dir import atomic_dir
+    from core_engine.rl.checkpoint import TRAINING_STATE
+    from db import NotFound
+    from workers.app import repository
+    from workers.engines import WeightsNotKept, saved_version
+
+    try:
+        if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+            raise FileExistsError(f"{directory} exists and is not an empty directory")
+        source = Path(saved_version(repository(), job_id, version).checkpoint_path)
+        adapter = is_adapter_dir(source)
+        if merged and adapter:
+            export_merged(source, directory)
+        else:
+            with atomic_dir(directory) as staging:
+                ignore = shutil.ignore_patterns(*TRAINING_STATE)
+                shutil.copytree(source, staging, ignore=ignore, dirs_exist_ok=True)
+    except (NotFound, WeightsNotKept, OSError, ValueError) as exc:
+        print(f"refused: {exc}")
+        return 1
+    what = "merged checkpoint" if merged and adapter else "adapter" if adapter else "checkpoint"
+    print(f"job {job_id} version {version}: {what} written to {directory}")
+    return 0

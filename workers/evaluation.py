@@ -14,8 +14,8 @@ from core_engine.rl.rewards import resolve_reward
 from core_engine.rl.tasks import default_reward, prompt_records
 from core_engine.task import SamplingParams
 from db import JobInfo, PolicyMetrics, PolicyVersionRecord, Repository
+from workers.control import JobControl, Outcome
 from workers.engines import engine_cache, resolve_model, saved_version
-from workers.jobs import JobControl, Outcome
 from workers.records import sample_records, split_batch
 from workers.settings import Settings
 from workers.specs import EvalSettings, HeldoutSettings, compare_spec, evaluate_spec
@@ -72,7 +72,7 @@ def run_evaluate(
 ) -> Outcome:
     spec = evaluate_spec(job.config)
     if spec.model is not None:
-        target = Target(resolve_model(spec.model, settings), 0)
+        target = Target(resolve_model(spec.model), 0)
     else:
         target = source_version(repo, spec.job_id, spec.version)
     if repo.get_version(job.id, target.version) is None:

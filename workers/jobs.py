@@ -1,94 +1,23 @@
-"""Run one job by id: the lifecycle around the runners (attempts, ownership, status, failures),
-what a running job consults between steps (`JobControl`: stop?, progress) and its heartbeat.
+"""Run one job by id: the lifecycle around the runners (attempts, ownership, status, failures)
+and its heartbeat; what a running job consults between steps is `workers.control`.
 
 Plain functions, no Celery: the tasks, ``rlwb train`` and the tests call `run_job`. Torch-free:
 the runners (`workers.training`, `workers.evaluation`) are imported when a job runs.
 """
 
-import enum
 import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
 
 from core_engine.rl.data import DataError
 from db import InvalidTransition, JobInfo, JobKind, JobStatus, Repository, StaleOwner, StorageError
+from workers.control import JobControl, Outcome, ProgressFn, Stop
+from workers.job_files import check_paths
 from workers.settings import Settings
-from workers.specs import SpecError, check_paths, check_sizes
+from workers.specs import SpecError, check_sizes
 
 log = logging.getLogger(__name__)
-
-ProgressFn = Callable[[dict[str, Any]], None]
-
-# Set when the worker begins a warm shutdown: running jobs stop at their next step and are
-# handed back to the queue (they resume from their last version).
-SHUTTING_DOWN = threading.Event()
-
-
-class Stop(enum.StrEnum):
-    CANCEL = "cancel"  # the user asked (cancel_requested on the job row)
-    SHUTDOWN = "shutdown"  # this worker is shutting down: requeue
-    LOST = "lost"  # this attempt no longer owns the job (recovery or a new attempt took it)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How a run ended: ``succeeded``, ``cancelled``, ``failed`` (with ``error``), or
-    ``interrupted`` (``stop`` says why; the job stays running for its next attempt)."""
-
-    status: str
-    error: str | None = None
-    stop: Stop | None = None
-
-
-class JobControl:
-    """One attempt at a job: its fencing token (``fence``, passed with every write), whether
-    to stop, and where progress goes."""
-
-    def __init__(
-        self,
-        repo: Repository,
-        job_id: int,
-        fence: int,
-        progress: ProgressFn | None = None,
-    ) -> None:
-        self.repo = repo
-        self.job_id = job_id
-        self.fence = fence
-        self.progress = progress
-
-    def stop_reason(self) -> Stop | None:
-        """Why the job should stop now (one read of the job row), or None."""
-        job = self.repo.get_job(self.job_id)
-        if job.fence != self.fence:
-            return Stop.LOST
-        if job.cancel_requested:
-            return Stop.CANCEL
-        if SHUTTING_DOWN.is_set():
-            return Stop.SHUTDOWN
-        return None
-
-    def should_stop(self) -> bool:
-        return self.stop_reason() is not None
-
-    def report(
-        self, step: int, total_steps: int | None, phase: str | None = None, **meta: Any
-    ) -> None:
-        """Durable progress (and the ``phase`` before the steps, e.g. a warm-up) on the job
-        row, plus a live ping to the caller (Celery state)."""
-        self.repo.update_progress(self.job_id, step, total_steps, fence=self.fence, phase=phase)
-        if self.progress is not None:
-            ping = {"job_id": self.job_id, "step": step, "total_steps": total_steps, **meta}
-            self.progress(ping if phase is None else {**ping, "phase": phase})
-
-    def stopped(self) -> Outcome:
-        """The outcome of a run that ended early because `stop_reason` said so."""
-        reason = self.stop_reason()
-        if reason is Stop.CANCEL:
-            return Outcome("cancelled")
-        return Outcome("interrupted", stop=reason)
 
 
 @contextmanager
@@ -192,6 +121,8 @@ def finish(control: JobControl, outcome: Outcome) -> Outcome:
             repo.mark_cancelled(job_id, fence=fence)
         elif outcome.status == JobStatus.FAILED:
             repo.mark_failed(job_id, outcome.error or "failed", fence=fence)
+        elif outcome.status == JobStatus.STALLED:
+            repo.mark_stalled(job_id, outcome.error or "stalled", fence=fence)
         elif outcome.stop is Stop.SHUTDOWN:
             repo.release(job_id, fence)
     except StaleOwner:

@@ -7,11 +7,18 @@ response after its stored (rendered) prompt, at the job's sampling temperature (
 at T = 1, as the engine records it), with the weights whose checksum the version recorded.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 from db import JobInfo, NotFound, Repository, SampleDetail, VersionNotFound
 from workers.chat import ChatProblem
-from workers.engines import ChecksumMismatch, WeightsNotKept, engine_cache, saved_version
+from workers.engines import (
+    ChecksumMismatch,
+    EngineMemoryError,
+    WeightsNotKept,
+    engine_cache,
+    saved_version,
+)
 from workers.settings import Settings
 
 WEIGHTS_NOT_KEPT = "weights not kept"
@@ -34,7 +41,8 @@ def score_response(
     repo: Repository, settings: Settings, detail: SampleDetail, version: int, temperature: float
 ) -> list[float]:
     """The response's log-probs under ``version`` of the sample's job (`VersionNotFound`,
-    `WeightsNotKept`, or `ChecksumMismatch` when its weights are not the recorded ones)."""
+    `WeightsNotKept`, `EngineMemoryError`, or `ChecksumMismatch` when its weights are not the
+    recorded ones)."""
     import torch
 
     from core_engine.prompts import encode_prompt
@@ -70,20 +78,31 @@ def audit_sample(repo: Repository, settings: Settings, sample_id: int) -> dict[s
         scores = score_response(
             repo, settings, detail, detail.policy_version, scoring_temperature(job)
         )
-    except (WeightsNotKept, VersionNotFound, ChecksumMismatch) as exc:
+    except (WeightsNotKept, VersionNotFound, ChecksumMismatch, EngineMemoryError) as exc:
         status = WEIGHTS_NOT_KEPT if isinstance(exc, WeightsNotKept) else "error"
         return {**result, "status": status, "max_abs_diff": None, "problem": str(exc)}
     diff = max(abs(a - b) for a, b in zip(stored_logprobs(detail), scores, strict=True))
     return {**result, "max_abs_diff": diff, "status": "pass" if diff <= AUDIT_TOLERANCE else "fail"}
 
 
-def audit_samples(repo: Repository, settings: Settings, sample_ids: list[int]) -> dict[str, Any]:
-    """The audit of each sample (at most `MAX_AUDIT_SAMPLES`), or ``{"problem": ...}``."""
+def audit_samples(
+    repo: Repository,
+    settings: Settings,
+    sample_ids: list[int],
+    cancelled: Callable[[], bool] = lambda: False,
+) -> dict[str, Any]:
+    """The audit of each sample (at most `MAX_AUDIT_SAMPLES`), or ``{"problem": ...}``, also
+    when ``cancelled()`` says so before a sample."""
     if not isinstance(sample_ids, list) or not all(isinstance(i, int) for i in sample_ids):
         return {"problem": "sample ids: a list of whole numbers is required"}
     if not 1 <= len(sample_ids) <= MAX_AUDIT_SAMPLES:
         return {"problem": f"audit 1 to {MAX_AUDIT_SAMPLES} samples at a time"}
-    return {"samples": [audit_sample(repo, settings, i) for i in sample_ids]}
+    audits = []
+    for sample_id in sample_ids:
+        if cancelled():
+            return {"problem": f"cancelled after {len(audits)} of {len(sample_ids)} samples"}
+        audits.append(audit_sample(repo, settings, sample_id))
+    return {"samples": audits}
 
 
 def token_diff(
@@ -102,7 +121,7 @@ def token_diff(
             score_response(repo, settings, detail, version, temperature)
             for version in (version_a, version_b)
         ]
-    except (ChatProblem, NotFound, WeightsNotKept, ChecksumMismatch) as exc:
+    except (ChatProblem, NotFound, WeightsNotKept, ChecksumMismatch, EngineMemoryError) as exc:
         return {"problem": str(exc)}
     return {
         "sample_id": sample_id,

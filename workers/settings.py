@@ -31,6 +31,7 @@ class Settings:
     device: str
     engine_cache_size: int
     heartbeat_timeout_s: float = 60.0
+    engine_memory_bytes: int | None = None
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -38,9 +39,12 @@ class Settings:
         (seconds, default one day: longer than the longest job), ``RLWB_MAX_ATTEMPTS``
         (starts of one job, default 3), ``RLWB_DEVICE`` (the trainer and every engine of
         this worker's jobs, default cpu), ``RLWB_ENGINE_CACHE`` (warm engines kept per
-        worker, default 2), ``RLWB_HEARTBEAT_TIMEOUT`` (seconds without a heartbeat before
-        recovery re-queues a running job, default 60)."""
+        worker, default 2), ``RLWB_ENGINE_MEMORY`` (bytes those engines share, weights and
+        KV pools; default: on CUDA 90% of the device memory free when the first one loads,
+        on CPU no shared limit), ``RLWB_HEARTBEAT_TIMEOUT`` (seconds without a heartbeat
+        before recovery re-queues a running job, default 60)."""
         env = os.environ
+        memory = env.get("RLWB_ENGINE_MEMORY")
         return cls(
             data_dir=data_dir().absolute(),
             redis_url=env.get("REDIS_URL") or None,
@@ -49,6 +53,7 @@ class Settings:
             device=env.get("RLWB_DEVICE") or "cpu",
             engine_cache_size=int(env.get("RLWB_ENGINE_CACHE") or 2),
             heartbeat_timeout_s=float(env.get("RLWB_HEARTBEAT_TIMEOUT") or 60),
+            engine_memory_bytes=int(memory) if memory else None,
         )
 
     @property
@@ -74,8 +79,3 @@ class Settings:
     def jobs_dir(self) -> Path:
         """Where worker-run jobs keep their checkpoints (``jobs/<id>/``)."""
         return self.data_dir / "jobs"
-
-    @property
-    def demo_policy_dir(self) -> Path:
-        """The built-in demo policy, built on first use (the UI reads its tokenizer here)."""
-        return self.data_dir / "demo-policy"

@@ -7,35 +7,71 @@ evaluate: ``job_id`` (a training job) + ``version``, or ``model``; and `EvalSett
 compare: ``job_id`` and ``versions`` (two of its versions); and `EvalSettings` fields.
 Validation here imports no torch (the UI submits through `workers.api`).
 
-What a job may ask of a worker: its sizes, and the files it names. Checked when a job is
-submitted (`workers.api`, the UI, ``rlwb submit``) and again by the worker before it runs a
-queued job, so a hand-made job row cannot bypass them.
+What a job may ask of a worker: its sizes here, the files it names in `workers.job_files`.
+Checked when a job is submitted (`workers.api`, the UI, ``rlwb submit``) and again by the
+worker before it runs a queued job, so a hand-made job row cannot bypass them.
 
-Sizes (environment, defaults): ``RLWB_MAX_STEP_TOKENS`` prompts x group x max_tokens of one
-step (4,194,304), ``RLWB_MAX_STEPS`` (1,000,000), ``RLWB_MAX_NEW_TOKENS`` per sample (32,768),
-``RLWB_MAX_EVAL_PROMPTS`` (100,000). Files: a model must be a checkpoint directory under
-``RLWB_MODEL_ROOTS`` (colon-separated; default the data dir), a JSONL file under those roots
-or the data dir, an ``output_dir`` under the data dir; links are resolved first.
+Numbers: each field's type and range is a row of one table (`core_engine.rl.limits`,
+`JOB_FIELDS`): an int field refuses floats, NaN and infinities. Sizes (environment, defaults):
+``RLWB_MAX_STEP_TOKENS`` prompts x group x max_tokens of one step (4,194,304),
+``RLWB_MAX_STEPS`` (1,000,000), ``RLWB_MAX_NEW_TOKENS`` per sample (32,768),
+``RLWB_MAX_EVAL_PROMPTS`` (100,000), and the footprint rule: one step's rollouts must fit in
+``RLWB_HOST_MEMORY`` bytes (default: the physical memory of the machine that checks, the
+worker's when it re-checks).
 """
 
-import json
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
-from pathlib import Path
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from core_engine.rl.config import GRPOConfig
+from core_engine.rl.limits import (
+    GIB,
+    TRAINER_FIELDS,
+    Field,
+    describe_rollout_bytes,
+    field_problems,
+    rollout_host_bytes,
+    whole,
+)
 from core_engine.rl.rewards import check_reward_spec
 from core_engine.task import SamplingParams
-from db import JobKind, data_dir
-from workers.settings import Settings
+from db import JobKind
+from workers.trackers import TRACKERS, is_installed
 
 DEMO_MODEL = "demo"  # the built-in demo policy, built by the worker on first use
 
 
 class SpecError(ValueError):
     """A job configuration that cannot run."""
+
+
+MAX_HELDOUT_PROMPTS = 2000
+MAX_ID = 2**63 - 1  # a job id or a version: a database BIGINT
+SAMPLING_FIELDS = ("seed", "temperature", "top_p", "max_tokens")
+EVAL_FIELDS: dict[str, Field] = {
+    "num_prompts": whole(1, 10**6),
+    **{name: TRAINER_FIELDS[name] for name in SAMPLING_FIELDS},
+}
+HELDOUT_FIELDS: dict[str, Field] = {
+    "heldout_every": whole(0, 10**6),
+    "heldout_prompts": whole(1, MAX_HELDOUT_PROMPTS),
+}
+JOB_ID_FIELD, VERSION_FIELD = whole(1, MAX_ID), whole(0, MAX_ID)
+# An evaluation names a job's version, or a model instead (then both are None).
+ID_FIELDS: dict[str, Field] = {
+    "job_id": replace(JOB_ID_FIELD, optional=True),
+    "version": replace(VERSION_FIELD, optional=True),
+}
+# Every numeric field a job may set, for the Launch form (a train job's fields).
+JOB_FIELDS: dict[str, Field] = {**TRAINER_FIELDS, **HELDOUT_FIELDS}
+
+
+def _refuse_numbers(values: Mapping[str, Any], table: Mapping[str, Field]) -> None:
+    problems = field_problems(values, table)
+    if problems:
+        raise SpecError("; ".join(problems))
 
 
 @dataclass(frozen=True)
@@ -56,8 +92,7 @@ class EvalSettings:
     def __post_init__(self) -> None:
         if (self.task is None) == (self.data is None):
             raise SpecError("give exactly one of 'task' or 'data'")
-        if self.num_prompts < 1:
-            raise SpecError("num_prompts must be >= 1")
+        _refuse_numbers(vars(self), EVAL_FIELDS)
         problem = self.sampling_params().validation_error()
         if problem:
             raise SpecError(problem)
@@ -81,6 +116,7 @@ class EvaluateSpec:
     model: str | None = None
 
     def __post_init__(self) -> None:
+        _refuse_numbers(vars(self), ID_FIELDS)
         if (self.model is None) == (self.job_id is None):
             raise SpecError("give either 'model' or 'job_id' (with 'version')")
         if self.job_id is not None and self.version is None:
@@ -94,6 +130,9 @@ class CompareSpec:
     versions: tuple[int, int]
 
     def __post_init__(self) -> None:
+        _refuse_numbers({"job_id": self.job_id}, {"job_id": JOB_ID_FIELD})
+        for version in self.versions:
+            _refuse_numbers({"versions": version}, {"versions": VERSION_FIELD})
         if len(self.versions) != 2 or self.versions[0] == self.versions[1]:
             raise SpecError("'versions' must be two different versions")
 
@@ -109,9 +148,11 @@ def _split(config: dict[str, Any], own: set[str]) -> tuple[dict[str, Any], EvalS
 
 def train_config(config: dict[str, Any], output_dir: str) -> GRPOConfig:
     """The trainer's config for a worker-run job (checkpoint every version, resume); the
-    held-out settings (`heldout_settings`) are the worker's, not the trainer's."""
+    held-out settings (`heldout_settings`) and the trackers (`report_to`) are the worker's,
+    not the trainer's."""
     heldout_settings(config)
-    trainer = {k: v for k, v in config.items() if k not in HELDOUT_KEYS}
+    report_to(config)
+    trainer = {k: v for k, v in config.items() if k not in (*HELDOUT_KEYS, REPORT_TO)}
     values = {"output_dir": output_dir, **trainer, "checkpoint_every": 1, "resume": True}
     try:
         return GRPOConfig.from_dict(values)
@@ -161,87 +202,48 @@ def _limit(name: str) -> int:
     return int(os.environ.get(name) or _DEFAULTS[name])
 
 
-def model_roots(default: Path | None = None) -> tuple[Path, ...]:
-    """Where checkpoints may be read: ``RLWB_MODEL_ROOTS`` (colon-separated), default
-    ``default`` (the data directory)."""
-    raw = os.environ.get("RLWB_MODEL_ROOTS", "")
-    roots = tuple(Path(part).expanduser() for part in raw.split(":") if part)
-    return roots or (default or data_dir(),)
-
-
-def is_under(path: Path, roots: Sequence[Path]) -> bool:
-    """Whether ``path`` (resolved, links followed) lies inside one of ``roots``."""
-    resolved = path.resolve()
-    return any(resolved.is_relative_to(root.resolve()) for root in roots)
-
-
-def _number(config: dict[str, Any], name: str, default: int) -> int:
-    value = config.get(name, default)
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
+def host_memory_bytes() -> int:
+    """What a worker's host can hold: ``RLWB_HOST_MEMORY`` (bytes), else this machine's
+    physical memory."""
+    configured = os.environ.get("RLWB_HOST_MEMORY")
+    if configured:
+        return int(configured)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def check_sizes(kind: JobKind | str, config: dict[str, Any]) -> None:
-    """`SpecError` when the job is larger than a worker is set up to hold."""
+    """`SpecError` when the job's fields are invalid (`validate`) or the job is larger than a
+    worker is set up to hold, the footprint of one step's rollouts included."""
     kind = JobKind(kind)
-    tokens = _number(config, "max_tokens", 16 if kind is JobKind.TRAIN else 32)
+    validate(kind, config)  # types and ranges first: the sizes multiply numbers
+    if kind is JobKind.TRAIN:
+        trainer = train_config(config, "unused")
+        tokens, samples = trainer.max_tokens, trainer.batch_size * trainer.group_size
+    else:
+        settings = (evaluate_spec if kind is JobKind.EVALUATE else compare_spec)(config).eval
+        tokens, samples = settings.max_tokens, settings.num_prompts
     problems = []
     if tokens > _limit("RLWB_MAX_NEW_TOKENS"):
         problems.append(f"max_tokens {tokens} > {_limit('RLWB_MAX_NEW_TOKENS')}")
     if kind is JobKind.TRAIN:
-        per_step = _number(config, "batch_size", 16) * _number(config, "group_size", 8) * tokens
-        if per_step > _limit("RLWB_MAX_STEP_TOKENS"):
+        if samples * tokens > _limit("RLWB_MAX_STEP_TOKENS"):
             problems.append(
-                f"batch_size x group_size x max_tokens = {per_step} > "
+                f"batch_size x group_size x max_tokens = {samples * tokens} > "
                 f"{_limit('RLWB_MAX_STEP_TOKENS')} tokens per step"
             )
-        if _number(config, "steps", 50) > _limit("RLWB_MAX_STEPS"):
+        if trainer.steps > _limit("RLWB_MAX_STEPS"):
             problems.append(f"steps > {_limit('RLWB_MAX_STEPS')}")
-    elif _number(config, "num_prompts", 64) > _limit("RLWB_MAX_EVAL_PROMPTS"):
+    elif samples > _limit("RLWB_MAX_EVAL_PROMPTS"):
         problems.append(f"num_prompts > {_limit('RLWB_MAX_EVAL_PROMPTS')}")
+    # The footprint rule: a prompt is at least one token, so each sample holds 1 + max_tokens.
+    if rollout_host_bytes(samples, 1 + tokens) > (memory := host_memory_bytes()):
+        problems.append(
+            f"footprint: one step's rollouts need at least "
+            f"{describe_rollout_bytes(samples, 1 + tokens)}, more than the "
+            f"{memory / GIB:.1f} GiB a worker holds (RLWB_HOST_MEMORY)"
+        )
     if problems:
         raise SpecError("too large for the workers: " + "; ".join(problems))
-
-
-def check_kv_budget(config: dict[str, Any], model_dir: Path) -> None:
-    """`SpecError` when an explicit ``kv_cache_bytes`` is below the least one request can
-    need: one prompt token plus ``max_tokens``, at 2 bytes per value (the engine's smallest
-    dtype). The worker checks the exact need (real prompts, its dtype) at job start."""
-    budget = config.get("kv_cache_bytes")
-    if not isinstance(budget, int) or isinstance(budget, bool):
-        return
-    try:
-        model = json.loads((model_dir / "config.json").read_text())
-        heads = model["num_attention_heads"]
-        head_dim = model.get("head_dim") or model["hidden_size"] // heads
-        kv_heads = model.get("num_key_value_heads") or heads
-        per_token = 2 * model["num_hidden_layers"] * kv_heads * head_dim * 2
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):
-        return  # an unusual config: the worker's exact check decides
-    tokens = 1 + _number(config, "max_tokens", 16)
-    if budget < per_token * tokens:
-        raise SpecError(
-            f"kv_cache_bytes {budget:,} cannot hold one request: {tokens} tokens (1 prompt "
-            f"token + max_tokens) x {per_token:,} bytes per token need {per_token * tokens:,}"
-        )
-
-
-def check_paths(config: dict[str, Any], settings: Settings) -> None:
-    """`SpecError` unless every file the job names is one it may use (see the docstring)."""
-    roots = model_roots(settings.data_dir)
-    model = config.get("model")
-    if isinstance(model, str) and model != DEMO_MODEL:
-        path = Path(model)
-        if not is_under(path, roots):
-            raise SpecError(f"model: {model} is not under a model root (RLWB_MODEL_ROOTS)")
-        if not (path / "config.json").is_file():
-            raise SpecError(f"model: {model} has no config.json")
-        check_kv_budget(config, path)
-    data = config.get("data")
-    if isinstance(data, str) and not is_under(Path(data), (*roots, settings.data_dir)):
-        raise SpecError(f"data: {data} is not under a model root or the data directory")
-    output = config.get("output_dir")
-    if isinstance(output, str) and not is_under(Path(output), (settings.data_dir,)):
-        raise SpecError(f"output_dir: {output} is not under the data directory")
 
 
 # Held-out accuracy during training (`workers.evaluation.HeldoutEval`): every ``heldout_every``
@@ -251,7 +253,6 @@ def check_paths(config: dict[str, Any], settings: Settings) -> None:
 # worker's, not the trainer's.
 HELDOUT_EVERY = 10
 HELDOUT_PROMPTS = 200
-MAX_HELDOUT_PROMPTS = 2000
 HELDOUT_KEYS = ("heldout_every", "heldout_prompts")
 HELDOUT_METRIC = "heldout_accuracy"
 
@@ -271,11 +272,37 @@ def heldout_settings(config: Mapping[str, Any]) -> HeldoutSettings:
     default = HELDOUT_EVERY if config.get("task") is not None else 0
     every = config.get("heldout_every", default)
     prompts = config.get("heldout_prompts", HELDOUT_PROMPTS)
-    for name, value in (("heldout_every", every), ("heldout_prompts", prompts)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise SpecError(f"{name} must be a whole number >= 0")
+    _refuse_numbers({"heldout_every": every, "heldout_prompts": prompts}, HELDOUT_FIELDS)
     if every and config.get("task") is None:
         raise SpecError("heldout_every needs a built-in task (held-out prompts come from it)")
-    if not 1 <= prompts <= MAX_HELDOUT_PROMPTS:
-        raise SpecError(f"heldout_prompts must be from 1 to {MAX_HELDOUT_PROMPTS}")
     return HeldoutSettings(every, prompts)
+
+
+# Experiment trackers (`workers.trackers`): ``report_to`` lists those a train job's versions are
+# logged to (default none). The worker's setting, not the trainer's.
+REPORT_TO = "report_to"
+
+
+def report_to(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """The trackers of a train job's config (`SpecError` unless a list of known names)."""
+    names = config.get(REPORT_TO, [])
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
+        raise SpecError(f"report_to must be a list of tracker names ({', '.join(TRACKERS)})")
+    unknown = [name for name in names if name not in TRACKERS]
+    if unknown:
+        raise SpecError(
+            f"report_to: unknown tracker {', '.join(map(repr, unknown))} "
+            f"(choose from {', '.join(TRACKERS)})"
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def check_trackers_installed(config: Mapping[str, Any]) -> None:
+    """`SpecError` when a tracker the job reports to is not installed here (checked when a job
+    is submitted; a worker without it warns and trains on)."""
+    missing = [name for name in report_to(config) if not is_installed(name)]
+    if missing:
+        raise SpecError(
+            f"report_to: {', '.join(missing)} not installed: "
+            f"pip install 'rl-workbench[{','.join(missing)}]'"
+        )

@@ -9,7 +9,7 @@ from celery import Task
 from celery.exceptions import Reject
 
 from workers.app import app, repository
-from workers.jobs import Stop
+from workers.control import Stop, revoked
 from workers.settings import Settings
 
 
@@ -40,8 +40,9 @@ def evaluate(self: Task, job_id: int) -> dict[str, Any]:
     return _run(self, job_id)
 
 
-@app.task(name="workers.chat")
+@app.task(bind=True, name="workers.chat")
 def chat(
+    self: Task,
     job_id: int,
     version: int,
     messages: list[dict[str, str]],
@@ -49,21 +50,23 @@ def chat(
     max_tokens: int,
     seed: int | None = None,
 ) -> dict[str, Any]:
-    """One Playground turn (the ``interactive`` queue; see `workers.chat`)."""
+    """One Playground turn (the ``interactive`` queue; see `workers.chat`); a revoke stops
+    its generation at the next step."""
     from workers.chat import chat_reply
 
+    settings, cancelled = Settings.from_env(), revoked(self.request.id)
     return chat_reply(
-        repository(), Settings.from_env(), job_id, version, messages, temperature, max_tokens, seed
+        repository(), settings, job_id, version, messages, temperature, max_tokens, seed, cancelled
     )
 
 
-@app.task(name="workers.audit")
-def audit(sample_ids: list[int]) -> dict[str, Any]:
+@app.task(bind=True, name="workers.audit")
+def audit(self: Task, sample_ids: list[int]) -> dict[str, Any]:
     """Re-score stored samples under their stamped versions (``interactive``; see
-    `workers.scoring`)."""
+    `workers.scoring`); a revoke stops it before the next sample."""
     from workers.scoring import audit_samples
 
-    return audit_samples(repository(), Settings.from_env(), sample_ids)
+    return audit_samples(repository(), Settings.from_env(), sample_ids, revoked(self.request.id))
 
 
 @app.task(name="workers.token_diff")

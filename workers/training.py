@@ -7,28 +7,33 @@ its checkpoint, and after a crash `reconcile` finds either nothing newer than th
 (resume there) or a checkpoint whose step never committed (deleted; the step is redone).
 Rejected batches stored after the latest version are deleted too: the resumed run redoes
 those steps with the same seeds, so a retried step replaces them instead of adding copies.
+
+Version 0 of a full-weight job is the model directory itself. A LoRA job's version 0 is its
+starting adapter, checkpointed like every other version (so its checksum, the adapter's, is
+the one an engine of that checkpoint computes), and its base's checksum is recorded once on the
+job row (`Repository.record_base_checksum`); the trainer refuses to resume on another base.
 """
 
 import shutil
-from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 
 from core_engine.atomic_dir import Writer, recover
 from core_engine.rl.checkpoint import checkpoint_dir, is_complete, list_checkpoints
-from core_engine.rl.demo_policy import TARGET_ACCURACY
 from core_engine.rl.records import StepRecord, StopReason, TrainerHooks
 from core_engine.rl.tasks import prompt_records
 from core_engine.rl.trainer import GRPOTrainer, TrainingError
 from core_engine.weights import model_checksum
 from db import JobInfo, PolicyMetrics, PolicyVersionRecord, Repository
-from workers.engines import demo_is_built, resolve_model
+from workers.control import JobControl, Outcome
+from workers.engines import resolve_model
 from workers.evaluation import HeldoutEval
-from workers.jobs import JobControl, Outcome
 from workers.records import policy_metrics, trainer_batches
 from workers.settings import Settings
-from workers.specs import DEMO_MODEL, HELDOUT_METRIC, heldout_settings, train_config
+from workers.specs import HELDOUT_METRIC, heldout_settings, report_to, train_config
+from workers.trackers import Trackers, tracked_run
 
-WARMUP_PHASE = "building the demo policy"
+LOADING_PHASE = "loading the model and the data"
 
 
 class ResumeError(ValueError):
@@ -46,7 +51,9 @@ def reconcile(repo: Repository, job_id: int, root: str | Path, fence: int) -> in
         checkpoints = list_checkpoints(root)
     latest = repo.latest_version(job_id)
     if latest is None:
-        if checkpoints:
+        if [version for version, _ in checkpoints] == [0]:  # a LoRA start never recorded
+            shutil.rmtree(checkpoints[0][1])
+        elif checkpoints:
             raise ResumeError(
                 f"{root} holds checkpoints of another run (version {checkpoints[0][0]}): "
                 "use an empty output_dir"
@@ -64,7 +71,7 @@ def reconcile(repo: Repository, job_id: int, root: str | Path, fence: int) -> in
 
 class Recorder:
     """The trainer's step hook: stores each step's batches and its version together
-    (`record_step`), as the trainer decided them."""
+    (`record_step`), as the trainer decided them; then logs the version to the trackers."""
 
     def __init__(
         self,
@@ -73,14 +80,17 @@ class Recorder:
         control: JobControl,
         total_steps: int,
         heldout: HeldoutEval | None = None,
+        trackers: Trackers | None = None,
     ) -> None:
         self.repo = repo
         self.job_id = job_id
         self.control = control
         self.total_steps = total_steps
         self.heldout = heldout
+        self.trackers = trackers
         self.trainer: GRPOTrainer | None = None
         self.rejected = 0
+        self.unlearned: list[list[float]] = []  # each batch's rewards since the last version
 
     def heldout_metrics(self, version: int) -> dict[str, float]:
         """``{heldout_accuracy: ...}`` when ``version`` is due for a held-out evaluation."""
@@ -109,7 +119,13 @@ class Recorder:
         records = trainer_batches(self.job_id, batch_version, step)
         if records or new_version is not None:
             self.repo.record_step(records, new_version, fence=self.control.fence)
+        if new_version is not None and self.trackers is not None:
+            self.trackers.log(new_version.metrics, new_version.version)
         self.rejected = 0 if new_version is not None else self.rejected + 1
+        if new_version is not None:
+            self.unlearned.clear()
+        elif getattr(step.rollout, "rewards", None):
+            self.unlearned.append(list(step.rollout.rewards))
         self.control.report(
             self.trainer.step_index,
             self.total_steps,
@@ -117,6 +133,23 @@ class Recorder:
             batch=step.status,
             reward_mean=step.metrics.get("reward_mean"),
         )
+
+
+def stall_reason(batches: list[list[float]], version: int) -> str:
+    """Why a run stalled (`StopReason.STALLED`), from the rewards of each batch it scored
+    since ``version``: the one score every sample got, or the range no group varied in. With
+    no version learnt, the reward or the task is the likely cause."""
+    scores = sorted({score for rewards in batches for score in rewards})
+    if len(scores) == 1:
+        what = f"every sample scored {float(scores[0])} in {len(batches)} batches"
+    else:
+        what = (
+            f"no group's rewards varied in {len(batches)} batches (scores from "
+            f"{float(scores[0])} to {float(scores[-1])})"
+        )
+    if version:
+        return f"{what} since version {version}: nothing left to learn from"
+    return f"{what}: check the reward and the task"
 
 
 def checkpoint_writer(repo: Repository, control: JobControl) -> Writer:
@@ -131,25 +164,13 @@ def output_dir(job: JobInfo, settings: Settings) -> Path:
     return Path(job.config.get("output_dir") or settings.jobs_dir / str(job.id))
 
 
-def warmup_reporter(
-    job: JobInfo, settings: Settings, control: JobControl
-) -> Callable[[str], None] | None:
-    """Where the demo policy's warm-up reports (the job's ``phase``), if it needs one."""
-    if job.config["model"] != DEMO_MODEL or demo_is_built(settings):
-        return None
-
-    def report(line: str) -> None:
-        control.report(job.step, job.total_steps, phase=f"{WARMUP_PHASE}: {line}")
-
-    report(f"starting (first use only; stops at {TARGET_ACCURACY:.0%} held-out accuracy)")
-    return report
-
-
 def run_training(
     repo: Repository, job: JobInfo, settings: Settings, control: JobControl
 ) -> Outcome:
-    """Run (or resume) a train job until its steps are done, it is stopped, or it fails."""
-    model = resolve_model(job.config["model"], settings, warmup_reporter(job, settings, control))
+    """Run (or resume) a train job until its steps are done, it is stopped, it stalls (no
+    reward variance left to learn from) or it fails."""
+    control.report(job.step, job.total_steps, phase=LOADING_PHASE)  # a 7B load takes a while
+    model = resolve_model(job.config["model"])
     values = {"device": settings.device, **job.config, "model": model}
     config = train_config(values, str(output_dir(job, settings)))
     reconcile(repo, job.id, config.output_dir, control.fence)
@@ -158,27 +179,30 @@ def run_training(
     evaluation = None
     if heldout.every:
         evaluation = HeldoutEval(config.task, heldout, config.max_tokens, records)
-    recorder = Recorder(repo, job.id, control, config.steps, evaluation)
-    hooks = TrainerHooks(recorder.on_step, control.should_stop, checkpoint_writer(repo, control))
-    trainer = recorder.trainer = GRPOTrainer(config, records, hooks)
-    if trainer.version == 0 and repo.latest_version(job.id) is None:
-        metrics = PolicyMetrics(extra=recorder.heldout_metrics(0))
-        repo.record_policy_version(
-            PolicyVersionRecord(job.id, 0, None, model, model_checksum(trainer.model), metrics),
-            fence=control.fence,
+    run = tracked_run(job, Path(config.output_dir), settings.data_dir)
+    with closing(Trackers(report_to(job.config), run)) as trackers:
+        recorder = Recorder(repo, job.id, control, config.steps, evaluation, trackers)
+        writer = checkpoint_writer(repo, control)
+        trainer = recorder.trainer = GRPOTrainer(
+            config, records, TrainerHooks(recorder.on_step, control.should_stop, writer)
         )
-    control.report(trainer.step_index, config.steps, version=trainer.version)  # phase over
-    try:
-        reason = trainer.train()
-    except TrainingError as exc:
-        return Outcome("failed", f"training stopped: {exc}")
+        if trainer.base_checksum is not None:
+            repo.record_base_checksum(job.id, trainer.base_checksum, fence=control.fence)
+        if trainer.version == 0 and repo.latest_version(job.id) is None:
+            metrics = PolicyMetrics(extra=recorder.heldout_metrics(0))
+            start = model if config.lora is None else str(trainer.save())  # LoRA: an adapter
+            checksum = model_checksum(trainer.model)
+            repo.record_policy_version(
+                PolicyVersionRecord(job.id, 0, None, start, checksum, metrics), fence=control.fence
+            )
+            trackers.log(metrics, 0)
+        control.report(trainer.step_index, config.steps, version=trainer.version)  # phase over
+        try:
+            reason = trainer.train()
+        except TrainingError as exc:
+            return Outcome("failed", f"training stopped: {exc}")
     if reason is StopReason.DONE:
         return Outcome("succeeded")
     if reason is StopReason.STOPPED:
         return control.stopped()
-    return Outcome(
-        "failed",
-        f"stopped early at step {trainer.step_index} of {config.steps}: "
-        f"{config.max_consecutive_rejections + 1} batches in a row had no reward variance "
-        "(nothing to learn from)",
-    )
+    return Outcome("stalled", stall_reason(recorder.unlearned, trainer.version))

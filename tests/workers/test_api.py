@@ -62,7 +62,7 @@ def test_queue_overview_without_workers(eager, repo, tiny_model):
 
 
 def test_a_warm_shutdown_hands_the_job_back_to_the_queue(eager, repo, tiny_model, monkeypatch):
-    from workers.jobs import SHUTTING_DOWN
+    from workers.control import SHUTTING_DOWN
 
     job = repo.create_job("train", train_config(tiny_model, steps=50), total_steps=50)
     shutting_down = [True]

@@ -1,8 +1,9 @@
 """The ``rlwb`` command (`ui.cli`): help everywhere, db upgrade, train without the queue, ui,
-and ``up`` on embedded defaults (no broker server, SQLite) end to end."""
+and ``up`` end to end, on the embedded broker and on Redis."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -12,8 +13,15 @@ import pytest
 import sqlalchemy as sa
 
 import ui.app
-from db import JobStatus
-from tests.workers.helpers import running, train_config, wait_for
+from db import JobStatus, Repository
+from tests.workers.helpers import (
+    REGISTERED_REWARDS,
+    SLOW_REWARD,
+    running,
+    train_config,
+    wait_for,
+)
+from tests.workers.served import free_port, table_rows, ui_client
 from ui import cli
 from workers.commands import worker_argv
 
@@ -25,7 +33,7 @@ SUBMIT = (
 
 
 @pytest.mark.parametrize(
-    "command", [[], ["up"], ["worker"], ["ui"], ["db"], ["db", "upgrade"], ["train"]]
+    "command", [[], ["up"], ["worker"], ["ui"], ["db"], ["db", "upgrade"], ["train"], ["export"]]
 )
 def test_help_everywhere(command, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -51,6 +59,20 @@ def test_train_runs_a_job_here_and_records_it(env, repo, tiny_model, tmp_path, c
     assert "step 2/2  version 2  accepted" in out and "succeeded" in out
     [job] = repo.list_jobs()
     assert job.status is JobStatus.SUCCEEDED and job.current_version == 2
+
+
+def test_jobs_piped_into_head_ends_quietly(env, repo):
+    """``rlwb jobs | head -1``: head leaves after one line while the listing (over a pipe's
+    64 KiB) is still being written; the command ends without a traceback."""
+    for _ in range(300):
+        repo.create_job("train", {}, total_steps=1)
+    with repo.engine.begin() as connection:
+        connection.execute(sa.text("update jobs set error = :error"), {"error": "x" * 400})
+    listing = f"{sys.executable} -m ui jobs --limit 300 | head -1"
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(listing, shell=True, env=environment, capture_output=True, text=True)
+    assert done.stdout.split()[:3] == ["300", "train", "queued"]
+    assert done.stderr == ""
 
 
 @pytest.fixture
@@ -93,12 +115,12 @@ def test_a_public_address_needs_a_password(served, monkeypatch, capsys):
     assert [call["host"] for call in served if call != "upgrade"] == ["0.0.0.0"] * 3
 
 
-def test_worker_arguments():
-    argv = worker_argv(["-n", "gpu0@%h"])
-    assert argv[:4] == ["worker", "--pool=threads", "--concurrency=1", "--queues=gpu"]
-    chat = worker_argv([], interactive=True)
+def test_each_worker_role_has_its_own_node_name_unless_told():
+    gpu, chat = worker_argv([]), worker_argv([], interactive=True)
+    assert gpu[:4] == ["worker", "--pool=threads", "--concurrency=1", "--queues=gpu"]
     assert chat[:4] == ["worker", "--pool=threads", "--concurrency=2", "--queues=interactive"]
-    assert argv[-2:] == ["-n", "gpu0@%h"]
+    assert "--hostname=gpu@%h" in gpu and "--hostname=chat@%h" in chat
+    assert worker_argv(["-n", "gpu0@%h"])[-2:] == ["-n", "gpu0@%h"]  # last, so it wins
 
 
 def _children(pid: int) -> list[int]:
@@ -106,34 +128,66 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
-def test_up_runs_a_submitted_job_on_embedded_defaults(tmp_path, tiny_model):
-    """``rlwb up`` with nothing configured: SQLite in the data dir, the filesystem broker, a
-    worker child process. A job submitted through the API runs; SIGTERM stops everything."""
+@pytest.fixture(params=["embedded", "redis"])
+def broker(request: pytest.FixtureRequest) -> dict[str, str]:
+    """``rlwb up``'s broker: none to configure (embedded), or an empty Redis database."""
+    if request.param == "embedded":
+        return {}
+    return {"REDIS_URL": request.getfixturevalue("redis_url")}
+
+
+def _celery(env: dict[str, str], cwd: Path, *args: str) -> str:
+    argv = [sys.executable, "-m", "celery", "-A", "workers.app", *args]
+    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_up_shows_both_workers_and_the_running_job(broker, tmp_path, tiny_model):
+    """``rlwb up`` with SQLite in the data dir, on the embedded broker or Redis: migrations, a
+    GPU worker and a chat worker (child processes), the UI. While a job trains, the Queue tab
+    (through its API) and ``celery inspect active`` both list the two nodes, gpu@<host> and
+    chat@<host>, and the job's task on gpu@<host>. ``rlwb cancel`` stops the job; SIGTERM
+    stops everything."""
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env.update(RLWB_DATA_DIR=str(tmp_path / "data"), OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    env["RLWB_MODEL_ROOTS"] = tempfile.gettempdir()  # where the tests' models are
-    log = tmp_path / "up.log"
-    argv = [sys.executable, "-m", "ui", "up", "--no-ui"]
+    env.update(RLWB_MODEL_ROOTS=tempfile.gettempdir(), RLWB_REWARDS=REGISTERED_REWARDS, **broker)
+    host = socket.gethostname()
+    gpu, chat = f"gpu@{host}", f"chat@{host}"
+    port, log = free_port(), tmp_path / "up.log"
+    argv = [sys.executable, "-m", "ui", "up", "--port", str(port)]
     with running(argv, env, tmp_path, log) as up:
-        wait_for(lambda: "ready" in log.read_text(), 60, "the worker to start")
+        client = ui_client(port, up)
+        wait_for(lambda: log.read_text().count(" ready.") == 2, 90, "both workers to start")
+        config = train_config(tiny_model, steps=10_000, reward=SLOW_REWARD)
         job_id = subprocess.run(
-            [sys.executable, "-c", SUBMIT, json.dumps(train_config(tiny_model))],
+            [sys.executable, "-c", SUBMIT, json.dumps(config)],
             cwd=tmp_path,
             env=env,
             check=True,
             capture_output=True,
             text=True,
         ).stdout.strip()
-        engine = sa.create_engine(f"sqlite:///{tmp_path / 'data' / 'rlwb.db'}")
+        repo = Repository.from_url(f"sqlite:///{tmp_path / 'data' / 'rlwb.db'}")
+        job = wait_for(
+            lambda: (j := repo.get_job(int(job_id))).current_version and j, 90, "a version"
+        )
 
-        def status() -> str:
-            with engine.connect() as connection:
-                query = sa.text("select status from jobs where id = :id")
-                return connection.execute(query, {"id": int(job_id)}).scalar()
+        summary, workers, active, _, _ = client.predict(api_name="/queue")
+        assert "**2** worker(s) online · **1** active" in summary, summary
+        assert sorted(row["worker"] for row in table_rows(workers)) == [chat, gpu]
+        tasks = [(row["worker"], row["task_id"]) for row in table_rows(active)]
+        assert tasks == [(gpu, job.celery_task_id)]
+        inspected = json.loads(_celery(env, tmp_path, "inspect", "active", "--json"))
+        assert sorted(inspected) == [chat, gpu]
+        assert [task["id"] for task in inspected[gpu]] == [job.celery_task_id]
+        assert inspected[chat] == []
 
-        wait_for(lambda: status() in ("succeeded", "failed"), 60, "the job to finish")
-        assert status() == "succeeded", log.read_text()
+        subprocess.run([sys.executable, "-m", "ui", "cancel", job_id], env=env, check=True)
+        wait_for(lambda: repo.get_job(int(job_id)).status.is_terminal, 60, "the cancel")
+        assert repo.get_job(int(job_id)).status is JobStatus.CANCELLED
+        repo.close()
         children = _children(up.pid)
-        assert children
+        assert len(children) == 2
     assert up.returncode == 0
     assert all(not Path(f"/proc/{child}").exists() for child in children)

@@ -58,28 +58,12 @@ def test_heldout_settings_are_checked_before_queueing(tiny_model):
     assert heldout_settings({"task": "addition"}).every == 10
     assert heldout_settings({"data": "x.jsonl"}).every == 0
     for bad, message in (
-        ({"heldout_every": -1}, "heldout_every must be a whole number"),
-        ({"heldout_prompts": 0}, "heldout_prompts must be from 1"),
+        ({"heldout_every": -1}, "heldout_every must be >= 0"),
+        ({"heldout_prompts": 0}, "heldout_prompts must be >= 1"),
+        ({"heldout_prompts": 2001}, "heldout_prompts must be <= 2,000"),
         ({"heldout_every": 2.5}, "heldout_every must be a whole number"),
     ):
         with pytest.raises(SpecError, match=message):
             validate("train", train_config(tiny_model, **bad))
     with pytest.raises(SpecError, match="needs a built-in task"):
         heldout_settings({"data": "x.jsonl", "heldout_every": 5})
-
-
-def test_the_demo_warmup_is_the_jobs_phase_until_the_steps_begin(repo, settings):
-    from workers.jobs import JobControl
-    from workers.training import warmup_reporter
-
-    job = repo.create_job("train", {"model": "demo", "task": "addition"}, total_steps=5)
-    job = repo.start_attempt(job.id, None)
-    job = repo.mark_running(job.id, fence=job.fence)
-    report = warmup_reporter(job, settings, JobControl(repo, job.id, job.fence))
-    assert repo.get_job(job.id).phase.startswith("building the demo policy: starting")
-    report("warm-up step 10: loss 2.100, held-out accuracy 0.004")
-    phase = repo.get_job(job.id).phase
-    assert phase == "building the demo policy: warm-up step 10: loss 2.100, held-out accuracy 0.004"
-    settings.demo_policy_dir.mkdir(parents=True)
-    (settings.demo_policy_dir / "config.json").write_text("{}")
-    assert warmup_reporter(job, settings, JobControl(repo, job.id, job.fence)) is None

@@ -5,6 +5,7 @@ import pytest
 from db import BatchStatus, JobStatus, SampleFilter
 from tests.workers.helpers import train_config
 from workers.jobs import Stop, run_job
+from workers.training import LOADING_PHASE
 
 
 def test_train_job_records_every_batch_and_version(repo, settings, tiny_model):
@@ -39,7 +40,9 @@ def test_train_job_records_every_batch_and_version(repo, settings, tiny_model):
     assert [(b.step, b.policy_version, b.status, b.num_samples) for b in batches] == [
         (s, s, BatchStatus.ACCEPTED, 4) for s in range(3)
     ]
-    assert [p["step"] for p in pings] == [0, 1, 2, 3]
+    assert pings[0] == {**pings[0], "step": 0, "phase": LOADING_PHASE}  # before the steps
+    assert [p["step"] for p in pings[1:]] == [0, 1, 2, 3]
+    assert not any("phase" in p for p in pings[1:])
 
 
 def test_samples_carry_everything_the_ui_shows(repo, settings, tiny_model):
@@ -118,17 +121,35 @@ def test_a_job_that_cannot_run_fails_with_its_reason(
     assert info.status is JobStatus.FAILED and expected in info.error
 
 
-def test_a_run_without_learning_signal_fails_early_with_the_reason(repo, settings, tiny_model):
+def test_a_reward_without_variance_from_the_first_batch_ends_the_job_stalled(
+    repo, settings, tiny_model
+):
+    """A random model never answers "7": every sample scores 0.0, nothing can be learnt. The
+    job ends `stalled` (not a crash) with the reason, and can be resumed like a failed one."""
     config = train_config(tiny_model, steps=20, drop_zero_variance_groups=True)
-    job = repo.create_job("train", config, total_steps=20)
+    job = repo.create_job("train", {**config, "max_consecutive_rejections": 2}, total_steps=20)
 
-    assert run_job(repo, job.id, settings).status == "failed"
+    assert run_job(repo, job.id, settings).status == "stalled"
     info = repo.get_job(job.id)
-    assert "no reward variance" in info.error
-    assert info.current_version == 0
     batches = repo.list_batches(job.id)
-    assert batches and all(b.status is BatchStatus.REJECTED for b in batches)
-    assert all(b.rejection_reasons for b in batches)
+    rewards = {s.reward for s in repo.list_samples(SampleFilter(job.id), limit=1000).items}
+    assert rewards == {0.0} and len(batches) == 3
+    assert info.status is JobStatus.STALLED and info.current_version == 0
+    assert info.error == "every sample scored 0.0 in 3 batches: check the reward and the task"
+    assert all(b.status is BatchStatus.REJECTED and b.rejection_reasons for b in batches)
+    assert repo.reopen(job.id).status is JobStatus.QUEUED
+
+
+def test_the_stall_reason_says_what_the_rewards_were():
+    from workers.training import stall_reason
+
+    assert stall_reason([[1.0, 1.0], [1.0, 1.0]], 40) == (
+        "every sample scored 1.0 in 2 batches since version 40: nothing left to learn from"
+    )
+    assert stall_reason([[0.0, 0.0], [1.0, 1.0], [0.5, 0.5]], 0) == (
+        "no group's rewards varied in 3 batches (scores from 0.0 to 1.0): "
+        "check the reward and the task"
+    )
 
 
 def test_evaluate_and_compare_store_samples_of_the_evaluated_versions(repo, settings, tiny_model):

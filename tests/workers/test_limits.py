@@ -1,12 +1,18 @@
 """Job sizes and the files a job names are checked at submission and again on the worker."""
 
+import dataclasses
+import os
+import re
+import shutil
+import time
+
 import pytest
 
 from db import JobStatus
 from tests.workers.helpers import train_config
 from workers import api
 from workers.jobs import run_job
-from workers.specs import SpecError
+from workers.specs import SpecError, host_memory_bytes
 
 
 @pytest.mark.parametrize(
@@ -65,3 +71,121 @@ def test_a_kv_budget_below_one_request_is_refused_before_queueing(env, repo, tin
     assert repo.list_jobs() == []
     api.submit_job("train", {**config, "kv_cache_bytes": floor})  # the worker decides exactly
     assert len(repo.list_jobs()) == 1
+
+
+# Issue 24, item 3: every numeric field has a type and a range; int fields refuse floats,
+# NaN and infinities, and the sizes' product meets the footprint rule.
+@pytest.mark.parametrize(
+    ("kind", "change", "problem"),
+    [
+        ("train", {"steps": 1e300}, "steps must be a whole number, got 1e+300"),
+        ("train", {"steps": float("nan")}, "steps must be a whole number, got nan"),
+        ("train", {"steps": float("inf")}, "steps must be a whole number, got inf"),
+        ("train", {"batch_size": 2.0}, "batch_size must be a whole number, got 2.0"),
+        ("train", {"group_size": True}, "group_size must be a whole number, got True"),
+        ("train", {"steps": 10**300}, "steps must be <= 1,000,000,000"),
+        ("train", {"lr": float("nan")}, "lr must be a finite number, got nan"),
+        ("train", {"lr": float("inf")}, "lr must be a finite number, got inf"),
+        ("train", {"kl_coef": -1.0}, "kl_coef must be >= 0"),
+        ("train", {"max_grad_norm": 0}, "max_grad_norm must be > 0"),
+        ("train", {"kv_cache_bytes": 1e300}, "kv_cache_bytes must be a whole number"),
+        ("train", {"engine_batch_size": 2**40}, "engine_batch_size must be <= 65,536"),
+        ("train", {"gradient_checkpointing": "no"}, "gradient_checkpointing must be true or"),
+        ("train", {"heldout_prompts": 1e300}, "heldout_prompts must be a whole number"),
+        ("evaluate", {"num_prompts": 1e300}, "num_prompts must be a whole number"),
+        ("evaluate", {"version": float("nan")}, "version must be a whole number"),
+        ("compare", {"versions": [0, 1.5]}, "versions must be a whole number, got 1.5"),
+    ],
+)
+def test_numbers_have_a_type_and_a_range(env, tiny_model, kind, change, problem):
+    config = {
+        "train": train_config(tiny_model),
+        "evaluate": {"job_id": 1, "version": 0, "task": "always7"},
+        "compare": {"job_id": 1, "versions": [0, 1], "task": "always7"},
+    }[kind]
+    started = time.perf_counter()
+    with pytest.raises(SpecError, match=re.escape(problem)):
+        api.validate_job(kind, {**config, **change})
+    assert time.perf_counter() - started < 1.0
+
+
+def test_every_numeric_trainer_field_has_a_row_in_the_table():
+    from core_engine.rl.config import GRPOConfig
+    from core_engine.rl.limits import TRAINER_FIELDS
+
+    numeric = {
+        f.name
+        for f in dataclasses.fields(GRPOConfig)
+        if re.fullmatch(r"(int|float|bool)( \| None)?", str(f.type))
+    }
+    assert numeric and numeric <= set(TRAINER_FIELDS)
+
+
+def test_four_million_samples_per_step_are_refused_by_the_footprint_rule(
+    env, tiny_model, monkeypatch
+):
+    """The form's old ceiling: 65,536 prompts x 64 samples x 1 token = 4,194,304 tokens, just
+    within the tokens-per-step limit, but ~21 GiB of rollouts at the least."""
+    monkeypatch.setenv("RLWB_HOST_MEMORY", str(16 * 2**30))
+    config = train_config(tiny_model, batch_size=65_536, group_size=64, max_tokens=1)
+    started = time.perf_counter()
+    with pytest.raises(SpecError) as info:
+        api.validate_job("train", config)
+    assert time.perf_counter() - started < 1.0
+    message = str(info.value)
+    assert "footprint: one step's rollouts need at least 20.9 GiB" in message
+    assert "4,194,304 samples" in message and "16.0 GiB a worker holds" in message
+    assert "tokens per step" not in message
+    monkeypatch.delenv("RLWB_HOST_MEMORY")
+    assert host_memory_bytes() == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    api.validate_job("train", train_config(tiny_model, batch_size=64, group_size=16))
+
+
+def test_a_job_file_with_a_float_step_count_is_refused(env, repo, tmp_path, capsys):
+    from workers.commands import main
+
+    job_file = tmp_path / "job.toml"
+    job_file.write_text('model = "demo"\ntask = "always7"\nsteps = 1e300\n')
+    assert main(["submit", str(job_file)]) == 1
+    assert "steps must be a whole number, got 1e+300" in capsys.readouterr().out
+    os.unlink(job_file)
+    os.mkfifo(job_file)
+    started = time.perf_counter()
+    assert main(["submit", str(job_file)]) == 1
+    assert time.perf_counter() - started < 2.0
+    assert "is a FIFO, not a regular file" in capsys.readouterr().out
+    assert repo.list_jobs() == []
+
+
+def test_the_worker_refuses_a_hand_made_row_with_a_float_step_count(repo, settings, tiny_model):
+    job = repo.create_job("train", train_config(tiny_model, steps=1e300), total_steps=None)
+    started = time.perf_counter()
+    assert run_job(repo, job.id, settings, queued=True).status == "failed"
+    assert time.perf_counter() - started < 5.0
+    assert "steps must be a whole number, got 1e+300" in repo.get_job(job.id).error
+
+
+# Issue 24, item 7: a FIFO or a huge sparse file under a model root or the data directory is
+# refused from its stat, at once, by the API and by the worker.
+def test_special_files_are_refused_quickly_by_the_api(env, repo, tiny_model, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    (model / "generation_config.json").unlink(missing_ok=True)
+    os.mkfifo(model / "generation_config.json")
+    data = env / "prompts.jsonl"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(data)
+    huge = env / "huge.jsonl"
+    huge.touch()
+    os.truncate(huge, 4 * 2**30)
+    for change, problem in (
+        ({"model": str(model)}, "generation_config.json is a FIFO, not a regular file"),
+        ({"task": None, "data": str(data)}, "prompts.jsonl is a FIFO, not a regular file"),
+        ({"task": None, "data": str(huge)}, "huge.jsonl is 4,096.0 MiB, over the 256.0 MiB"),
+    ):
+        config = {k: v for k, v in {**train_config(tiny_model), **change}.items() if v is not None}
+        started = time.perf_counter()
+        with pytest.raises(SpecError, match=re.escape(problem)):
+            api.submit_job("train", config)
+        assert time.perf_counter() - started < 2.0
+    assert repo.list_jobs() == []

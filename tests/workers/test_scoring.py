@@ -4,6 +4,7 @@ per-token log-probs are stored for trained samples."""
 
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -87,6 +88,14 @@ def test_audit_passes_against_transformers_and_catches_tampering(repo, settings,
     assert "sample ids" in audit_samples(repo, settings, ["x"])["problem"]
 
 
+def test_a_cancelled_audit_stops_before_its_next_sample(repo, settings, trained):
+    """What a revoke of the running ``workers.audit`` task does (`workers.control.revoked`)."""
+    ids = [s.id for s in repo.list_samples(SampleFilter(trained), limit=4).items]
+    asked = []
+    result = audit_samples(repo, settings, ids, lambda: asked.append(1) or len(asked) > 2)
+    assert result == {"problem": "cancelled after 2 of 4 samples"}
+
+
 def test_token_diff_scores_one_response_under_both_versions(repo, settings, trained):
     detail = next(d for d in _samples(repo, trained, 1) if d.response_token_ids)
     versions = {v.version: v.checkpoint_path for v in repo.list_versions(trained)}
@@ -99,10 +108,45 @@ def test_token_diff_scores_one_response_under_both_versions(repo, settings, trai
     assert "no policy version 9" in token_diff(repo, settings, detail.id, 1, 9)["problem"]
 
 
-def test_cli_audit_reports_each_sample_and_fails_on_a_mismatch(repo, trained, capsys):
+def test_cli_audit_reports_each_sample_and_refuses_bad_requests(repo, trained, capsys):
     assert commands.run_audit(trained, 5) == 0
     out = capsys.readouterr().out
-    assert out.count("  pass\n") == 5 and "5 samples: 5 pass (tolerance 0.0001" in out
+    assert out.count("  pass\n") == 5
+    assert "5 checked (5 pass, 0 fail), 0 not checkable (tolerance 0.0001" in out
     assert commands.run_audit(trained, 0) == 1
     assert commands.run_audit(999, 3) == 1
     assert "refused" in capsys.readouterr().out
+
+
+@pytest.fixture
+def pruned(repo, settings, tiny_model, tmp_path):
+    """Versions 0-3 (samples of 0-2), of which retention dropped the weights of version 1
+    (version 0's are the model's own: a copy here, for the test to delete)."""
+    model = shutil.copytree(tiny_model, tmp_path / "model")
+    config = train_config(str(model), group_size=4, keep_last=2, keep_every=0)
+    job = repo.create_job("train", config, total_steps=3)
+    assert run_job(repo, job.id, settings).status == "succeeded"
+    return job.id
+
+
+def test_cli_audit_draws_from_kept_weights_and_reports_its_coverage(repo, pruned, capsys):
+    checkpoints = {v.version: v.checkpoint_path for v in repo.list_versions(pruned)}
+    assert {v for v, path in checkpoints.items() if Path(path).is_dir()} == {0, 2, 3}
+    gone = len(_samples(repo, pruned, 1))
+    checkable = [d.id for v in (0, 2) for d in _samples(repo, pruned, v) if d.response_token_ids]
+
+    assert commands.run_audit(pruned, 20) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [int(line.split()[1]) for line in lines[:-1]] == checkable  # all of v0, v2; no v1
+    assert lines[-1].startswith(
+        f"{len(checkable)} checked ({len(checkable)} pass, 0 fail), {gone} not checkable: "
+        "weights not kept for versions 1 (tolerance"
+    )
+
+    for version in (0, 2):
+        shutil.rmtree(checkpoints[version])
+        gone += len(_samples(repo, pruned, version))
+    assert commands.run_audit(pruned, 20) == 1  # nothing could be checked
+    assert capsys.readouterr().out.startswith(
+        f"0 checked (0 pass, 0 fail), {gone} not checkable: weights not kept for versions 0-2"
+    )

@@ -1,0 +1,66 @@
+"""Putting jobs on the queue and taking them off: validate and submit, cancel, resume.
+
+Shared by `workers.api` (the UI's door) and `workers.commands` (``rlwb submit``, ``cancel``,
+``resume``), which import it and not each other. Imports no torch; Celery is configured on
+first use, not at import.
+"""
+
+from typing import Any
+
+from celery import Celery
+
+from db import JobInfo, JobKind, JobStatus
+from workers.job_files import check_paths
+from workers.settings import Settings
+from workers.specs import check_sizes, check_trackers_installed, validate
+
+
+def celery_app() -> Celery:
+    """The Celery app with the tasks registered."""
+    from workers import tasks
+
+    return tasks.app
+
+
+def validate_job(kind: JobKind | str, config: dict[str, Any]) -> int | None:
+    """Check a job config and its sizes as the worker will, and that the trackers it reports
+    to are installed (`SpecError`); returns its total steps."""
+    total_steps = validate(kind, config)
+    check_sizes(kind, config)
+    check_trackers_installed(config)
+    return total_steps
+
+
+def submit_job(kind: JobKind | str, config: dict[str, Any]) -> JobInfo:
+    """Validate ``config`` (see `workers.specs`; raises `SpecError`), store a queued job and
+    send its task to the ``gpu`` queue."""
+    from workers.app import enqueue, repository
+
+    total_steps = validate_job(kind, config)
+    check_paths(config, Settings.from_env())
+    repo = repository()
+    job = repo.create_job(kind, config, total_steps=total_steps)
+    enqueue(celery_app(), repo, job)
+    return repo.get_job(job.id)
+
+
+def cancel_job(job_id: int) -> JobInfo:
+    """Cancel a job: a queued one at once (and its task is revoked), a running one at its
+    next step (it ends ``cancelled`` with everything so far kept)."""
+    from workers.app import repository
+
+    job = repository().request_cancel(job_id)
+    if job.status is JobStatus.CANCELLED and job.celery_task_id:
+        celery_app().control.revoke(job.celery_task_id)
+    return job
+
+
+def resume_job(job_id: int) -> JobInfo:
+    """Queue a failed, stalled or cancelled train job again: it continues from its newest checkpoint
+    at that version (`db.InvalidTransition` for any other job)."""
+    from workers.app import enqueue, repository
+
+    repo = repository()
+    job = repo.reopen(job_id)
+    enqueue(celery_app(), repo, job)
+    return repo.get_job(job_id)
