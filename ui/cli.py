@@ -3,14 +3,16 @@
     rlwb up                 the workbench on embedded defaults (SQLite, no broker server):
                             migrations, a worker and a chat worker (child processes), the UI
     rlwb ui                 migrate the database, then serve the UI (jobs go to the queue)
-    rlwb worker [ARGS]      a GPU worker (celery worker --pool threads -c 1 -Q gpu ARGS)
-    rlwb worker --interactive   a worker for Playground chat (queue interactive)
+    rlwb worker [ARGS]      a GPU worker gpu@%h (celery worker --pool threads -c 1 -Q gpu ARGS)
+    rlwb worker --interactive   a worker for Playground chat chat@%h (queue interactive)
     rlwb db upgrade         migrate the database (DATABASE_URL, else the SQLite file)
     rlwb train CONFIG       run a training job here, without UI or queue, writing to the DB
     rlwb submit CONFIG      queue a job for the workers and print its id
     rlwb jobs               list the jobs
-    rlwb resume JOB_ID      queue a failed or cancelled train job again, from its newest version
+    rlwb resume JOB_ID      requeue a failed, stalled or cancelled train job, from its last version
     rlwb cancel JOB_ID      cancel a job
+    rlwb audit JOB_ID       re-score stored samples under their versions' kept weights
+    rlwb export JOB_ID VERSION DIR [--merged]   a version's adapter, merged model or checkpoint
 
 ``up`` and ``ui`` live here; the others are `workers.commands`. Environment: DATABASE_URL,
 REDIS_URL, RLWB_DATA_DIR, RLWB_AUTH (USER:PASSWORD for the UI; see workers/README.md).

@@ -2,7 +2,7 @@
 
 import math
 import re
-from html import escape
+from html import escape, unescape
 
 import pandas as pd
 
@@ -17,13 +17,22 @@ BARE_CELL = "border:none;padding:2px 8px;white-space:nowrap"
 SERIES_COLOURS = ("#4c78a8", "#f58518")  # version A, version B
 
 
-_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
+# Markdown's marks, and ':' so that no URL is auto-linked (GFM links a bare "http://...")
+_MARKS = r"\\`*_{}\[\]()#+\-.!|~>:"
+_MARKDOWN = re.compile(f"([{_MARKS}])")
+_ESCAPED_MARK = re.compile(f"\\\\([{_MARKS}])")
 
 
 def inert(text: object) -> str:
     """Stored or user text made inert for a Markdown component: HTML escaped and every
     Markdown mark backslash-escaped, so no link, image or markup comes out of it."""
     return _MARKDOWN.sub(r"\\\1", escape(str(text), quote=False))
+
+
+def from_inert(shown: str) -> str:
+    """The text that `inert` made ``shown`` from (e.g. a chat turn read back from the
+    component that displays it)."""
+    return unescape(_ESCAPED_MARK.sub(r"\1", shown))
 
 
 def fmt(value: float | int | None) -> str:
@@ -53,12 +62,14 @@ def token_spans(
     logprobs: list[float],
     texts: list[str] | None,
     temperature_logprobs: list[float] | None = None,
+    label: str = "log-prob",
 ) -> str:
-    """One coloured ``<span class="tok">`` per response token; hovering shows its id and
-    log-probs. Without token texts the ids are shown."""
+    """One ``<span class="tok">`` per response token, coloured by ``logprobs`` (named
+    ``label`` on hover, with the token's id and its temperature-only log-prob if given).
+    Without token texts the ids are shown."""
     spans = []
     for i, (token_id, logprob) in enumerate(zip(token_ids, logprobs, strict=True)):
-        title = f"token id {token_id} · log-prob {logprob:.4f} (p {math.exp(logprob):.3f})"
+        title = f"token id {token_id} · {label} {logprob:.4f} (p {math.exp(logprob):.3f})"
         if temperature_logprobs is not None:
             title += f" · temperature-only log-prob {temperature_logprobs[i]:.4f}"
         text = texts[i] if texts is not None else f"⟨{token_id}⟩"

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from workers.api import MAX_TEXT_BYTES, UnsafeFileError, regular_file
+
 CONTEXT = 6  # tokens decoded before each one, so multi-token characters and spaces come out right
 
 
@@ -14,15 +16,23 @@ def _load(path: str, _mtime_ns: int) -> Tokenizer:
     return Tokenizer.from_file(path)
 
 
+def _tokenizer_file(checkpoint: Path) -> tuple[str, int] | None:
+    """(path, modification time) of the checkpoint's ``tokenizer.json`` when it is a regular
+    file of at most `MAX_TEXT_BYTES` (checked without opening it), else None."""
+    path = checkpoint / "tokenizer.json"
+    try:
+        return str(path), regular_file(path, MAX_TEXT_BYTES).st_mtime_ns
+    except UnsafeFileError:
+        return None
+
+
 def token_texts(token_ids: list[int], checkpoints: Iterable[Path]) -> list[str] | None:
     """The text each token adds to the response (special tokens included), decoded by the
-    first of ``checkpoints`` that has a ``tokenizer.json``; None when none has one."""
-    path = next(
-        (c / "tokenizer.json" for c in checkpoints if (c / "tokenizer.json").is_file()), None
-    )
-    if path is None:
+    first of ``checkpoints`` that has a usable ``tokenizer.json``; None when none has one."""
+    found = next(filter(None, map(_tokenizer_file, checkpoints)), None)
+    if found is None:
         return None
-    tokenizer = _load(str(path), path.stat().st_mtime_ns)
+    tokenizer = _load(*found)
     texts = []
     for i, token_id in enumerate(token_ids):
         context = token_ids[max(0, i - CONTEXT) : i]

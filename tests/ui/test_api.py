@@ -8,6 +8,7 @@ from gradio_client import Client
 from tests.ui.helpers import PROMPTS
 from ui.app import build_app
 from ui.handlers import samples as samples_module
+from ui.render import from_inert
 
 
 @pytest.fixture(scope="module")
@@ -113,15 +114,16 @@ def test_samples_pages_filters_and_detail(client, job, monkeypatch):
     assert [row["error"] for row in errored] == ["kv_exhausted"]
     texts = rows(search(client, job.id, text="17", min_reward="1")[0])
     assert {row["prompt"] for row in texts} == {"17?"} and {row["reward"] for row in texts} == {"1"}
-    detail = client.predict(first[1]["sample"], api_name="/sample")
+    detail, verdict = client.predict(first[1]["sample"], api_name="/sample")
     assert detail.count('class="tok"') == first[1]["tokens"] and "token id" in detail
+    assert verdict == ""  # the audit box: emptied for the sample opened
 
 
 def test_rejected_batches(client, job):
     [batch] = rows(client.predict(job.id, api_name="/rejected_batches"))
     assert batch["reasons"].startswith("sample 1: error/kv_exhausted")
     table, info = client.predict(job.id, batch["batch"], api_name="/batch_samples")
-    assert len(rows(table)) == 2 and "(rejected)" in info
+    assert len(rows(table)) == 2 and "(rejected)" in from_inert(info)
 
 
 def test_compare(client, job, submitted):
@@ -137,8 +139,9 @@ def test_compare(client, job, submitted):
     }
     assert "version 3" in rewards and "Response tokens" in lengths
     assert pairs.count('class="pair"') == len(PROMPTS) and sample
-    message = client.predict(job.id, 0, 3, "addition", 16, 2, 8, api_name="/launch_compare")
+    message, poll = client.predict(job.id, 0, 3, "addition", 16, 2, 8, api_name="/launch_compare")
     assert message.startswith("Compare job") and submitted[0][0] == "compare"
+    assert poll["active"]  # the status line follows the job until it finishes
 
 
 def test_queue_and_job_pickers(client, job):

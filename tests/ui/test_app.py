@@ -16,6 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 API_NAMES = {
     "launch",
     "launch_source",
+    "launch_lora_shown",
+    "launch_lora",
     "launch_rescan",
     "launch_upload",
     "jobs",
@@ -44,6 +46,8 @@ API_NAMES = {
     "versions",
     "compare",
     "launch_compare",
+    "compare_defaults",
+    "compare_job_status",
     "playground_jobs",
     "playground_versions",
     "playground_send",

@@ -3,8 +3,15 @@ launching a compare job."""
 
 import re
 
-from ui.handlers.compare import compare_versions, histogram, launch_compare, version_choices
-from ui.render import histogram_html
+from ui.handlers.compare import (
+    compare_job_status,
+    compare_versions,
+    histogram,
+    launch_compare,
+    newest_job_with_samples,
+    version_choices,
+)
+from ui.render import from_inert, histogram_html
 
 
 def test_versions_of_a_job(services, job):
@@ -50,8 +57,9 @@ def test_histograms_share_bins():
 
 
 def test_launch_a_compare_job_on_held_out_prompts(services, world, job):
-    message = launch_compare(services, job.id, 0, 3, "always7", 8, 1, 4)
-    assert message.startswith("Compare job **#") and message.endswith("is queued.")
+    message, launched = launch_compare(services, job.id, 0, 3, "always7", 8, 1, 4)
+    assert message == f"Compare job **#{launched}** is queued."
+    world["repo"].delete_job(launched)
     assert world["queue"].submitted == [
         (
             "compare",
@@ -68,11 +76,42 @@ def test_launch_a_compare_job_on_held_out_prompts(services, world, job):
 
 
 def test_an_invalid_compare_job_is_not_enqueued(services, world, job):
-    assert "two different versions" in launch_compare(services, job.id, 2, 2, "always7", 8, 1, 4)
-    assert "task: choose one of" in launch_compare(services, job.id, 0, 3, "nope", 8, 1, 4)
-    assert "&gt;= 1" in launch_compare(services, job.id, 0, 3, "always7", 0, 1, 4)
-    assert "choose a job" in launch_compare(services, None, 0, 3, "always7", 8, 1, 4)
+    for args, problem in (
+        ((job.id, 2, 2, "always7", 8, 1, 4), "two different versions"),
+        ((job.id, 0, 3, "nope", 8, 1, 4), "task: choose one of"),
+        ((job.id, 0, 3, "always7", 0, 1, 4), ">= 1"),
+        ((None, 0, 3, "always7", 8, 1, 4), "choose a job"),
+    ):
+        message, launched = launch_compare(services, *args)
+        assert problem in from_inert(message) and launched is None
     assert world["queue"].submitted == []
+
+
+def test_a_launched_compare_job_is_followed_until_it_finishes(services, world, job):
+    repo = world["repo"]
+    _, launched = launch_compare(services, job.id, 0, 3, "always7", 8, 1, 4)
+    assert compare_job_status(services, launched) == (
+        f"Compare job **#{launched}** is queued.",
+        False,
+    )
+    repo.mark_running(launched)
+    repo.update_progress(launched, 1, 2)
+    message, finished = compare_job_status(services, launched)
+    assert message.endswith("is running: 1 of 2 versions answered.") and not finished
+    repo.mark_failed(launched, "version 3: weights not kept")
+    message, finished = compare_job_status(services, launched)
+    assert from_inert(message).endswith("failed: version 3: weights not kept") and finished
+    repo.delete_job(launched)
+    message, finished = compare_job_status(services, launched)
+    assert from_inert(message) == f"**job {launched} does not exist**" and finished
+
+
+def test_compare_opens_on_the_newest_job_with_samples(services, world, job):
+    repo = world["repo"]
+    assert newest_job_with_samples(services) == job.id
+    empty = repo.create_job("train", {"model": "demo", "task": "always7"}, total_steps=2)
+    assert newest_job_with_samples(services) == job.id  # newer, but nothing to compare yet
+    repo.delete_job(empty.id)
 
 
 def test_compare_defaults_to_versions_with_samples_and_finds_the_held_out_pairs(services, world):

@@ -15,6 +15,7 @@ from ui.handlers.jobs import (
 )
 from ui.handlers.queue import queue_view
 from ui.plots import PLOTS, ema, has_data, plot_frame
+from ui.render import inert
 
 
 def test_the_table_shows_status_progress_version_reward_and_speed(services, job):
@@ -103,6 +104,20 @@ def test_resume_a_cancelled_train_job_and_refuse_others(services, world):
     assert resume_job(services, job.id).startswith("**Cannot resume:** job")  # queued
     assert resume_job(services, None) == "Choose a job to resume."
     repo.request_cancel(job.id)
+    repo.delete_job(job.id)
+
+
+def test_a_stalled_job_shows_why_in_the_table_and_page_and_can_resume(services, world):
+    repo = world["repo"]
+    job = repo.create_job("train", {"model": "demo", "task": "always7"})
+    repo.mark_running(job.id)
+    reason = "every sample scored 0.0 in 6 batches: check the reward and the task"
+    repo.mark_stalled(job.id, reason)
+    assert jobs_table(services).set_index("job").loc[job.id]["status"] == "stalled"
+    summary = job_page(services, job.id)[0]
+    assert summary.startswith(f"### Job #{job.id} · train · stalled")
+    assert f"**Stalled:** {inert(reason)}" in summary
+    assert resume_job(services, job.id) == f"Job **#{job.id}** is queued."
     repo.delete_job(job.id)
 
 

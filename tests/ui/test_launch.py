@@ -3,12 +3,18 @@
 import dataclasses
 import json
 import sys
+import time
+import tracemalloc
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from core_engine.rl.data import count_jsonl
+from tests.core_engine.test_user_files import fifo, sparse, within
 from ui.handlers.launch import (
     JSONL_SOURCE,
+    MAX_UPLOAD_BYTES,
     TASK_DEFAULT_REWARD,
     TASK_SOURCE,
     dataset_choices,
@@ -138,7 +144,7 @@ def test_launch_warns_when_no_worker_is_online(services, world):
 def test_trainer_config_rules_are_reported_too(services, world):
     message = launch_job(services, **form(steps=0, top_p=1.5, group_size=0))
     assert inert("steps must be >= 1") in message and inert("group_size must be >= 1") in message
-    assert inert("top_p must be in (0, 1]") in message
+    assert inert("top_p must be <= 1") in message
     assert world["queue"].submitted == []
 
 
@@ -183,7 +189,7 @@ def test_an_oversized_upload_is_refused_and_every_upload_is_removed(
     small.write_text(line)
     monkeypatch.setattr(launch_module, "MAX_UPLOAD_BYTES", len(line) * 10)
     _, stored, message = upload_dataset(services, str(big))
-    assert stored is None and "larger than" in message and not big.exists()
+    assert stored is None and "over the 500 bytes limit" in message and not big.exists()
     _, stored, _ = upload_dataset(services, str(small))
     assert stored is not None and not small.exists()
 
@@ -193,7 +199,7 @@ def test_data_outside_the_roots_is_refused(services, world, tmp_path):
     outside.write_text(json.dumps({"instruction": "hi"}) + "\n")
     message = launch_job(services, **form(source=JSONL_SOURCE, data=str(outside)))
     assert "is not under a model root or the data directory" in message
-    assert launch_job(services, **form(source=JSONL_SOURCE, data=None)).count("data:") == 1
+    assert launch_job(services, **form(source=JSONL_SOURCE, data=None)).count(inert("data:")) == 1
     assert world["queue"].submitted == []
 
 
@@ -202,9 +208,137 @@ def test_held_out_accuracy_is_configured_for_built_in_tasks(services, world, tmp
     config = world["queue"].submitted[-1][1]
     assert (config["heldout_every"], config["heldout_prompts"]) == (2, 16)
     refused = launch_job(services, **form(heldout_every=-1))
-    assert inert("heldout_every must be a whole number >= 0") in refused
+    assert inert("heldout_every must be >= 0") in refused
     data = services.data_dir / "held.jsonl"
     data.parent.mkdir(parents=True, exist_ok=True)
     data.write_text(json.dumps({"instruction": "", "input": "3?", "output": "7"}) + "\n")
     launch_job(services, **form(source=JSONL_SOURCE, data=str(data), heldout_every=10))
     assert "heldout_every" not in world["queue"].submitted[-1][1]  # needs a built-in task
+
+
+def test_trackers_are_chosen_on_the_form_and_must_be_installed(services, world, monkeypatch):
+    launch_job(services, **form(report_to=["tensorboard", "mlflow"]))
+    assert world["queue"].submitted[-1][1]["report_to"] == ["tensorboard", "mlflow"]
+    launch_job(services, **form(report_to=[]))
+    assert "report_to" not in world["queue"].submitted[-1][1]
+    monkeypatch.setitem(sys.modules, "wandb", None)  # not installed here
+    refused = launch_job(services, **form(report_to=["wandb"]))
+    assert inert("report_to: wandb not installed: pip install 'rl-workbench[wandb]'") in refused
+
+
+def test_the_form_says_how_records_and_regex_rewards_are_read(services):
+    """The help beside the data and reward fields states what the trainer then does."""
+    from core_engine.rl.data import instruction_to_messages
+    from core_engine.rl.rewards import resolve_reward
+    from ui.app import build_app
+
+    demo = build_app(services)
+    info = {b.elem_id: getattr(b, "info", None) for b in demo.blocks.values() if b.elem_id}
+    assert "instruction -> system and input -> user" in info["launch-data"]
+    assert instruction_to_messages("S", "U")[0] == {"role": "system", "content": "S"}
+    assert "instruction without input -> user" in info["launch-data"]
+    assert instruction_to_messages("Q", "") == [{"role": "user", "content": "Q"}]
+    assert "matches the whole response, stripped" in info["launch-reward"]
+    assert resolve_reward("regex:7")([" 7\n", "17"], ["", ""], ["", ""]) == [1.0, 0.0]
+
+
+def isolated(services, tmp_path: Path):
+    """The services with a model root and a data directory of this test's own."""
+    return dataclasses.replace(
+        services, model_roots=(tmp_path / "models",), data_dir=tmp_path / "data"
+    )
+
+
+# Issue 24, item 3: the form's numbers have the job's types and ranges, and its sizes meet the
+# footprint rule, before anything is queued.
+def test_the_form_refuses_huge_and_non_finite_numbers_and_too_many_samples(
+    services, world, monkeypatch
+):
+    for change, problem in (
+        ({"steps": "1e300"}, "steps must be <= 1,000,000,000"),
+        ({"steps": float("nan")}, "steps: nan is not finite"),
+        ({"lr": "inf"}, "lr: 'inf' is not finite"),
+        ({"batch_size": 2.5}, "batch_size: a whole number is required"),
+    ):
+        assert inert(problem) in launch_job(services, **form(**change))
+    monkeypatch.setenv("RLWB_HOST_MEMORY", str(16 * 2**30))
+    started = time.perf_counter()
+    refused = launch_job(services, **form(batch_size=65_536, group_size=64, max_tokens=1))
+    assert time.perf_counter() - started < 1.0
+    assert inert("footprint: one step's rollouts need at least 20.9 GiB") in refused
+    assert world["queue"].submitted == []
+
+
+# Issue 24, item 7: a FIFO or a huge sparse file under a model root or the data directory is
+# neither offered nor read: Launch refuses it at once, at no memory cost.
+def test_special_files_under_the_roots_are_not_offered_and_refused_at_once(services, tmp_path):
+    mine = isolated(services, tmp_path)
+    for name, make in (("pipe", fifo), ("sparse", sparse)):
+        folder = tmp_path / "models" / name
+        make(folder / "config.json")
+        (folder / "model.safetensors").write_bytes(b"")
+    fifo(tmp_path / "data" / "pipe.jsonl")
+    sparse(tmp_path / "data" / "huge.jsonl")
+    assert model_choices(mine) == [("built-in demo policy", DEMO_MODEL)]
+    assert dataset_choices(mine) == []
+    for change, problem in (
+        ({"model": str(tmp_path / "models" / "pipe")}, "config.json is a FIFO"),
+        ({"model": str(tmp_path / "models" / "sparse")}, "over the 64.0 MiB limit"),
+        ({"source": JSONL_SOURCE, "data": str(tmp_path / "data" / "pipe.jsonl")}, "a FIFO"),
+        ({"source": JSONL_SOURCE, "data": str(tmp_path / "data" / "huge.jsonl")}, "4,096.0"),
+    ):
+        tracemalloc.start()
+        message = within(2.0, lambda c=change: launch_job(mine, **form(**c)))
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert inert(problem) in message and "Nothing was enqueued" in message
+        assert peak < 16 * 2**20  # was 2 GiB per click for the sparse file
+
+
+# Issue 24, item 8: an upload is parsed once, when it arrives; Launch then costs a stat.
+def test_a_64_mib_upload_of_tiny_records_is_parsed_once(services, world, tmp_path, monkeypatch):
+    from workers import api
+
+    parses = []
+
+    def counting(path):
+        parses.append(path)
+        return count_jsonl(path)
+
+    monkeypatch.setattr(api, "count_jsonl", counting)
+    mine = isolated(services, tmp_path)
+    line = json.dumps({"instruction": "7?"}) + "\n"
+    upload = tmp_path / "tiny.jsonl"
+    upload.write_text(line * (MAX_UPLOAD_BYTES // len(line)))
+    assert upload.stat().st_size > 63 * 2**20
+    _, stored, message = upload_dataset(mine, str(upload))
+    assert stored is not None and f"{MAX_UPLOAD_BYTES // len(line)} records" in message
+    for _ in range(2):
+        started = time.perf_counter()
+        launched = launch_job(mine, **form(source=JSONL_SOURCE, task=None, data=stored))
+        assert time.perf_counter() - started < 1.0 and "is queued" in launched
+    assert len(parses) == 1  # at upload only (was ~23 s per Launch click)
+
+
+def test_the_stored_uploads_have_a_quota(services, tmp_path, monkeypatch):
+    from ui import files
+
+    mine = isolated(services, tmp_path)
+    record = json.dumps({"instruction": "", "input": "3?", "output": "7"}) + "\n"
+    monkeypatch.setattr(files, "UPLOAD_QUOTA_BYTES", 3 * len(record))
+    stored = []
+    for number in range(4):
+        upload = tmp_path / f"set{number}.jsonl"
+        upload.write_text(record)
+        _, path, message = upload_dataset(mine, str(upload))
+        stored.append(path)
+        assert not upload.exists()
+    assert None not in stored[:3] and stored[3] is None
+    quota = "would take 200 bytes, over their 150 bytes quota (RLWB_UPLOAD_QUOTA_MB)"
+    assert inert(quota) in message
+    assert str(tmp_path) not in message
+    assert files.stored_bytes(mine.data_dir / files.UPLOADS_DIR) == 3 * len(record)
+    Path(stored[0]).unlink()  # room again
+    upload = tmp_path / "again.jsonl"
+    upload.write_text(record)
+    assert upload_dataset(mine, str(upload))[1] is not None

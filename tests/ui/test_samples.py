@@ -4,17 +4,28 @@ import re
 from typing import Any
 
 import pytest
+from markdown_it import MarkdownIt
 
-from db import SampleFilter
-from tests.ui.helpers import GROUP, PROMPTS, TRICKY
+from db import BatchRecord, SampleFilter
+from tests.ui.helpers import GROUP, PROMPTS, TRICKY, _sample
 from ui.handlers import samples as samples_module
-from ui.handlers.samples import (
-    batch_samples,
-    rejected_batches,
-    sample_detail,
-    search_samples,
-    turn_page,
-)
+from ui.handlers.audit import audit_view
+from ui.handlers.samples import open_sample, rejected_batches, sample_detail, search_samples
+from ui.render import from_inert
+
+
+def read(page):
+    """A page with its info line as the reader sees it (it is shown inert)."""
+    table, state, info = page
+    return table, state, from_inert(info)
+
+
+def turn_page(services, state, step):
+    return read(samples_module.turn_page(services, state, step))
+
+
+def batch_samples(services, job_id, batch_id):
+    return read(samples_module.batch_samples(services, job_id, batch_id))
 
 
 def search(services, job_id, **filters: Any):
@@ -30,7 +41,7 @@ def search(services, job_id, **filters: Any):
         "newest_first": False,
     }
     values.update(filters)
-    return search_samples(services, job_id, **values)
+    return read(search_samples(services, job_id, **values))
 
 
 def all_ids(world) -> list[int]:
@@ -60,6 +71,23 @@ def test_newest_first(services, world, job):
     table, _, _ = search(services, job.id, newest_first=True)
     assert table["sample"].tolist() == sorted(all_ids(world), reverse=True)[:50]
     assert table["version"].tolist()[0] == 3
+
+
+def test_a_text_search_that_stops_at_its_bound_says_so(services, world, job, monkeypatch):
+    """Each page of a text search reads a bounded number of samples (here 10, really
+    `TEXT_SEARCH_ROWS`): a miss says how many and how to narrow it; the next page searches on."""
+    from db.repository import samples as repository_samples
+
+    monkeypatch.setattr(repository_samples, "TEXT_SEARCH_ROWS", 10)
+    table, state, info = search(services, job.id, text="no such text", newest_first=True)
+    assert table.empty
+    assert "searched 10 samples for this page: refine your search (versions, reward" in info
+    pages = 1
+    while "searched 10 samples" in info:
+        table, state, info = turn_page(services, state, 1)
+        pages += 1
+        assert table.empty
+    assert "last page" in info and pages == -(-len(all_ids(world)) // 10)
 
 
 @pytest.mark.parametrize(
@@ -138,6 +166,25 @@ def test_a_batch_of_another_job_is_not_shown(services, world, job):
         world["repo"].delete_job(other.id)
 
 
+def test_the_info_line_shows_stored_reasons_inert(services, world):
+    """A rejection reason (stored text, e.g. from a reward) makes no link or image."""
+    repo = world["repo"]
+    other = repo.create_job("train", {"model": "demo", "task": "always7"})
+    reason = "reward said ![x](http://e.vil/i.png) see [here](http://e.vil) http://e.vil"
+    try:
+        repo.mark_running(other.id)
+        sample = _sample(world["model"], 0, 0, 0, reward=None, advantage=None)
+        batch = repo.record_batch(BatchRecord(other.id, 0, 0, "rejected", [sample], [reason]))
+        _, _, info = samples_module.batch_samples(services, other.id, batch.id)
+        html = MarkdownIt("commonmark").render(info)
+        assert "<a" not in html and "<img" not in html
+        assert not re.search(r"https?://|www\.", info)  # nor a GFM autolink literal
+        assert reason in from_inert(info)
+    finally:
+        repo.mark_failed(other.id, "test over")
+        repo.delete_job(other.id)
+
+
 def test_the_detail_colours_each_token_with_its_logprob(services, world, job):
     table, _, _ = search(services, job.id, text="12", max_version=0)
     html = sample_detail(services, table["sample"].iloc[0])
@@ -165,6 +212,16 @@ def test_the_detail_escapes_stored_text_and_shows_errors(services, job):
     assert "∅ (no tokens)" in errored_html
     assert "<b>sample 999 does not exist</b>" in sample_detail(services, 999)
     assert sample_detail(services, None) == "<p>Choose a sample.</p>"
+
+
+def test_opening_another_sample_clears_the_audit_verdict(services, job):
+    table, _, _ = search(services, job.id, max_version=0)
+    audited, other = table["sample"].tolist()[:2]
+    assert f"sample #{audited}" in audit_view(services, audited)  # what the box showed
+    detail, verdict = open_sample(services, other)
+    assert detail == sample_detail(services, other)
+    assert f'data-sample-id="{other}"' in detail
+    assert verdict == ""
 
 
 def test_without_a_tokenizer_the_token_ids_are_shown(services, world, job, tmp_path):

@@ -7,12 +7,15 @@ from ui.handlers.common import parse_id
 from ui.handlers.launch import FORM_FIELDS, JSONL_SOURCE, TASK_DEFAULT_REWARD, TASK_SOURCE
 from ui.render import inert
 from ui.services import Services
-from workers.api import LAUNCH_DEFAULTS, TRAINER_DEFAULTS
+from workers.api import ALL_LINEAR, LAUNCH_DEFAULTS, LINEAR_MODULES, TRAINER_DEFAULTS, mode_defaults
+
+NUMBERS = ("rank", "alpha", "dropout")  # of a lora table, each a field of the form
 
 
 def clone_form(services: Services, job_id: float | str | None) -> tuple[dict[str, Any], str]:
-    """(form values by field name, message): the job's settings, the trainer's defaults for
-    any it did not set; no values and the reason for anything but a train job."""
+    """(form values by field name, message): the job's settings, the defaults it ran with for
+    any it did not set (the learning rate of its mode: LoRA's or full-weight's); no values
+    and the reason for anything but a train job."""
     try:
         chosen = parse_id(job_id, "job")
         if chosen is None:
@@ -22,8 +25,23 @@ def clone_form(services: Services, job_id: float | str | None) -> tuple[dict[str
         return {}, f"**Cannot clone:** {inert(exc)}"
     if job.kind is not JobKind.TRAIN:
         return {}, f"**Cannot clone:** job #{job.id} is a {job.kind.value} job, not a train job"
-    config = {**TRAINER_DEFAULTS, **job.config}
+    lora = job.config.get("lora")
+    config = {**TRAINER_DEFAULTS, **mode_defaults(lora is not None), **job.config}
     values = {name: config.get(name, LAUNCH_DEFAULTS.get(name)) for name in FORM_FIELDS}
     values["source"] = JSONL_SOURCE if config.get("data") else TASK_SOURCE
     values["reward"] = config.get("reward") or TASK_DEFAULT_REWARD
+    values.update(_lora_form(lora))
     return values, f"Launch is filled in from job **#{job.id}**: change what you like, then Launch."
+
+
+def _lora_form(lora: Any) -> dict[str, Any]:
+    """The form's LoRA fields for a job's ``lora`` table (the defaults for what it omits)."""
+    if not isinstance(lora, dict):
+        return {"lora": False}
+    targets = lora.get("target_modules", ALL_LINEAR)
+    return {
+        "lora": True,
+        **{f"lora_{k}": lora.get(k, LAUNCH_DEFAULTS[f"lora_{k}"]) for k in NUMBERS},
+        "lora_target_modules": list(LINEAR_MODULES if targets == ALL_LINEAR else targets),
+        "lora_modules_to_save": list(lora.get("modules_to_save", [])),
+    }

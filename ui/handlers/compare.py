@@ -9,6 +9,8 @@ import pandas as pd
 from db import (
     MAX_PAGE_SIZE,
     InvalidValue,
+    JobInfo,
+    JobStatus,
     NotFound,
     PromptComparison,
     SampleFilter,
@@ -16,6 +18,7 @@ from db import (
     VersionMetrics,
 )
 from ui.handlers.common import parse_id
+from ui.handlers.jobs import JOB_LIMIT
 from ui.render import comparison_html, fmt, histogram_html, inert
 from ui.services import Services
 from workers import api
@@ -31,6 +34,14 @@ NO_PAIRS = (
     "prompt). <b>Run the held-out comparison</b> below: both versions answer the same "
     "held-out prompts, and Compare shows them here when it is done.</p>"
 )
+
+
+def newest_job_with_samples(services: Services) -> int | None:
+    """The job Compare opens on: the newest of the pickers' jobs that has samples."""
+    for job in services.repository.list_jobs(limit=JOB_LIMIT):
+        if services.repository.list_samples(SampleFilter(job.id), limit=1).items:
+            return job.id
+    return None
 
 
 def version_choices(services: Services, job_id: float | str | None) -> list[int]:
@@ -223,9 +234,9 @@ def launch_compare(
     num_prompts: float | str | None,
     seed: float | str | None,
     max_tokens: float | str | None,
-) -> str:
+) -> tuple[str, int | None]:
     """Enqueue a compare job: both versions answer the same held-out prompts of a built-in
-    task (greedy). Returns a Markdown message."""
+    task (greedy). Returns a Markdown message and the id of the job queued (None if none)."""
     try:
         job, a, b = _chosen(job_id, version_a, version_b)
         counts = {
@@ -242,5 +253,26 @@ def launch_compare(
         config: dict[str, Any] = {"job_id": job, "versions": [a, b], "task": task, **counts}
         launched = services.submit_job("compare", config)
     except ValueError as exc:  # InvalidValue, or the queue's own validation
-        return f"**Nothing was enqueued:** {inert(exc)}"
-    return f"Compare job **#{launched.id}** is {launched.status.value}."
+        return f"**Nothing was enqueued:** {inert(exc)}", None
+    return compare_job_line(launched), launched.id
+
+
+def compare_job_line(job: JobInfo) -> str:
+    """Where a launched compare job stands, as Markdown."""
+    name = f"Compare job **#{job.id}**"
+    if job.status is JobStatus.SUCCEEDED:
+        return f"{name} finished: **Compare** shows both versions' answers to its prompts."
+    if job.status is JobStatus.FAILED:
+        return f"{name} failed: {inert(job.error or 'no reason recorded')}"
+    if job.status is JobStatus.RUNNING and job.total_steps:
+        return f"{name} is running: {job.step} of {job.total_steps} versions answered."
+    return f"{name} is {job.status.value}."
+
+
+def compare_job_status(services: Services, job_id: int) -> tuple[str, bool]:
+    """A launched compare job's line (`compare_job_line`) and whether it has finished."""
+    try:
+        job = services.repository.get_job(job_id)
+    except NotFound as exc:
+        return f"**{inert(exc)}**", True
+    return compare_job_line(job), job.status.is_terminal

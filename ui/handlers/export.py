@@ -1,5 +1,5 @@
 """CSV download of a job's metrics: one row per version, every recorded and aggregated
-metric as a column."""
+metric as a column (and a LoRA version's ``adapter_bytes``)."""
 
 import csv
 import tempfile
@@ -9,6 +9,7 @@ from pathlib import Path
 from db import InvalidValue, JobNotFound, PolicyMetrics, VersionMetrics
 from ui.handlers.common import parse_id
 from ui.services import Services
+from workers.api import adapter_bytes
 
 NAMED = [f.name for f in fields(PolicyMetrics) if f.name != "extra"]
 
@@ -26,7 +27,8 @@ def _row(m: VersionMetrics) -> dict[str, object]:
         "accepted_batches": m.num_accepted_batches,
         "rejected_batches": m.num_rejected_batches,
     }
-    return row | dict(recorded.extra)
+    size = adapter_bytes(m.recorded.checkpoint_path) if m.recorded else None
+    return row | dict(recorded.extra) | ({} if size is None else {"adapter_bytes": size})
 
 
 def metrics_csv(services: Services, job_id: float | str | None) -> str | None:

@@ -21,7 +21,7 @@ from ui.plots import PLOTS, plot_frame
 from ui.progress import duration, eta_seconds
 from ui.render import fmt, inert
 from ui.services import Services
-from workers.api import HELDOUT_METRIC
+from workers.api import HELDOUT_METRIC, adapter_bytes, size_text
 
 JOB_LIMIT = 50
 BATCHES_SHOWN = 200
@@ -95,7 +95,7 @@ def cancel_job(services: Services, job_id: float | str | None) -> str:
 
 
 def resume_job(services: Services, job_id: float | str | None) -> str:
-    """Queue a failed or cancelled train job again, from its newest checkpoint."""
+    """Queue a failed, stalled or cancelled train job again, from its newest checkpoint."""
     return _act(services, job_id, "resume", services.resume_job)
 
 
@@ -149,9 +149,29 @@ def _summary(services: Services, job: JobInfo) -> str:
         f"{'—' if job.current_version is None else job.current_version} · "
         f"attempts {job.attempts}",
     ]
+    if isinstance(job.config.get("lora"), dict) and job.kind is JobKind.TRAIN:
+        lines.append(_lora_summary(services, job))
     if job.error:
-        lines.append(f"**Error:** {inert(job.error)}")
+        why = "Stalled" if job.status is JobStatus.STALLED else "Error"
+        lines.append(f"**{why}:** {inert(job.error)}")
     return "\n\n".join(lines)
+
+
+def _lora_summary(services: Services, job: JobInfo) -> str:
+    """A LoRA job's settings (as set; the others are the defaults), its base's checksum and
+    its versions' adapters: the size of each (one shape: one size), how many are kept."""
+    settings = " · ".join(f"{k} {v}" for k, v in job.config["lora"].items()) or "defaults"
+    base = job.base_checksum[:16] if job.base_checksum else "not recorded yet"
+    line = f"**LoRA** {inert(settings)} · base checksum `{base}`"
+    versions = services.repository.list_versions(job.id)
+    sizes = [size for v in versions if (size := adapter_bytes(v.checkpoint_path)) is not None]
+    if not sizes:
+        return line
+    each = " to ".join(dict.fromkeys(size_text(size) for size in (min(sizes), max(sizes))))
+    return (
+        f"{line} · adapter {each} per version, {len(sizes)} of {len(versions)} versions "
+        f"kept ({size_text(sum(sizes))})"
+    )
 
 
 def job_page(services: Services, job_id: float | str | None) -> JobPage:

@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from db import InvalidValue
-from ui.files import find_checkpoints, find_jsonl, is_under, save_upload
+from ui.files import UploadRefused, find_checkpoints, find_jsonl, save_upload
 from ui.handlers.common import parse_number
 from ui.render import inert
 from ui.services import Services
@@ -37,6 +37,13 @@ FORM_FIELDS = (
     "updates_per_batch",
     "heldout_every",
     "heldout_prompts",
+    "report_to",
+    "lora",
+    "lora_rank",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_target_modules",
+    "lora_modules_to_save",
 )
 MAX_UPLOAD_BYTES = int(os.environ.get("RLWB_MAX_UPLOAD_MB") or 64) * 2**20
 
@@ -72,18 +79,20 @@ def reward_choices() -> list[str]:
 
 def upload_dataset(services: Services, file: str | None) -> tuple[list[str], str | None, str]:
     """Keep an uploaded JSONL file in the data directory: (dataset choices, the stored path,
-    a message). A file over `MAX_UPLOAD_BYTES` or unreadable is refused and not kept; the
-    upload itself is removed either way."""
+    a message). It is parsed once, here: Launch then finds its record count kept
+    (`api.count_records`). A file that is not regular, over `MAX_UPLOAD_BYTES`, over the
+    uploads' quota or unusable is refused and not kept; the upload is removed either way."""
     if not file:
         return dataset_choices(services), None, ""
-    upload = Path(file)
+    upload, stored = Path(file), None
     try:
-        if upload.stat().st_size > MAX_UPLOAD_BYTES:
-            raise api.SpecError(f"larger than {MAX_UPLOAD_BYTES // 2**20} MiB")
-        records = api.count_records(upload)
+        api.regular_file(upload, MAX_UPLOAD_BYTES)
         stored = save_upload(upload, services.data_dir)
-    except (api.SpecError, OSError) as exc:
-        why = _without_paths(str(exc), upload)
+        records = api.count_records(stored)
+    except (api.SpecError, api.UnsafeFileError, UploadRefused, OSError) as exc:
+        if stored is not None:
+            stored.unlink(missing_ok=True)
+        why = _without_paths(str(exc), upload, stored)
         return dataset_choices(services), None, f"**Upload refused:** {inert(why)}"
     finally:
         upload.unlink(missing_ok=True)
@@ -91,20 +100,22 @@ def upload_dataset(services: Services, file: str | None) -> tuple[list[str], str
     return dataset_choices(services), str(stored), message
 
 
-def _without_paths(message: str, upload: Path) -> str:
-    """An error message with the server's temporary upload path replaced by the file's name
-    (a temporary folder is nothing the user can act on, and none of their business)."""
+def _without_paths(message: str, upload: Path, stored: Path | None) -> str:
+    """An error message with the server's temporary upload path, and the stored copy's, replaced
+    by the file's name (a temporary folder is nothing the user can act on, and none of their
+    business)."""
     shown = {upload.resolve(): upload.name, upload: upload.name}
+    if stored is not None:
+        shown |= {stored.resolve(): upload.name, stored: upload.name}
     shown |= {upload.parent.resolve(): "…", upload.parent: "…"}
     for path, name in shown.items():
         message = message.replace(str(path), name)
     return message
 
 
-def _number(
-    name: str, value: float | str | None, whole: bool, problems: list[str]
-) -> float | int | None:
-    """A required number of the form (a whole one if ``whole``), or None and a problem."""
+def _number(name: str, value: float | str | None, problems: list[str]) -> float | int | None:
+    """A required number of the form (a whole one for an int field of `api.JOB_FIELDS`), or
+    None and a problem; its range is the job's check (`api.validate_job`)."""
     try:
         number = parse_number(value, name)
     except InvalidValue as exc:
@@ -113,7 +124,7 @@ def _number(
     if number is None:
         problems.append(f"{name}: required")
         return None
-    if not whole:
+    if api.JOB_FIELDS[name].kind is not int:
         return number
     if number != int(number):
         problems.append(f"{name}: a whole number is required")
@@ -125,11 +136,10 @@ def _check_model(services: Services, model: str | None, problems: list[str]) -> 
     if not model:
         problems.append("model: choose the demo policy or a checkpoint")
     elif model != api.DEMO_MODEL:
-        path = Path(model)
-        if not is_under(path, services.model_roots):
-            problems.append(f"model: {model} is not under a model root (RLWB_MODEL_ROOTS)")
-        elif not (path / "config.json").is_file():
-            problems.append(f"model: {model} has no config.json")
+        try:
+            api.check_model(model, services.model_roots)
+        except api.SpecError as exc:
+            problems.append(str(exc))
 
 
 def _check_data(
@@ -143,15 +153,16 @@ def _check_data(
     if not data:
         problems.append("data: choose or upload a JSONL file")
         return {}
-    path = Path(data)
-    if not is_under(path, (*services.model_roots, services.data_dir)):
-        problems.append(f"data: {data} is not under a model root or the data directory")
+    try:
+        api.check_data_file(data, (*services.model_roots, services.data_dir))
+    except api.SpecError as exc:
+        problems.append(str(exc))
         return {}
     try:
-        api.count_records(path)
+        api.count_records(data)  # parsed once per version of the file, then remembered
     except api.SpecError as exc:
         problems.append(f"data: {exc}")
-    return {"data": str(path)}
+    return {"data": str(Path(data))}
 
 
 def _check_reward(reward: str | None, problems: list[str]) -> str | None:
@@ -163,6 +174,52 @@ def _check_reward(reward: str | None, problems: list[str]) -> str | None:
     except api.SpecError as exc:
         problems.append(f"reward: {exc}")
     return spec
+
+
+def _lora(
+    enabled: bool,
+    rank: float | str | None,
+    alpha: float | str | None,
+    dropout: float | str | None,
+    targets: list[str] | None,
+    saved: list[str] | None,
+    problems: list[str],
+) -> dict[str, Any] | None:
+    """The job's ``lora`` table from the form (None: LoRA off, every weight trained); every
+    target module ticked is "all-linear". Its ranges and names are the job's check
+    (`LoraSettings`, through `api.validate_job`)."""
+    if not enabled:
+        return None
+    lora: dict[str, Any] = {}
+    for name, value in (("rank", rank), ("alpha", alpha), ("dropout", dropout)):
+        try:
+            number = parse_number(value, f"lora {name}")
+        except InvalidValue as exc:
+            problems.append(str(exc))
+            continue
+        if number is None:
+            problems.append(f"lora {name}: required")
+        elif name == "rank" and number == int(number):
+            lora[name] = int(number)
+        else:
+            lora[name] = number
+    targets = list(targets or [])
+    lora["target_modules"] = api.ALL_LINEAR if set(targets) == set(api.LINEAR_MODULES) else targets
+    if saved:
+        lora["modules_to_save"] = list(saved)
+    return lora
+
+
+def lr_for_mode(lora: bool, lr: float | str | None) -> float | str | None:
+    """The learning rate the form shows when LoRA is switched on or off: the new mode's
+    default (`api.mode_defaults`: 10x for LoRA) where it showed the other mode's, else as
+    the user set it."""
+    other = api.mode_defaults(not lora)["lr"]
+    try:
+        shown = parse_number(lr, "lr")
+    except InvalidValue:
+        return lr
+    return api.mode_defaults(lora)["lr"] if shown is None or shown == other else lr
 
 
 def train_config(
@@ -187,15 +244,23 @@ def train_config(
     updates_per_batch: float | str | None = 1,
     heldout_every: float | str | None = None,
     heldout_prompts: float | str | None = None,
+    report_to: list[str] | None = None,
+    lora: bool = False,
+    lora_rank: float | str | None = None,
+    lora_alpha: float | str | None = None,
+    lora_dropout: float | str | None = None,
+    lora_target_modules: list[str] | None = None,
+    lora_modules_to_save: list[str] | None = None,
 ) -> dict[str, Any]:
     """The training job's config from the form, or `InvalidLaunch` with every problem. The
-    held-out settings apply to a built-in task (empty: the worker's defaults)."""
+    held-out settings apply to a built-in task (empty: the worker's defaults); the LoRA
+    settings when LoRA is on."""
     problems: list[str] = []
     _check_model(services, model, problems)
     config: dict[str, Any] = {"model": model}
     config.update(_check_data(services, source, task, data, problems))
     config["reward"] = _check_reward(reward, problems)
-    whole = {
+    numbers = {
         "steps": steps,
         "batch_size": batch_size,
         "group_size": group_size,
@@ -203,24 +268,25 @@ def train_config(
         "max_policy_lag": max_policy_lag,
         "seed": seed,
         "updates_per_batch": updates_per_batch,
-    }
-    real = {
         "lr": lr,
         "temperature": temperature,
         "top_p": top_p,
         "clip_eps": clip_eps,
         "kl_coef": kl_coef,
     }
-    config.update({name: _number(name, value, True, problems) for name, value in whole.items()})
     if source == TASK_SOURCE:
         heldout = {"heldout_every": heldout_every, "heldout_prompts": heldout_prompts}
-        for name, value in heldout.items():
-            if value not in (None, ""):
-                config[name] = _number(name, value, True, problems)
-    config.update({name: _number(name, value, False, problems) for name, value in real.items()})
+        numbers |= {name: value for name, value in heldout.items() if value not in (None, "")}
+    config.update({name: _number(name, value, problems) for name, value in numbers.items()})
     if kv_strategy not in api.KV_STRATEGIES:
         problems.append(f"kv_strategy: choose one of {', '.join(api.KV_STRATEGIES)}")
     config["kv_strategy"] = kv_strategy
+    if report_to:
+        config["report_to"] = list(report_to)
+    targets, saved = lora_target_modules, lora_modules_to_save
+    adapter = _lora(lora, lora_rank, lora_alpha, lora_dropout, targets, saved, problems)
+    if adapter is not None:
+        config["lora"] = adapter
     if not problems:
         try:
             api.validate_job("train", {**config, "output_dir": OUTPUT_DIR_PLACEHOLDER})

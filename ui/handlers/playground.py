@@ -1,20 +1,25 @@
 """Playground tab: chat with a saved version of a job. A worker of the ``interactive`` queue
 generates the reply (`workers.api.chat`): the UI process loads no model and no torch.
+
+The chat component shows every turn `inert` (no Markdown image, link or markup comes out of
+a model's or a user's text); the turns are read back from it with `from_inert`.
 """
 
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from db import InvalidValue, NotFound
 from ui.handlers.common import parse_id, parse_number
-from ui.render import fmt, inert, token_spans
+from ui.render import fmt, from_inert, inert, token_spans
 from ui.services import Services
 from ui.tokens import token_texts
-from workers.api import chat_settings_problems
+from workers.api import chat_settings_problems, checkpoint_context
 
 Message = dict[str, str]
 Reply = tuple[list[Message], str, str, str]  # history, coloured tokens, facts, message box
+GREEDY_COLOURING = "T=1 log-prob"
 
 
 class PlaygroundError(ValueError):
@@ -22,9 +27,13 @@ class PlaygroundError(ValueError):
 
 
 def _settings(
-    temperature: float | str | None, max_tokens: float | str | None, seed: float | str | None
+    temperature: float | str | None,
+    max_tokens: float | str | None,
+    seed: float | str | None,
+    messages: int,
 ) -> tuple[float, int, int | None]:
-    """The sampling settings, or one `PlaygroundError` naming every problem."""
+    """The sampling settings of a chat of ``messages`` messages, or one `PlaygroundError`
+    naming every problem."""
     problems = []
     value = tokens = seed_value = None
     with contextlib.suppress(InvalidValue):  # said by the bounds below
@@ -36,14 +45,15 @@ def _settings(
     except InvalidValue as exc:
         problems.append(str(exc))
     whole_tokens = int(tokens) if tokens is not None and tokens == int(tokens) else tokens
-    problems = chat_settings_problems(value, whole_tokens, seed_value) + problems
+    problems = chat_settings_problems(value, whole_tokens, seed_value, messages) + problems
     if problems:
         raise PlaygroundError("; ".join(problems))
     return value, int(tokens), seed_value
 
 
 def _history(history: list[Any] | None) -> list[Message]:
-    """The chat so far as plain ``{"role", "content"}`` messages (Gradio may add fields)."""
+    """The chat so far as plain ``{"role", "content"}`` messages, as typed and generated (the
+    component holds them `inert`; Gradio may add fields)."""
     turns = []
     for item in history or []:
         role = item.get("role") if isinstance(item, dict) else getattr(item, "role", None)
@@ -51,8 +61,21 @@ def _history(history: list[Any] | None) -> list[Message]:
         if isinstance(content, list):  # Gradio's normalised form: [{"type": "text", ...}]
             content = "".join(c.get("text", "") for c in content if isinstance(c, dict))
         if role in ("user", "assistant") and isinstance(content, str):
-            turns.append({"role": role, "content": content})
+            turns.append({"role": role, "content": from_inert(content)})
     return turns
+
+
+def _shown(turns: list[Message]) -> list[Message]:
+    """The turns as the chat component shows them: inert text."""
+    return [{"role": m["role"], "content": inert(m["content"])} for m in turns]
+
+
+def _colouring(result: dict[str, Any], temperature: float) -> tuple[list[float], str]:
+    """The log-probs the reply's tokens are coloured by, and their name: those of the sampled
+    distribution, or at temperature 0 (every chosen token had probability 1) those at T=1."""
+    if temperature == 0:
+        return result["output_temp_logprobs"], GREEDY_COLOURING
+    return result["output_logprobs"], "log-prob"
 
 
 def send(
@@ -73,40 +96,43 @@ def send(
     reply's tokens coloured by log-prob, facts (finish reason, error, policy version) and the
     cleared message box; on bad input the history is unchanged and the facts say what is
     wrong, in one message."""
-    shown = _history(history)
-    turns = shown if keep_history else []
+    turns = _history(history)
+    sent = turns if keep_history else []
     try:
         job, chosen = parse_id(job_id, "job"), parse_id(version, "version")
         if job is None or chosen is None:
             raise PlaygroundError("choose a job and one of its saved versions")
         if not message or not message.strip():
             raise PlaygroundError("type a message")
-        temp, tokens, seed_value = _settings(temperature, max_tokens, seed)
         messages = [{"role": "system", "content": system}] if system and system.strip() else []
-        messages += [*turns, {"role": "user", "content": message}]
+        messages += [*sent, {"role": "user", "content": message}]
+        temp, tokens, seed_value = _settings(temperature, max_tokens, seed, len(messages))
         result = services.chat(job, chosen, messages, temp, tokens, seed_value)
         if "problem" in result:
             raise PlaygroundError(result["problem"])
     except (InvalidValue, NotFound, PlaygroundError) as exc:
-        return shown, "", f"**{inert(exc)}**", message or ""
+        return _shown(turns), "", f"**{inert(exc)}**", message or ""
     except Exception as exc:  # the queue is unreachable: say so, keep the UI up
-        return shown, "", f"**Could not generate:** {inert(exc)}", message or ""
-    reply = result["text"]
-    turns = [*turns, {"role": "user", "content": message}, {"role": "assistant", "content": reply}]
-    ids, logprobs = result["output_ids"], result["output_logprobs"]
+        return _shown(turns), "", f"**Could not generate:** {inert(exc)}", message or ""
+    sent = [*sent, {"role": "user", "content": message}]
+    sent.append({"role": "assistant", "content": result["text"]})
+    ids = result["output_ids"]
+    logprobs, label = _colouring(result, temp)
     texts = token_texts(ids, [Path(result["checkpoint"])])
     coloured = (
         f'<div style="white-space:pre-wrap;font-family:ui-monospace,monospace;line-height:1.9">'
-        f"{token_spans(ids, logprobs, texts)}</div>"
+        f"{token_spans(ids, logprobs, texts, label=label)}</div>"
     )
     facts = [
         f"policy version **{result['policy_version']}**",
-        "single turn" if not keep_history else f"{len(turns) // 2} turns of history",
+        "single turn" if not keep_history else f"{len(sent) // 2} turns of history",
         f"finish **{result['finish_reason']}**",
         f"{result['prompt_tokens']} prompt tokens, {len(ids)} response tokens",
     ]
     if logprobs:
-        facts.append(f"mean log-prob {fmt(sum(logprobs) / len(ids))}")
+        facts.append(f"mean {label} {fmt(sum(logprobs) / len(ids))}")
+    if label == GREEDY_COLOURING:
+        facts.append(f"coloured by the {label} (greedy: each chosen token had probability 1)")
     if result["error"] is not None:
         error = result["error"]
         facts.append(f"error {inert(error['code'])}: {inert(error['message'])}")
@@ -115,7 +141,12 @@ def send(
             f"**{result['trimmed']} older message(s) left out** to fit the model's "
             f"{result['context']}-token context"
         )
-    return turns, coloured, " · ".join(facts), ""
+    if result["max_tokens"] < tokens:
+        facts.append(
+            f"**max tokens lowered to {result['max_tokens']}**: the prompt leaves no more "
+            f"room in the model's {result['context']}-token context"
+        )
+    return _shown(sent), coloured, " · ".join(facts), ""
 
 
 def clear() -> Reply:
@@ -123,12 +154,23 @@ def clear() -> Reply:
     return [], "", "", ""
 
 
-def saved_versions(services: Services, job_id: float | str | None) -> list[int]:
-    """The job's versions that were saved with a checkpoint (chatting with one whose weights
-    were not kept says so)."""
+@dataclass(frozen=True)
+class Versions:
+    """A job's versions as the Playground offers them."""
+
+    answerable: list[int]  # with a readable checkpoint on disk, oldest first
+    not_kept: int  # recorded, but their weights are gone (or never were saved)
+    context: int | None  # the model's context (tokens), as its newest checkpoint states it
+
+
+def answerable_versions(services: Services, job_id: float | str | None) -> Versions:
+    """The job's versions that can answer: those whose checkpoint is still on disk."""
     try:
         chosen = parse_id(job_id, "job")
         versions = [] if chosen is None else services.repository.list_versions(chosen)
     except (InvalidValue, NotFound):
-        return []
-    return [v.version for v in versions if v.checkpoint_path is not None]
+        versions = []
+    contexts = {v.version: checkpoint_context(v.checkpoint_path) for v in versions}
+    answerable = [version for version, context in contexts.items() if context is not None]
+    context = contexts[answerable[-1]] if answerable else None
+    return Versions(answerable, len(versions) - len(answerable), context)

@@ -23,7 +23,7 @@ from db import (
 from ui.diagnostics import DEFAULT_CLIP_EPS, diagnostics_html
 from ui.handlers.common import parse_id, parse_number
 from ui.handlers.jobs import batches_table, latest_batches
-from ui.render import fmt, sample_html
+from ui.render import fmt, inert, sample_html
 from ui.services import Services
 from ui.tokens import token_texts
 
@@ -133,6 +133,11 @@ def _render(services: Services, state: dict[str, Any]) -> Page:
     state = {**state, "cursors": cursors}
     frame = samples_frame(page.items)
     where_text = "more on the next page" if page.next_cursor else "last page"
+    if page.searched is not None:
+        where_text = (
+            f"searched {page.searched:,} samples for this page: refine your search (versions, "
+            "reward, finish reason) or open the next page to search on"
+        )
     if state["batch"] is not None:
         batch = state["batch"]
         where_text = (
@@ -143,11 +148,11 @@ def _render(services: Services, state: dict[str, Any]) -> Page:
         f"Page {state['index'] + 1} · {len(frame)} samples · {where_text} · "
         f"{time.perf_counter() - start:.3f} s"
     )
-    return frame, state, info
+    return frame, state, inert(info)
 
 
 def _failed(message: str, state: dict[str, Any] | None = None) -> Page:
-    return samples_frame([]), state or {}, f"**{message}**"
+    return samples_frame([]), state or {}, f"**{inert(message)}**"
 
 
 def search_samples(
@@ -261,6 +266,12 @@ def sample_detail(services: Services, sample_id: float | str | None) -> str:
     texts = token_texts(detail.response_token_ids, _checkpoints(services, job, detail))
     clip_eps = job.config.get("clip_eps", DEFAULT_CLIP_EPS)
     return sample_html(detail, texts) + diagnostics_html(detail, texts, clip_eps)
+
+
+def open_sample(services: Services, sample_id: float | str | None) -> tuple[str, str]:
+    """The sample in full (`sample_detail`) and an empty audit verdict: a verdict belongs to
+    the sample it was run on, so it goes when another sample is opened."""
+    return sample_detail(services, sample_id), ""
 
 
 def _checkpoints(services: Services, job: JobInfo, detail: SampleDetail) -> list[Path]:

@@ -8,16 +8,28 @@ import pandas as pd
 
 from ui.handlers.compare import (
     METRIC_COLUMNS,
+    compare_job_status,
     compare_versions,
     default_versions,
     job_task,
     launch_compare,
+    newest_job_with_samples,
     version_choices,
 )
+from ui.handlers.jobs import job_choices
 from ui.handlers.token_diff import token_diff_view
 from ui.services import Services
-from ui.tabs.common import job_picker, refresh_jobs
+from ui.tabs.common import job_picker
 from workers import api
+
+COMPARE_JOB_POLL_S = 2.0
+
+
+def _jobs(services: Services, current: int | str | None) -> dict:
+    """The job picker with the current jobs, set to the newest job with samples if none is
+    chosen yet (so the tab never opens on an empty view)."""
+    chosen = current if current not in (None, "") else newest_job_with_samples(services)
+    return gr.update(choices=job_choices(services), value=chosen)
 
 
 def _versions(services: Services, job_id: int | None) -> tuple[dict, dict, dict]:
@@ -31,6 +43,20 @@ def _versions(services: Services, job_id: int | None) -> tuple[dict, dict, dict]
         gr.update(choices=versions, value=b),
         gr.update() if task is None else gr.update(value=task),
     )
+
+
+def _launch(services: Services, *form: object) -> tuple[str, int | None, gr.Timer]:
+    """Queue a compare job (`launch_compare`) and follow it while it runs."""
+    message, launched = launch_compare(services, *form)
+    return message, launched, gr.Timer(active=launched is not None)
+
+
+def _follow(services: Services, launched: int | None) -> tuple[object, gr.Timer]:
+    """The launched compare job's status; the polling stops once it has finished."""
+    if launched is None:
+        return gr.update(), gr.Timer(active=False)
+    message, finished = compare_job_status(services, launched)
+    return message, gr.Timer(active=not finished)
 
 
 def build(services: Services, tab: gr.Tab) -> None:
@@ -58,27 +84,43 @@ def build(services: Services, tab: gr.Tab) -> None:
         num_prompts = gr.Number(64, label="Prompts", precision=0, min_width=100)
         seed = gr.Number(1, label="Held-out seed", precision=0, min_width=100)
         max_tokens = gr.Number(16, label="Max tokens", precision=0, min_width=100)
-        launch = gr.Button("Run held-out comparison", elem_id="compare-launch", min_width=160)
-    launched = gr.Markdown(elem_id="compare-launched")
-    gr.Markdown("#### Token diff: one response scored under both versions")
     with gr.Row(equal_height=True):
-        sample = gr.Textbox(label="Sample id", elem_id="diff-sample", min_width=120)
+        launch = gr.Button("Run held-out comparison", elem_id="compare-launch", scale=1)
+        launched = gr.Markdown(elem_id="compare-launched")
+    launched_job = gr.State(None)
+    poll = gr.Timer(COMPARE_JOB_POLL_S, active=False)
+    gr.Markdown("#### Token diff: one response scored under both versions")
+    with gr.Row(equal_height=True):  # as tall as the id's box: no label above it
+        sample = gr.Textbox(
+            label="Sample id",
+            show_label=False,
+            placeholder="Sample id",
+            container=False,
+            elem_id="diff-sample",
+            min_width=120,
+        )
         score = gr.Button("Score under A and B", elem_id="diff-button", min_width=160)
     diff = gr.HTML(elem_id="token-diff")
 
-    tab.select(partial(refresh_jobs, services), None, job, api_name="compare_jobs")
-    job.change(partial(_versions, services), job, [version_a, version_b, task], api_name="versions")
-    run.click(
-        partial(compare_versions, services),
-        [job, version_a, version_b],
-        [metrics, rewards, lengths, side_by_side, sample],
-        api_name="compare",
-    )
+    comparison = [metrics, rewards, lengths, side_by_side, sample]
+    show = partial(compare_versions, services)
+    tab.select(partial(_jobs, services), job, job, api_name="compare_jobs")
+    job.change(
+        partial(_versions, services), job, [version_a, version_b, task], api_name="versions"
+    ).then(show, [job, version_a, version_b], comparison, api_name="compare_defaults")
+    run.click(show, [job, version_a, version_b], comparison, api_name="compare")
     launch.click(
-        partial(launch_compare, services),
+        partial(_launch, services),
         [job, version_a, version_b, task, num_prompts, seed, max_tokens],
-        launched,
+        [launched, launched_job, poll],
         api_name="launch_compare",
+    )
+    poll.tick(
+        partial(_follow, services),
+        launched_job,
+        [launched, poll],
+        api_name="compare_job_status",
+        show_progress="hidden",
     )
     score.click(
         partial(token_diff_view, services),

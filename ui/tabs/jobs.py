@@ -24,6 +24,9 @@ from ui.tabs.common import first_cell
 TABLE_REFRESH_S = 2.0
 PAGE_REFRESH_S = 5.0
 PLOT_ROWS = (("reward", "heldout"), ("length", "kl"), ("mismatch", "batches"))
+# job, kind, status, progress (a phase or an ETA is long), version, reward, tokens/s, created:
+# long cells wrap within these, so the table fits the page
+JOB_COLUMN_WIDTHS = ["6%", "8%", "9%", "32%", "8%", "8%", "9%", "20%"]
 
 
 def _plot(spec: PlotSpec) -> tuple[gr.LinePlot, gr.Markdown]:
@@ -63,6 +66,12 @@ def _clone(services: Services, fields: list[str], job_id: Any) -> list[Any]:
     return [values[name] for name in fields] + [message, gr.Tabs(selected="launch")]
 
 
+def _export(services: Services, job_id: Any) -> dict:
+    """The job's metrics as a CSV file, shown once there is one."""
+    path = metrics_csv(services, job_id)
+    return gr.update(value=path, visible=path is not None)
+
+
 def build(services: Services, form: dict[str, gr.components.Component], tabs: gr.Tabs) -> None:
     """The Jobs tab's components and events (inside a ``gr.Tab``); "Clone" fills ``form``
     (the Launch tab's fields) and switches ``tabs`` to Launch."""
@@ -72,10 +81,20 @@ def build(services: Services, form: dict[str, gr.components.Component], tabs: gr
         jobs_table(services),
         label="Jobs (newest first; click a row to open it)",
         interactive=False,
+        wrap=True,
+        column_widths=JOB_COLUMN_WIDTHS,
         elem_id="jobs-table",
     )
-    with gr.Row(equal_height=True):
-        job_id = gr.Textbox(label="Job id", elem_id="job-id", min_width=100, scale=1)
+    with gr.Row(equal_height=True):  # as tall as the id's box: no label above it
+        job_id = gr.Textbox(
+            label="Job id",
+            show_label=False,
+            placeholder="Job id",
+            container=False,
+            elem_id="job-id",
+            min_width=100,
+            scale=1,
+        )
         open_job = gr.Button("Open", size="sm", elem_id="job-open", scale=0, min_width=90)
         clone = gr.Button("Clone job", size="sm", elem_id="job-clone", scale=0, min_width=110)
         resume = gr.Button("Resume", size="sm", elem_id="job-resume", scale=0, min_width=90)
@@ -92,9 +111,11 @@ def build(services: Services, form: dict[str, gr.components.Component], tabs: gr
             for key in row:
                 with gr.Column():
                     plots[key] = _plot(specs[key])
-    with gr.Row(equal_height=True):
+    with gr.Row():
         export = gr.Button("Export metrics (CSV)", size="sm", elem_id="job-export", scale=0)
-        csv_file = gr.File(label="Metrics per version", elem_id="job-csv", height=60, scale=3)
+        csv_file = gr.File(
+            label="Metrics per version", elem_id="job-csv", height=60, scale=3, visible=False
+        )
     batches = gr.Dataframe(
         batches_table([]), label="Rollout batches", interactive=False, elem_id="job-batches"
     )
@@ -128,4 +149,4 @@ def build(services: Services, form: dict[str, gr.components.Component], tabs: gr
         [form[name] for name in fields] + [message, tabs],
         api_name="clone",
     )
-    export.click(partial(metrics_csv, services), job_id, csv_file, api_name="job_csv")
+    export.click(partial(_export, services), job_id, csv_file, api_name="job_csv")

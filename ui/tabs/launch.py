@@ -11,6 +11,7 @@ from ui.handlers.launch import (
     TASK_SOURCE,
     dataset_choices,
     launch_job,
+    lr_for_mode,
     model_choices,
     reward_choices,
     task_choices,
@@ -24,11 +25,15 @@ def _show_source(source: str) -> tuple[dict, dict]:
     return gr.update(visible=source == TASK_SOURCE), gr.update(visible=source == JSONL_SOURCE)
 
 
+def _show_lora(lora: bool) -> dict:
+    return gr.update(visible=lora)
+
+
 def build(services: Services) -> dict[str, gr.components.Component]:
     """The Launch tab's components and events (inside a ``gr.Tab``); returns the form's
     fields by name (`FORM_FIELDS`), for "Clone job" to fill in."""
     d = api.LAUNCH_DEFAULTS
-    with gr.Row(equal_height=True):
+    with gr.Row():  # the button keeps its own height beside the labelled dropdown
         model = gr.Dropdown(
             model_choices(services),
             value=d["model"],
@@ -38,8 +43,8 @@ def build(services: Services) -> dict[str, gr.components.Component]:
             elem_id="launch-model",
             scale=3,
         )
-        rescan = gr.Button("Rescan models and data", size="sm", scale=1)
-    with gr.Row(equal_height=True):
+        rescan = gr.Button("Rescan models and data", size="sm", scale=0, min_width=200)
+    with gr.Row():  # a stretched group would show as a grey box under the task
         source = gr.Radio(
             [TASK_SOURCE, JSONL_SOURCE], value=TASK_SOURCE, label="Prompts from", scale=1
         )
@@ -51,6 +56,10 @@ def build(services: Services) -> dict[str, gr.components.Component]:
                 value=None,
                 allow_custom_value=True,
                 label="JSONL prompt set",
+                info="a JSON object per line: {instruction, input, output}: instruction -> "
+                "system and input -> user, or an instruction without input -> user; output is "
+                "the reward's reference, never shown to the model. Or {messages: [...]}: the "
+                "system and user turns are the prompt, the last assistant turn the reference",
                 elem_id="launch-data",
             )
             upload = gr.File(label="or upload a JSONL file", file_types=[".jsonl"], height=80)
@@ -59,7 +68,8 @@ def build(services: Services) -> dict[str, gr.components.Component]:
             value=TASK_DEFAULT_REWARD,
             allow_custom_value=True,
             label="Reward",
-            info="exact_match, numeric_match, regex:<RE2 pattern> or a worker-registered name",
+            info="exact_match, numeric_match, regex:<RE2 pattern> (1.0 when the pattern "
+            "matches the whole response, stripped) or a worker-registered name",
             elem_id="launch-reward",
             scale=1,
         )
@@ -73,6 +83,32 @@ def build(services: Services) -> dict[str, gr.components.Component]:
             d["group_size"], label="Group size", precision=0, elem_id="launch-group"
         )
         lr = gr.Number(d["lr"], label="Learning rate", elem_id="launch-lr")
+        lora = gr.Checkbox(
+            d["lora"],
+            label="LoRA",
+            info="train an adapter over the frozen model (learning rate 10x, every "
+            "version's adapter kept)",
+            elem_id="launch-lora",
+        )
+    with gr.Group(visible=d["lora"]) as lora_group, gr.Row():
+        lora_rank = gr.Number(d["lora_rank"], label="LoRA rank", precision=0, elem_id="lora-rank")
+        lora_alpha = gr.Number(d["lora_alpha"], label="LoRA alpha", elem_id="lora-alpha")
+        lora_dropout = gr.Number(d["lora_dropout"], label="LoRA dropout", elem_id="lora-dropout")
+        lora_target_modules = gr.CheckboxGroup(
+            list(api.LINEAR_MODULES),
+            value=d["lora_target_modules"],
+            label="Target modules",
+            info="all ticked: all-linear, every attention and MLP projection",
+            elem_id="lora-targets",
+            scale=3,
+        )
+        lora_modules_to_save = gr.CheckboxGroup(
+            list(api.SAVABLE_MODULES),
+            value=d["lora_modules_to_save"],
+            label="Modules to save",
+            info="trained whole (not when the LM head is tied to the embedding)",
+            elem_id="lora-save",
+        )
     with gr.Row():
         temperature = gr.Number(d["temperature"], label="Temperature")
         top_p = gr.Number(d["top_p"], label="Top-p")
@@ -96,18 +132,31 @@ def build(services: Services) -> dict[str, gr.components.Component]:
             elem_id="launch-heldout-every",
         )
         heldout_prompts = gr.Number(d["heldout_prompts"], label="Held-out prompts", precision=0)
+    with gr.Accordion("Experiment trackers", open=False):
+        report_to = gr.CheckboxGroup(
+            list(api.TRACKERS),
+            value=d["report_to"],
+            label="Report to",
+            info="each version's metrics, named as TRL names them, kept under the job's "
+            "directory (the tracker's extra must be installed: rl-workbench[tensorboard])",
+            elem_id="launch-report-to",
+        )
     with gr.Row(equal_height=True):
         launch = gr.Button("Launch", variant="primary", elem_id="launch-button", scale=1)
         status = gr.Markdown(elem_id="launch-status")
 
     fields = (model, source, task, data, reward, steps, batch_size, group_size, lr, temperature)
     fields += (top_p, max_tokens, max_policy_lag, kv_strategy, clip_eps, kl_coef, seed)
-    fields += (updates_per_batch, heldout_every, heldout_prompts)
+    fields += (updates_per_batch, heldout_every, heldout_prompts, report_to, lora, lora_rank)
+    fields += (lora_alpha, lora_dropout, lora_target_modules, lora_modules_to_save)
     form = dict(zip(FORM_FIELDS, fields, strict=True))
     launch.click(
         partial(launch_job, services), inputs_kwargs=form, outputs=status, api_name="launch"
     )
     source.change(_show_source, source, [task_group, data_group], api_name="launch_source")
+    lora.change(_show_lora, lora, lora_group, api_name="launch_lora_shown")  # also on Clone
+    # the user's switch alone moves the learning rate (Clone fills in the job's own)
+    lora.input(lr_for_mode, [lora, lr], lr, api_name="launch_lora")
     rescan.click(partial(_rescan, services), None, [model, data], api_name="launch_rescan")
     upload.upload(
         partial(_after_upload, services), upload, [data, upload_message], api_name="launch_upload"

@@ -4,15 +4,27 @@ from functools import partial
 
 import gradio as gr
 
-from ui.handlers.playground import clear, saved_versions, send
+from ui.handlers.playground import answerable_versions, clear, send
 from ui.services import Services
 from ui.tabs.common import job_picker, refresh_jobs
+from workers.api import max_tokens_bounds
 
 
-def _versions(services: Services, job_id: int | None) -> dict:
-    """The version picker for a job: its saved versions, the newest chosen."""
-    versions = saved_versions(services, job_id)
-    return gr.update(choices=versions, value=versions[-1] if versions else None)
+def _versions(services: Services, job_id: int | None) -> tuple[dict, dict]:
+    """The version picker for a job (the versions that can answer, the newest chosen) and
+    the max tokens slider, fitted to the job's model."""
+    versions = answerable_versions(services, job_id)
+    info = "versions whose weights are on disk"
+    if versions.not_kept:
+        info += f" ({versions.not_kept} other version(s): weights not kept)"
+    picker = gr.update(
+        choices=versions.answerable,
+        value=versions.answerable[-1] if versions.answerable else None,
+        info=info,
+    )
+    default, largest = max_tokens_bounds(versions.context)
+    limit = f"the model's context: {versions.context} tokens" if versions.context else None
+    return picker, gr.update(value=default, maximum=largest, info=limit)
 
 
 def build(services: Services, tab: gr.Tab) -> None:
@@ -23,7 +35,10 @@ def build(services: Services, tab: gr.Tab) -> None:
             [], allow_custom_value=True, label="Version", elem_id="playground-version"
         )
         temperature = gr.Number(0.0, label="Temperature", minimum=0, elem_id="playground-temp")
-        max_tokens = gr.Number(64, label="Max tokens", precision=0, elem_id="playground-max")
+        default_tokens, most_tokens = max_tokens_bounds(None)
+        max_tokens = gr.Slider(
+            1, most_tokens, default_tokens, step=1, label="Max tokens", elem_id="playground-max"
+        )
         seed = gr.Number(0, label="Seed", precision=0, elem_id="playground-seed")
     with gr.Row(equal_height=True):
         system = gr.Textbox(
@@ -37,7 +52,7 @@ def build(services: Services, tab: gr.Tab) -> None:
             elem_id="playground-history",
             scale=1,
         )
-    chat = gr.Chatbot([], label="Chat", elem_id="playground-chat")
+    chat = gr.Chatbot([], label="Chat", latex_delimiters=[], elem_id="playground-chat")
     with gr.Row():
         message = gr.Textbox(label="Message", lines=2, scale=4, elem_id="playground-message")
         with gr.Column(scale=1):
@@ -48,7 +63,9 @@ def build(services: Services, tab: gr.Tab) -> None:
 
     outputs = [chat, tokens, facts, message]
     tab.select(partial(refresh_jobs, services), None, job, api_name="playground_jobs")
-    job.change(partial(_versions, services), job, version, api_name="playground_versions")
+    job.change(
+        partial(_versions, services), job, [version, max_tokens], api_name="playground_versions"
+    )
     inputs = [job, version, system, message, chat, temperature, max_tokens, seed, keep_history]
     send_button.click(partial(send, services), inputs, outputs, api_name="playground_send")
     message.submit(partial(send, services), inputs, outputs, api_name="playground_submit")

@@ -11,8 +11,8 @@ from ui.handlers.samples import (
     FINISH_CHOICES,
     STATUS_CHOICES,
     batch_samples,
+    open_sample,
     rejected_batches,
-    sample_detail,
     samples_frame,
     search_samples,
     turn_page,
@@ -61,9 +61,15 @@ def build(services: Services, tab: gr.Tab) -> None:
             elem_id="rejected",
         )
         batch_id = gr.Textbox(label="Batch", visible=False)
-    with gr.Row(equal_height=True):
-        sample_id = gr.Textbox(label="Sample id", elem_id="sample-id")
-        open_sample = gr.Button("Open sample", elem_id="sample-open")
+    with gr.Row(equal_height=True):  # as tall as the id's box: no label above it
+        sample_id = gr.Textbox(
+            label="Sample id",
+            show_label=False,
+            placeholder="Sample id",
+            container=False,
+            elem_id="sample-id",
+        )
+        open_button = gr.Button("Open sample", elem_id="sample-open")
         audit = gr.Button("Audit (re-score under its version)", elem_id="sample-audit-button")
     audit_result = gr.Markdown(elem_id="sample-audit")
     detail = gr.HTML(elem_id="sample-detail")
@@ -82,7 +88,7 @@ def build(services: Services, tab: gr.Tab) -> None:
         min_gap,
     ]
     page = [table, page_state, info]
-    show_detail = partial(sample_detail, services)
+    show_detail = partial(open_sample, services)
     show_rejected = partial(rejected_batches, services)
 
     tab.select(partial(refresh_jobs, services), None, job, api_name="samples_jobs")
@@ -96,7 +102,7 @@ def build(services: Services, tab: gr.Tab) -> None:
         partial(batch_samples, services), [job, batch_id], page, api_name="batch_samples"
     )
     table.select(first_cell, None, sample_id, api_name="samples_pick").then(
-        show_detail, sample_id, detail, api_name="sample_picked"
+        show_detail, sample_id, [detail, audit_result], api_name="sample_picked"
     )
-    open_sample.click(show_detail, sample_id, detail, api_name="sample")
+    open_button.click(show_detail, sample_id, [detail, audit_result], api_name="sample")
     audit.click(partial(audit_view, services), sample_id, audit_result, api_name="audit")
