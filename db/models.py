@@ -197,6 +197,8 @@ class Sample(Base):
     error_message: Mapped[str | None] = mapped_column(Text)
     reference_output: Mapped[str | None] = mapped_column(Text)
     prompt_messages: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    # name -> score of each of a job's rewards (None: a job with one reward)
+    reward_components: Mapped[dict[str, float] | None] = mapped_column(JSON)
     response_token_ids: Mapped[list[int]] = mapped_column(Int32Array)
     behaviour_logprobs: Mapped[list[float]] = mapped_column(Float32Array)
     temperature_logprobs: Mapped[list[float] | None] = mapped_column(Float32Array)

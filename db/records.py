@@ -64,7 +64,8 @@ class SampleRecord:
     ``error_code`` is required exactly when ``finish_reason`` is ``abort`` or ``error``.
     ``behaviour_logprobs`` (and ``temperature_logprobs`` and ``trainer_logprobs``, if given)
     have one entry per response token. ``trainer_logprobs`` are the trainer's log-probs at
-    training time, for a sample trained on. ``reward`` and ``advantage`` must be finite or None.
+    training time, for a sample trained on. ``reward`` and ``advantage`` must be finite or None;
+    ``reward_components`` (a job with several rewards): each reward's finite score by name.
     """
 
     prompt_index: int
@@ -85,6 +86,7 @@ class SampleRecord:
     error_message: str | None = None
     cached_prompt_tokens: int = 0
     seed: int | None = None
+    reward_components: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -232,6 +234,7 @@ class SampleDetail:
     cached_prompt_tokens: int
     seed: int | None
     trainer_logprobs: list[float] | None = None
+    reward_components: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ from core_engine.lora_settings import (
 from core_engine.rl.clip import clip_active
 from core_engine.rl.config import GRPOConfig, mode_defaults
 from core_engine.rl.data import DataError, count_jsonl
-from core_engine.rl.rewards import BUILTIN_REWARDS, check_reward_spec
+from core_engine.rl.reward_mix import RewardSpec, parse_rewards
+from core_engine.rl.rewards import STANDALONE_REWARDS
 from core_engine.rl.tasks import BUILTIN_TASKS
 from core_engine.task import KV_STRATEGIES
 from core_engine.user_files import (
@@ -101,7 +102,7 @@ __all__ = [
 ]
 
 TASKS: dict[str, str] = {name: task.description for name, task in BUILTIN_TASKS.items()}
-REWARDS: tuple[str, ...] = tuple(BUILTIN_REWARDS)
+REWARDS: tuple[str, ...] = STANDALONE_REWARDS
 TRAINER_DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in fields(GRPOConfig) if f.default is not MISSING
 }
@@ -152,10 +153,11 @@ def adapter_bytes(checkpoint: str | None) -> int | None:
         return None
 
 
-def check_reward(spec: str) -> None:
-    """The reward spec's syntax (`SpecError`); a registered name is checked on the worker."""
+def check_reward(spec: RewardSpec) -> None:
+    """The reward spec's (or reward list's) syntax (`SpecError`); a registered name is
+    checked on the worker."""
     try:
-        check_reward_spec(spec)
+        parse_rewards(spec)
     except ValueError as exc:
         raise SpecError(str(exc)) from None
 

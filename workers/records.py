@@ -54,9 +54,16 @@ def sample_records(
                 advantage=None if advantages is None else _finite(advantages[i]),
                 cached_prompt_tokens=rollout.cached_prompt_tokens[i],
                 seed=rollout.seeds[i],
+                reward_components=_components(rollout, i),
             )
         )
     return records
+
+
+def _components(rollout: RawRollout, sample: int) -> dict[str, float] | None:
+    """Sample ``sample``'s score of each of the job's rewards (None: one reward)."""
+    parts = getattr(rollout, "reward_components", None)
+    return {name: values[sample] for name, values in parts.items()} if parts else None
 
 
 def untrainable(sample: SampleRecord) -> str | None:

@@ -10,9 +10,15 @@ from typing import Any
 from celery import Celery
 
 from db import JobInfo, JobKind, JobStatus
-from workers.job_files import check_paths
+from workers.job_files import check_data_records, check_paths
 from workers.settings import Settings
-from workers.specs import check_sizes, check_trackers_installed, validate
+from workers.specs import (
+    SpecError,
+    check_sizes,
+    check_trackers_installed,
+    heldout_settings,
+    validate,
+)
 
 
 def celery_app() -> Celery:
@@ -26,6 +32,10 @@ def validate_job(kind: JobKind | str, config: dict[str, Any]) -> int | None:
     """Check a job config and its sizes as the worker will, and that the trackers it reports
     to are installed (`SpecError`); returns its total steps."""
     total_steps = validate(kind, config)
+    reward_list = isinstance(config.get("reward"), list)
+    if JobKind(kind) is JobKind.TRAIN and reward_list and heldout_settings(config).every:
+        # `HeldoutEval` scores with one reward spec (it has no token counts for `length`)
+        raise SpecError("held-out evaluation takes no reward list yet: set heldout_every = 0")
     check_sizes(kind, config)
     check_trackers_installed(config)
     return total_steps
@@ -38,6 +48,8 @@ def submit_job(kind: JobKind | str, config: dict[str, Any]) -> JobInfo:
 
     total_steps = validate_job(kind, config)
     check_paths(config, Settings.from_env())
+    if JobKind(kind) is JobKind.TRAIN:
+        check_data_records(config)
     repo = repository()
     job = repo.create_job(kind, config, total_steps=total_steps)
     enqueue(celery_app(), repo, job)

@@ -48,7 +48,15 @@ EXPERIMENT = "rlwb"  # the MLflow experiment, W&B and trackio project
 def trl_metrics(metrics: PolicyMetrics) -> dict[str, float]:
     """A version's recorded metrics (named ones that are set, and ``extra``) by TRL's names."""
     values = {name: getattr(metrics, name) for name in METRIC_TYPES} | dict(metrics.extra)
-    return {TRL_NAMES.get(k, k): float(v) for k, v in values.items() if v is not None}
+    return {_trl_name(k): float(v) for k, v in values.items() if v is not None}
+
+
+def _trl_name(name: str) -> str:
+    """TRL's name of one of our metrics; a reward component's ``reward/<name>/mean`` is
+    TRL's ``rewards/<name>/mean`` (and std)."""
+    if name.startswith("reward/"):
+        return "rewards/" + name.removeprefix("reward/")
+    return TRL_NAMES.get(name, name)
 
 
 def _train_scoped(metrics: Mapping[str, float]) -> dict[str, float]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from core_engine.lora_settings import LoraSettings
 from core_engine.rl.limits import TRAINER_FIELDS, field_problems
-from core_engine.rl.rewards import check_reward_spec
+from core_engine.rl.reward_mix import RewardSpec, parse_rewards
 from core_engine.task import KV_STRATEGIES, SamplingParams
 from core_engine.user_files import MAX_TEXT_BYTES, read_text
 
@@ -45,7 +45,9 @@ class GRPOConfig:
     output_dir: str
     task: str | None = None  # a built-in task name ...
     data: str | None = None  # ... or a JSONL file of records
-    reward: str | None = None  # default: the task's reward, else exact_match
+    # a reward spec or a list of {name, weight} tables (`core_engine.rl.reward_mix`);
+    # default: the task's reward, else exact_match
+    reward: RewardSpec | None = None
     steps: int = 50
     batch_size: int = 16  # prompts per rollout batch
     group_size: int = 8
@@ -116,7 +118,7 @@ class GRPOConfig:
             problems.append(str(exc))
         if self.reward is not None:
             try:
-                check_reward_spec(self.reward)
+                parse_rewards(self.reward, None if numbers else self.max_tokens)
             except ValueError as exc:
                 problems.append(str(exc))
         if problems:

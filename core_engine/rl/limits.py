@@ -98,6 +98,12 @@ TRAINER_FIELDS: dict[str, Field] = {
     "gpu_memory_utilization": real(0, 1.0, above_low=True, optional=True),
 }
 
+# The numbers of one entry of a reward list (`core_engine.rl.reward_mix`).
+REWARD_TERM_FIELDS: dict[str, Field] = {
+    "weight": real(-100.0, 100.0),
+    "threshold": whole(0, 2**20),
+}
+
 
 def field_problems(values: Mapping[str, Any], table: Mapping[str, Field]) -> list[str]:
     """Every field of ``table`` present in ``values`` that its row refuses."""

@@ -3,7 +3,11 @@
 A reward function takes `(completions, references, prompts)` (lists of strings of equal
 length) and returns one float per completion. A reward spec is one of:
 
-- a built-in name (`BUILTIN_REWARDS`);
+- a built-in name: `BUILTIN_REWARDS` (in process), ``math`` (answer equivalence through
+  `math-verify`, in the sandbox below: sympy can take unbounded time), ``format`` (the
+  ``<think>...</think><answer>...</answer>`` template, on RE2); ``length`` (DAPO's overlong
+  penalty) needs a threshold, so it is only an entry of a reward list
+  (`core_engine.rl.reward_mix`);
 - ``regex:<pattern>``: 1.0 when the completion fully matches, on RE2 (linear time: no pattern
   can make scoring slow);
 - the name of a function the operator registered on the worker: the ``rlwb.rewards``
@@ -32,6 +36,9 @@ RewardFn = Callable[[Sequence[str], Sequence[str], Sequence[str]], Sequence[floa
 
 ENTRY_POINT_GROUP = "rlwb.rewards"
 MAX_PATTERN_CHARS = 1000
+MATH_TARGET = "core_engine.rl.math_reward:math_reward"
+DEFAULT_TAGS = ("think", "answer")
+_TAG = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
 DEFAULT_TIMEOUT_S = 60.0
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -56,6 +63,24 @@ def numeric_match(completions, references, prompts):
 
 
 BUILTIN_REWARDS: dict[str, RewardFn] = {"exact_match": exact_match, "numeric_match": numeric_match}
+STANDALONE_REWARDS = (*BUILTIN_REWARDS, "math", "format")  # the built-ins a spec may name alone
+BUILTIN_NAMES = (*STANDALONE_REWARDS, "length")
+
+
+def format_pattern(tags: Sequence[str] = DEFAULT_TAGS) -> str:
+    """The RE2 pattern of the reasoning template ``<think>...</think> <answer>...</answer>``
+    (`tags`: the two tag names); ValueError for tags that are not plain names."""
+    if len(tags) != 2 or not all(isinstance(t, str) and _TAG.fullmatch(t) for t in tags):
+        raise ValueError(f"format tags must be two names of letters, digits and _, got {tags!r}")
+    think, answer = tags
+    return rf"<{think}>.*</{think}>\s*<{answer}>.*</{answer}>"
+
+
+def length_penalty(lengths: Sequence[int], threshold: int, max_tokens: int) -> list[float]:
+    """DAPO's soft overlong penalty per completion length (tokens): 0 up to `threshold`, then
+    falling linearly to -1 at `max_tokens` (and -1 beyond)."""
+    span = max_tokens - threshold
+    return [max(-1.0, min(0.0, (threshold - n) / span)) for n in lengths]
 
 
 def _compile(pattern: str) -> re2._Regexp:
@@ -88,14 +113,19 @@ def check_reward_spec(spec: str) -> None:
     """Refuse a malformed reward spec (ValueError). Imports nothing and needs no registration."""
     if not isinstance(spec, str):
         raise ValueError(f"reward: expected a string, got {type(spec).__name__}")
-    if spec in BUILTIN_REWARDS:
+    if spec == "length":
+        raise ValueError(
+            "reward 'length' needs a threshold: use a reward list entry "
+            '{name="length", threshold=N} (see the README)'
+        )
+    if spec in BUILTIN_NAMES:
         return
     if spec.startswith("regex:"):
         _compile(spec.removeprefix("regex:"))
         return
     if not _NAME.fullmatch(spec):
         raise ValueError(
-            f"reward {spec!r} is not allowed: use one of {sorted(BUILTIN_REWARDS)}, "
+            f"reward {spec!r} is not allowed: use one of {sorted(BUILTIN_NAMES)}, "
             "'regex:<pattern>' or the name of a reward registered on the worker "
             f"({ENTRY_POINT_GROUP} entry points or RLWB_REWARDS)"
         )
@@ -120,6 +150,10 @@ def resolve_reward(spec: str) -> RewardFn:
     check_reward_spec(spec)
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec]
+    if spec == "math":
+        return SandboxedReward(MATH_TARGET, reward_timeout())
+    if spec == "format":
+        return regex_reward(format_pattern())
     if spec.startswith("regex:"):
         return regex_reward(spec.removeprefix("regex:"))
     target = registered_rewards().get(spec)

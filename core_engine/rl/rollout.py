@@ -9,7 +9,8 @@ from typing import Any
 
 from core_engine.prompts import chat_prompt_ids, encode_prompt, render_prompt
 from core_engine.rl.data import batch_rows, instruction_to_messages
-from core_engine.rl.rewards import RewardError, RewardFn, score
+from core_engine.rl.reward_mix import RewardMix, score_rewards
+from core_engine.rl.rewards import RewardError, RewardFn
 from core_engine.scheduler import InferenceScheduler
 from core_engine.task import ErrorCode, SamplingParams, TaskError
 
@@ -48,7 +49,9 @@ class RawRollout:
 
 @dataclass(frozen=True)
 class RolloutResult(RawRollout):
-    rewards: list[float] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)  # the total (weighted sum)
+    # name -> one score per sample, for a job with a list of rewards (else empty)
+    reward_components: dict[str, list[float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON values (floats round-trip exactly), for a checkpoint to resume from."""
@@ -154,7 +157,7 @@ class RolloutRunner:
     def __init__(
         self,
         generator: RolloutGenerator,
-        reward_fn: RewardFn,
+        reward_fn: RewardMix | RewardFn,
         trainer_version: Callable[[], int],
         max_policy_lag: int = 0,
     ) -> None:
@@ -193,11 +196,12 @@ class RolloutRunner:
         prompts = [raw.prompts[raw.group_of(i)] for i in range(raw.num_samples)]
         start = time.perf_counter()
         try:
-            rewards = score(self.reward_fn, raw.completions, refs, prompts)
+            lengths = [len(ids) for ids in raw.response_ids]
+            rewards, parts = score_rewards(self.reward_fn, raw.completions, refs, prompts, lengths)
         except RewardError as exc:
             exc.rollout = raw
             raise
         self.reward_seconds = time.perf_counter() - start
-        result = RolloutResult(**vars(raw), rewards=rewards)
+        result = RolloutResult(**vars(raw), rewards=rewards, reward_components=parts)
         self._last = (key, result)
         return result, True

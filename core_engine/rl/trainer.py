@@ -37,7 +37,8 @@ from core_engine.rl.loss import group_advantages
 from core_engine.rl.optimizer import build_optimizer
 from core_engine.rl.policy_weights import kl_reference, load_policy, published_weights
 from core_engine.rl.records import StepRecord, StopReason, TrainerHooks, VersionRecord
-from core_engine.rl.rewards import RewardError, resolve_reward
+from core_engine.rl.reward_mix import RewardMix, component_stats
+from core_engine.rl.rewards import RewardError
 from core_engine.rl.rollout import RolloutGenerator, RolloutResult, RolloutRunner, longest_prompt
 from core_engine.rl.screen import screen_groups
 from core_engine.rl.tasks import default_reward
@@ -95,7 +96,7 @@ class GRPOTrainer:
         generator = RolloutGenerator(self.engine, params, config.group_size, self.tokenizer)
         self.runner = RolloutRunner(
             generator,
-            resolve_reward(config.reward or default_reward(config.task)),
+            RewardMix(config.reward or default_reward(config.task), config.max_tokens),
             lambda: self.version,
             config.max_policy_lag,
         )
@@ -173,6 +174,7 @@ class GRPOTrainer:
             "rollout_version": rollout.policy_version,
             "rollout_fresh": float(fresh),
             "tokens_per_s": sum(lengths) / max(timings["generate_s"], 1e-9),
+            **component_stats(rollout.reward_components),
         }
         if not rows:
             reasons = [*reasons, "filtered: no trainable group (all have zero reward variance)"]

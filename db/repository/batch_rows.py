@@ -60,6 +60,14 @@ def _sample_row(sample: SampleRecord, batch: BatchRecord, where: str) -> dict[st
         check_non_negative(getattr(sample, name), f"{where}.{name}")
     check_finite(sample.reward, f"{where}.reward")
     check_finite(sample.advantage, f"{where}.advantage")
+    components = sample.reward_components
+    if components is not None:
+        if not all(isinstance(name, str) for name in components):
+            raise InvalidValue(f"{where}.reward_components: names must be strings")
+        for name, value in components.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InvalidValue(f"{where}.reward_components[{name!r}]: expected a number")
+            check_finite(value, f"{where}.reward_components[{name!r}]")
     length = len(sample.response_token_ids)
     _check_array(sample.response_token_ids, encode_int32, f"{where}.response_token_ids", length)
     _check_array(sample.behaviour_logprobs, encode_float32, f"{where}.behaviour_logprobs", length)
@@ -88,6 +96,7 @@ def _sample_row(sample: SampleRecord, batch: BatchRecord, where: str) -> dict[st
         "error_message": sample.error_message,
         "reference_output": sample.reference_output,
         "prompt_messages": sample.prompt_messages,
+        "reward_components": None if components is None else dict(components),
         "response_token_ids": sample.response_token_ids,
         "behaviour_logprobs": sample.behaviour_logprobs,
         "temperature_logprobs": sample.temperature_logprobs,

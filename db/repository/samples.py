@@ -219,6 +219,7 @@ class SamplesMixin(RepositoryBase):
                 cached_prompt_tokens=sample.cached_prompt_tokens,
                 seed=sample.seed,
                 trainer_logprobs=sample.trainer_logprobs,
+                reward_components=sample.reward_components,
             )
 
     def random_sample_ids(self, job_id: int, count: int, versions: Collection[int]) -> list[int]:

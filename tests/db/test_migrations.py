@@ -1,3 +1,4 @@
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -8,10 +9,20 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import URL
 
-from db import JobStatus, PolicyVersionRecord, Repository, downgrade, make_engine, upgrade
+from db import (
+    JobStatus,
+    PolicyVersionRecord,
+    Repository,
+    SampleFilter,
+    downgrade,
+    make_engine,
+    upgrade,
+)
 from db.__main__ import main
+from db.errors import InvalidValue
 from db.migrate import heads
 from db.models import Base
+from tests.db.helpers import make_batch, make_sample, running_job
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TABLES = {"jobs", "policy_versions", "rollout_batches", "samples", "version_sample_stats"}
@@ -131,6 +142,34 @@ def test_0006_adds_the_base_checksum_and_its_downgrade_keeps_the_jobs(
     kept = repo.get_job(job.id)
     assert kept.config == {"lora": {"rank": 4}} and kept.base_checksum is None
     assert repo.create_job("train", {}).id > deleted.id  # the id counter is kept
+    repo.close()
+
+
+def test_0007_adds_reward_components_and_its_downgrade_keeps_the_samples(
+    empty_database_url: URL,
+) -> None:
+    upgrade(empty_database_url)
+    repo = Repository.from_url(empty_database_url)
+    job = running_job(repo)
+    parts = {"math": 1.0, "format": 0.0}
+    batch = repo.record_batch(make_batch(job.id, [make_sample(reward_components=parts)]))
+    sample_id = repo.list_samples(SampleFilter(job_id=job.id)).items[0].id
+    assert repo.get_sample(sample_id).reward_components == parts
+    with pytest.raises(InvalidValue, match="reward_components"):
+        repo.record_batch(make_batch(job.id, [make_sample(reward_components={"m": math.nan})]))
+    repo.close()
+
+    downgrade(empty_database_url, "0006")
+    engine = make_engine(empty_database_url)
+    columns = {c["name"] for c in sa.inspect(engine).get_columns("samples")}
+    assert "reward_components" not in columns and "reward" in columns
+    engine.dispose()
+
+    upgrade(empty_database_url)
+    assert _differences(empty_database_url) == []
+    repo = Repository.from_url(empty_database_url)
+    kept = repo.get_sample(sample_id)
+    assert kept.batch_id == batch.id and kept.reward == 1.0 and kept.reward_components is None
     repo.close()
 
 

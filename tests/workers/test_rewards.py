@@ -1,15 +1,17 @@
 """Rewards come only from the built-ins, ``regex:`` (RE2) and what the operator registered;
 a registered reward runs in a child process and a stuck one is rejected as ``reward_timeout``."""
 
+import json
 import sys
 
 import pytest
 
 from core_engine.rl.rewards import check_reward_spec, resolve_reward
-from db import BatchStatus, JobStatus
+from db import BatchStatus, JobStatus, SampleFilter
 from tests.workers.helpers import REGISTERED_REWARDS, train_config
 from workers.jobs import run_job
 from workers.specs import SpecError, validate
+from workers.submission import validate_job
 
 CODE_RUNNERS = ["os:system", "subprocess:run", "builtins:eval", "pty:spawn", "a.b:c"]
 
@@ -70,6 +72,7 @@ def test_a_stuck_reward_rejects_the_batch_as_reward_timeout(
     monkeypatch.setenv("RLWB_REWARDS", REGISTERED_REWARDS)
     monkeypatch.setenv("RLWB_REWARD_TIMEOUT", "1")
     config = train_config(tiny_model, steps=2, reward="stuck", max_consecutive_rejections=1)
+    config["heldout_every"] = 0  # held-out scoring at version 0 would time out first
     job = repo.create_job("train", config, total_steps=2)
 
     assert run_job(repo, job.id, settings).status == "failed"
@@ -94,3 +97,62 @@ def test_installed_packages_register_rewards_by_entry_point(monkeypatch, canary)
     reward = resolve_reward("canary")
     assert reward(["a"], [""], [""]) == [1.0] and "rlwb_canary" not in sys.modules
     reward.close()
+
+
+def test_a_reward_list_stores_each_component_per_sample_and_per_version(repo, settings, tiny_model):
+    rewards = [
+        {"name": "exact_match", "weight": 1.0},
+        {"name": "regex:.*", "weight": 0.5},
+        {"name": "length", "weight": 0.25, "threshold": 2},
+    ]
+    config = train_config(tiny_model, steps=1, reward=rewards)
+    with pytest.raises(SpecError, match="takes no reward list yet: set heldout_every = 0"):
+        validate_job("train", config)
+    config["heldout_every"] = 0
+    validate_job("train", config)
+    job = repo.create_job("train", config, total_steps=1)
+    assert run_job(repo, job.id, settings).status == "succeeded"
+
+    samples = repo.list_samples(SampleFilter(job_id=job.id)).items
+    assert samples
+    for summary in samples:
+        sample = repo.get_sample(summary.id)
+        parts = sample.reward_components
+        assert set(parts) == {"exact_match", "regex:.*", "length"} and parts["regex:.*"] == 1.0
+        tokens = len(sample.response_token_ids)  # max_tokens 4: 0 up to 2, -1 at 4
+        assert parts["length"] == pytest.approx(max(-1.0, min(0.0, (2 - tokens) / 2)))
+        total = parts["exact_match"] + 0.5 * parts["regex:.*"] + 0.25 * parts["length"]
+        assert sample.reward == pytest.approx(total)
+    extra = repo.get_version(job.id, 1).metrics.extra
+    assert extra["reward/regex:.*/mean"] == 1.0 and extra["reward/regex:.*/std"] == 0.0
+    lengths = [repo.get_sample(s.id).reward_components["length"] for s in samples]
+    assert extra["reward/length/mean"] == pytest.approx(sum(lengths) / len(lengths))
+
+
+def test_a_reward_list_is_refused_at_submission_with_the_reason(tiny_model):
+    config = train_config(tiny_model, heldout_every=0)
+    with pytest.raises(SpecError, match=r"threshold \(4\) must be below max_tokens \(4\)"):
+        validate("train", {**config, "reward": [{"name": "length", "threshold": 4}]})
+    with pytest.raises(SpecError, match="at most 8"):
+        validate("train", {**config, "reward": [{"name": "math"}] * 9})
+
+
+def test_math_on_a_reference_that_hangs_sympy_rejects_the_batch_as_reward_timeout(
+    repo, settings, tiny_model, tmp_path, monkeypatch
+):
+    """Expanding 10^10^10^10 never ends: the sandbox's limit rejects the batch cleanly."""
+    monkeypatch.setenv("RLWB_REWARD_TIMEOUT", "3")
+    data = tmp_path / "tower.jsonl"
+    record = {"instruction": "Compute.", "output": r"\boxed{10^{10^{10^{10}}} + 1}"}
+    data.write_text(json.dumps(record) + "\n")
+    config = train_config(tiny_model, task=None, data=str(data), batch_size=1, steps=1)
+    config.update(reward="math", max_consecutive_rejections=1)
+    job = repo.create_job("train", config, total_steps=1)
+
+    assert run_job(repo, job.id, settings).status == "failed"
+
+    info = repo.get_job(job.id)
+    assert "reward_timeout" in info.error and info.current_version == 0
+    batches = repo.list_batches(job.id)
+    assert batches and {b.status for b in batches} == {BatchStatus.REJECTED}
+    assert all("reward_timeout" in " ".join(b.rejection_reasons) for b in batches)

@@ -31,6 +31,8 @@ def test_our_metrics_take_the_names_trl_logs_them_under():
             "grad_norm": 0.75,
             "tis_weight_mean": 0.98,
             "heldout_accuracy": 0.4,
+            "reward/math/mean": 0.75,
+            "reward/math/std": 0.5,
         },
     )
     assert trl_metrics(metrics) == {
@@ -47,6 +49,8 @@ def test_our_metrics_take_the_names_trl_logs_them_under():
         "num_accepted": 1.0,  # no TRL counterpart: our names
         "num_rejected": 2.0,
         "heldout_accuracy": 0.4,
+        "rewards/math/mean": 0.75,  # a reward list's components, as TRL logs each function's
+        "rewards/math/std": 0.5,
     }  # tokens_per_second was not recorded: left out
 
 

@@ -1,0 +1,157 @@
+"""Several rewards per job, each with a weight; the total is the weighted sum.
+
+A job's ``reward`` is one spec (`core_engine.rl.rewards`) or a list of at most `MAX_REWARDS`
+tables ``{name=<spec>, weight=1.0}``: ``length`` also takes ``threshold`` (tokens; below the
+job's ``max_tokens``), ``format`` optional ``tags`` (two names, default think/answer). A list
+keeps each entry's scores as a component of the sample (keyed by its name); a single spec
+has none (its component would be the total).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from core_engine.rl.limits import REWARD_TERM_FIELDS, field_problems
+from core_engine.rl.rewards import (
+    DEFAULT_TAGS,
+    RewardError,
+    RewardFn,
+    check_reward_spec,
+    format_pattern,
+    length_penalty,
+    regex_reward,
+    resolve_reward,
+    score,
+)
+
+MAX_REWARDS = 8
+_KEYS = ("name", "weight", "threshold", "tags")
+
+RewardSpec = str | Sequence[Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class RewardTerm:
+    """One entry of a reward list."""
+
+    name: str
+    weight: float = 1.0
+    threshold: int | None = None  # `length` only
+    tags: tuple[str, ...] = DEFAULT_TAGS  # `format` only
+
+
+def _term(entry: Any, max_tokens: int | None) -> RewardTerm:
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"reward list entry must be a table {{name, weight}}, got {entry!r}")
+    unknown = sorted(set(entry) - set(_KEYS))
+    if unknown or "name" not in entry:
+        raise ValueError(f"reward list entry {dict(entry)!r}: keys are {list(_KEYS)}, name needed")
+    term = RewardTerm(entry["name"], entry.get("weight", 1.0), entry.get("threshold"))
+    problems = field_problems(
+        {k: v for k, v in vars(term).items() if v is not None}, REWARD_TERM_FIELDS
+    )
+    if problems:
+        raise ValueError(f"reward {term.name!r}: " + "; ".join(problems))
+    if term.name == "length":
+        if term.threshold is None:
+            raise ValueError("reward 'length' needs a threshold (tokens)")
+        if max_tokens is not None and term.threshold >= max_tokens:
+            raise ValueError(
+                f"reward 'length': threshold ({term.threshold}) must be below max_tokens "
+                f"({max_tokens})"
+            )
+    else:
+        check_reward_spec(term.name)
+        if term.threshold is not None:
+            raise ValueError(f"reward {term.name!r}: only 'length' takes a threshold")
+    if "tags" in entry:
+        if term.name != "format":
+            raise ValueError(f"reward {term.name!r}: only 'format' takes tags")
+        tags = entry["tags"]
+        format_pattern(tags if isinstance(tags, list | tuple) else [tags])
+        term = RewardTerm(term.name, term.weight, None, tuple(tags))
+    return term
+
+
+def parse_rewards(spec: RewardSpec, max_tokens: int | None = None) -> list[RewardTerm]:
+    """The terms of a job's reward (ValueError when not allowed); a string is one term of
+    weight 1. Imports nothing and needs no registration (what the UI may check)."""
+    if isinstance(spec, str):
+        check_reward_spec(spec)
+        return [RewardTerm(spec)]
+    if not isinstance(spec, list | tuple) or not spec:
+        raise ValueError(
+            f"reward: expected a name or a list of {{name, weight}} tables, got {spec!r}"
+        )
+    if len(spec) > MAX_REWARDS:
+        raise ValueError(f"reward: at most {MAX_REWARDS} rewards, got {len(spec)}")
+    terms = [_term(entry, max_tokens) for entry in spec]
+    names = [t.name for t in terms]
+    if len(set(names)) != len(names):
+        raise ValueError(f"reward: each name at most once, got {names}")
+    return terms
+
+
+class RewardMix:
+    """The weighted sum of a job's rewards; `score` also returns each component."""
+
+    def __init__(self, spec: RewardSpec, max_tokens: int) -> None:
+        self.terms = parse_rewards(spec, max_tokens)
+        self.named = not isinstance(spec, str)
+        self.max_tokens = max_tokens
+        self._fns: list[RewardFn | None] = [self._resolve(t) for t in self.terms]
+
+    @staticmethod
+    def _resolve(term: RewardTerm) -> RewardFn | None:
+        if term.name == "length":
+            return None  # scored from token counts in `score`
+        if term.name == "format":
+            return regex_reward(format_pattern(term.tags))
+        return resolve_reward(term.name)
+
+    def score(
+        self,
+        completions: Sequence[str],
+        references: Sequence[str],
+        prompts: Sequence[str],
+        lengths: Sequence[int],
+    ) -> tuple[list[float], dict[str, list[float]]]:
+        """(total per completion, name -> scores per completion; empty for a single spec).
+        `lengths`: each completion's token count. RewardError when any reward fails."""
+        if len(lengths) != len(completions):
+            raise RewardError(f"{len(lengths)} lengths for {len(completions)} completions")
+        parts: dict[str, list[float]] = {}
+        for term, fn in zip(self.terms, self._fns, strict=True):
+            if fn is None:
+                parts[term.name] = length_penalty(lengths, term.threshold or 0, self.max_tokens)
+            else:
+                parts[term.name] = score(fn, completions, references, prompts)
+        totals = [
+            sum(t.weight * parts[t.name][i] for t in self.terms) for i in range(len(completions))
+        ]
+        return totals, (parts if self.named else {})
+
+
+def component_stats(parts: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """``reward/<name>/mean`` and ``reward/<name>/std`` (population) of each component."""
+    stats = {}
+    for name, values in parts.items():
+        mean = sum(values) / len(values)
+        stats[f"reward/{name}/mean"] = mean
+        stats[f"reward/{name}/std"] = (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+    return stats
+
+
+def score_rewards(
+    reward: RewardMix | RewardFn,
+    completions: Sequence[str],
+    references: Sequence[str],
+    prompts: Sequence[str],
+    lengths: Sequence[int],
+) -> tuple[list[float], dict[str, list[float]]]:
+    """`RewardMix.score`, or a plain reward function's validated scores (no components)."""
+    if isinstance(reward, RewardMix):
+        return reward.score(completions, references, prompts, lengths)
+    return score(reward, completions, references, prompts), {}
