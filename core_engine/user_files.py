@@ -16,7 +16,7 @@ from typing import BinaryIO
 MIB = 2**20
 GIB = 2**30
 MAX_TEXT_BYTES = 64 * MIB  # a file a loader parses whole: config.json, tokenizer.json (Qwen: 7 MiB)
-MAX_DATA_BYTES = 256 * MIB  # a JSONL prompt set
+MAX_DATA_BYTES = 256 * MIB  # a prompt set: a data file or a saved dataset directory
 MAX_WEIGHT_FILE_BYTES = 64 * GIB  # any other file of a checkpoint (a 7B fp32 model in one: 28 GiB)
 MAX_CHECKPOINT_ENTRIES = 10_000  # files and folders directly in a checkpoint directory
 # The files of a checkpoint directory that `transformers` and the model loader parse whole.
@@ -139,4 +139,29 @@ def checkpoint_dir(path: str | Path, roots: Sequence[Path] | None = None) -> Pat
                 continue
             limit = MAX_TEXT_BYTES if entry.name in PARSED_FILES else MAX_WEIGHT_FILE_BYTES
             regular_file(Path(path) / entry.name, limit, roots)
+    return resolved
+
+
+def dataset_dir(path: str | Path, max_bytes: int, roots: Sequence[Path] | None = None) -> Path:
+    """The resolved directory ``path`` of a saved dataset (`datasets` ``save_to_disk``): inside
+    ``roots`` when given, entries regular files (or folders of them, one level, for a split per
+    folder) of at most ``max_bytes`` together, or `UnsafeFileError`."""
+    resolved = Path(path).resolve()
+    if roots is not None and not is_under(resolved, roots):
+        raise UnsafeFileError(f"{path} is outside the allowed folders")
+    if not stat.S_ISDIR(_lstat(resolved, path).st_mode):
+        raise UnsafeFileError(f"{path} is not a directory")
+    total, count = 0, 0
+    for folder in (resolved, *(p for p in resolved.iterdir() if p.is_dir() and not p.is_symlink())):
+        for entry in folder.iterdir():
+            count += 1
+            if count > MAX_CHECKPOINT_ENTRIES:
+                raise UnsafeFileError(f"{path} has over {MAX_CHECKPOINT_ENTRIES:,} entries")
+            if folder == resolved and entry.is_dir() and not entry.is_symlink():
+                continue
+            total += regular_file(entry, max_bytes, roots or (resolved,)).st_size
+    if total > max_bytes:
+        raise UnsafeFileError(
+            f"{path} holds {size_text(total)}, over the {size_text(max_bytes)} limit"
+        )
     return resolved

@@ -1,13 +1,15 @@
 """Evaluate and compare jobs: generate on a prompt set with saved versions, store the samples
 (stamped with the evaluated version) and the metrics (a version row of the evaluation job)
 together, so a version row means its samples are stored (a redelivered job skips it). And a
-train job's held-out accuracy (`HeldoutEval`, settings in `workers.specs.heldout_settings`)."""
+train job's held-out scores (`HeldoutEval`, settings in `workers.specs.heldout_settings`)."""
 
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from core_engine.rl.config import GRPOConfig
+from core_engine.rl.dataset_files import Columns, split_heldout
 from core_engine.rl.demo_policy import HELDOUT_SEED  # problems its warm-up never trains on
 from core_engine.rl.evaluate import evaluate
 from core_engine.rl.rewards import resolve_reward
@@ -18,7 +20,14 @@ from workers.control import JobControl, Outcome
 from workers.engines import engine_cache, resolve_model, saved_version
 from workers.records import sample_records, split_batch
 from workers.settings import Settings
-from workers.specs import EvalSettings, HeldoutSettings, compare_spec, evaluate_spec
+from workers.specs import (
+    HELDOUT_MEAN_AT_K_METRIC,
+    HELDOUT_METRIC,
+    EvalSettings,
+    HeldoutSettings,
+    compare_spec,
+    evaluate_spec,
+)
 
 
 @dataclass(frozen=True)
@@ -99,30 +108,62 @@ def run_compare(repo: Repository, job: JobInfo, settings: Settings, control: Job
 
 
 class HeldoutEval:
-    """The job's held-out prompts and their greedy accuracy: the task's own reward (never a
-    job's custom reward: accuracy is the task's measure, and no user code runs here). Prompts
-    never drawn for training come first; a task with few distinct prompts (``always7``) has to
-    reuse training ones."""
+    """A train job's held-out prompts scored with the job's reward spec: the mean of greedy
+    answers (pass@1, ``heldout_accuracy``) and, with ``settings.k``, the mean over k sampled
+    answers per prompt at the job's temperature and top-p (``heldout_mean_at_k``)."""
 
     def __init__(
         self,
-        task: str,
+        records: Sequence[Mapping[str, str]],
+        reward: str,
         settings: HeldoutSettings,
-        max_tokens: int,
-        train_records: Sequence[Mapping[str, str]],
+        params: SamplingParams,
     ) -> None:
-        count = settings.prompts
-        seen = {(r.get("instruction", ""), r.get("input", "")) for r in train_records}
-        drawn = prompt_records(task, None, 2 * count, HELDOUT_SEED)
-        unseen = [r for r in drawn if (r.get("instruction", ""), r.get("input", "")) not in seen]
-        self.records = (unseen + [r for r in drawn if r not in unseen])[:count]
+        self.records = [dict(r) for r in records[: settings.prompts]]
+        self.reward = reward
         self.settings = settings
-        self.task = task
-        self.max_tokens = max_tokens
+        self.params = params
 
     def accuracy(self, engine: Any) -> float:
-        """Mean task reward of the engine's greedy answers (its current, acknowledged
-        weights)."""
-        reward = resolve_reward(default_reward(self.task))
-        params = SamplingParams(temperature=0, max_tokens=self.max_tokens)
-        return evaluate(engine, self.records, reward, params).mean_reward
+        """Mean reward of the engine's greedy answers (its current, acknowledged weights)."""
+        greedy = SamplingParams(temperature=0, max_tokens=self.params.max_tokens)
+        return evaluate(engine, self.records, resolve_reward(self.reward), greedy).mean_reward
+
+    def scores(self, engine: Any) -> dict[str, float]:
+        """The held-out metrics of the engine's current weights."""
+        found = {HELDOUT_METRIC: self.accuracy(engine)}
+        if self.settings.k:
+            sampled = evaluate(
+                engine,
+                self.records * self.settings.k,
+                resolve_reward(self.reward),
+                self.params,
+                HELDOUT_SEED,
+            )
+            found[HELDOUT_MEAN_AT_K_METRIC] = sampled.mean_reward
+        return found
+
+
+def heldout_eval(
+    config: GRPOConfig,
+    settings: HeldoutSettings,
+    columns: Columns,
+    records: list[dict[str, str]],
+) -> tuple[list[dict[str, str]], HeldoutEval]:
+    """(the training records, the job's `HeldoutEval`): held-out prompts from a test file, a
+    held-out fraction of ``records`` (then left out of training), or drawn from the built-in
+    task, those never drawn for training first (``always7`` has to reuse training ones)."""
+    if settings.data is not None:
+        heldout = prompt_records(None, settings.data, columns=columns)
+    elif settings.fraction is not None:
+        records, heldout = split_heldout(records, settings.fraction, config.seed)
+    else:
+        seen = {(r["instruction"], r["input"]) for r in records}
+        drawn = prompt_records(config.task, None, 2 * settings.prompts, HELDOUT_SEED)
+        unseen = [r for r in drawn if (r["instruction"], r["input"]) not in seen]
+        heldout = unseen + [r for r in drawn if r not in unseen]
+    params = SamplingParams(
+        temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens
+    )
+    reward = config.reward or default_reward(config.task)
+    return records, HeldoutEval(heldout, reward, settings, params)

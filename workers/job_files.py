@@ -1,8 +1,9 @@
 """The files a job names, checked when it is submitted and again by the worker before it runs
 a queued job, without reading them (`core_engine.user_files`): a model must be a checkpoint
 directory under ``RLWB_MODEL_ROOTS`` (colon-separated; default the data dir) holding only
-regular files of bounded size, a JSONL file a regular file of at most `MAX_DATA_BYTES` under
-those roots or the data dir, an ``output_dir`` under the data dir; links are resolved first.
+regular files of bounded size, a data file (or saved dataset directory) of at most
+`MAX_DATA_BYTES` under those roots or the data dir, an ``output_dir`` under the data dir;
+links are resolved first. At submission the data are also read (`check_data_records`).
 """
 
 import json
@@ -12,18 +13,21 @@ from pathlib import Path
 from typing import Any
 
 from core_engine.rl.config import GRPOConfig
+from core_engine.rl.data import DataError
+from core_engine.rl.dataset_files import load_records, split_heldout
 from core_engine.user_files import (
     MAX_DATA_BYTES,
     MAX_TEXT_BYTES,
     UnsafeFileError,
     checkpoint_dir,
+    dataset_dir,
     is_under,
     read_text,
     regular_file,
 )
 from db import data_dir
 from workers.settings import Settings
-from workers.specs import DEMO_MODEL, SpecError
+from workers.specs import DEMO_MODEL, SpecError, data_columns, heldout_settings
 
 
 def model_roots(default: Path | None = None) -> tuple[Path, ...]:
@@ -68,15 +72,35 @@ def check_model(model: str, roots: Sequence[Path]) -> Path:
         raise SpecError(f"model: {exc}") from None
 
 
-def check_data_file(data: str, roots: Sequence[Path]) -> None:
-    """`SpecError` unless ``data`` is a regular file of at most `MAX_DATA_BYTES` under
-    ``roots`` (the model roots and the data directory); nothing is read."""
+def check_data_file(data: str, roots: Sequence[Path], key: str = "data") -> None:
+    """`SpecError` unless ``data`` is a regular file of at most `MAX_DATA_BYTES`, or a saved
+    dataset directory of at most that, under ``roots`` (the model roots and the data
+    directory); nothing is read."""
     if not is_under(Path(data), roots):
-        raise SpecError(f"data: {data} is not under a model root or the data directory")
+        raise SpecError(f"{key}: {data} is not under a model root or the data directory")
     try:
-        regular_file(data, MAX_DATA_BYTES, roots)
+        if Path(data).is_dir():
+            dataset_dir(data, MAX_DATA_BYTES, roots)
+        else:
+            regular_file(data, MAX_DATA_BYTES, roots)
     except UnsafeFileError as exc:
-        raise SpecError(f"data: {exc}") from None
+        raise SpecError(f"{key}: {exc}") from None
+
+
+def check_data_records(config: dict[str, Any]) -> None:
+    """`SpecError` naming the file and the column when the job's ``data`` or ``heldout_data``
+    cannot be read as prompt records with its column mapping, or its held-out fraction leaves
+    nothing to train on (read at submission; the paths are checked first by `check_paths`)."""
+    columns, heldout = data_columns(config), heldout_settings(config)
+    try:
+        if isinstance(config.get("data"), str):
+            records = load_records(config["data"], columns)
+            if heldout.fraction is not None:
+                split_heldout(records, heldout.fraction, config.get("seed", GRPOConfig.seed))
+        if heldout.data is not None:
+            load_records(heldout.data, columns)
+    except DataError as exc:
+        raise SpecError(str(exc)) from None
 
 
 def check_paths(config: dict[str, Any], settings: Settings) -> None:
@@ -85,9 +109,9 @@ def check_paths(config: dict[str, Any], settings: Settings) -> None:
     model = config.get("model")
     if isinstance(model, str) and model != DEMO_MODEL:
         check_kv_budget(config, check_model(model, roots))
-    data = config.get("data")
-    if isinstance(data, str):
-        check_data_file(data, (*roots, settings.data_dir))
+    for key in ("data", "heldout_data"):
+        if isinstance(config.get(key), str):
+            check_data_file(config[key], (*roots, settings.data_dir), key)
     output = config.get("output_dir")
     if isinstance(output, str) and not is_under(Path(output), (settings.data_dir,)):
         raise SpecError(f"output_dir: {output} is not under the data directory")

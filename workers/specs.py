@@ -26,12 +26,14 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from core_engine.rl.config import GRPOConfig
+from core_engine.rl.dataset_files import Columns
 from core_engine.rl.limits import (
     GIB,
     TRAINER_FIELDS,
     Field,
     describe_rollout_bytes,
     field_problems,
+    real,
     rollout_host_bytes,
     whole,
 )
@@ -54,9 +56,12 @@ EVAL_FIELDS: dict[str, Field] = {
     "num_prompts": whole(1, 10**6),
     **{name: TRAINER_FIELDS[name] for name in SAMPLING_FIELDS},
 }
+MAX_HELDOUT_K = 64
 HELDOUT_FIELDS: dict[str, Field] = {
     "heldout_every": whole(0, 10**6),
     "heldout_prompts": whole(1, MAX_HELDOUT_PROMPTS),
+    "heldout_fraction": real(0, 0.5, above_low=True, optional=True),
+    "heldout_k": whole(0, MAX_HELDOUT_K),
 }
 JOB_ID_FIELD, VERSION_FIELD = whole(1, MAX_ID), whole(0, MAX_ID)
 # An evaluation names a job's version, or a model instead (then both are None).
@@ -151,8 +156,10 @@ def train_config(config: dict[str, Any], output_dir: str) -> GRPOConfig:
     held-out settings (`heldout_settings`) and the trackers (`report_to`) are the worker's,
     not the trainer's."""
     heldout_settings(config)
+    data_columns(config)
     report_to(config)
-    trainer = {k: v for k, v in config.items() if k not in (*HELDOUT_KEYS, REPORT_TO)}
+    worker_keys = (*HELDOUT_KEYS, *COLUMN_KEYS, REPORT_TO)
+    trainer = {k: v for k, v in config.items() if k not in worker_keys}
     values = {"output_dir": output_dir, **trainer, "checkpoint_every": 1, "resume": True}
     try:
         return GRPOConfig.from_dict(values)
@@ -246,21 +253,28 @@ def check_sizes(kind: JobKind | str, config: dict[str, Any]) -> None:
         raise SpecError("too large for the workers: " + "; ".join(problems))
 
 
-# Held-out accuracy during training (`workers.evaluation.HeldoutEval`): every ``heldout_every``
-# versions (default for a built-in task; 0 = off, the only choice for JSONL data) the colocated
-# engine answers ``heldout_prompts`` held-out prompts of the job's task greedily; the accuracy
-# is stored with the version (``heldout_accuracy`` among its metrics). These settings are the
-# worker's, not the trainer's.
+# Held-out evaluation during training (`workers.evaluation.HeldoutEval`): every
+# ``heldout_every`` versions (default 10 with held-out prompts; 0 = off) the colocated engine
+# answers ``heldout_prompts`` held-out prompts greedily, scored with the job's reward: their mean
+# is stored with the version as ``heldout_accuracy`` (pass@1), and with ``heldout_k`` > 0 the
+# mean reward of k samples at the job's temperature as ``heldout_mean_at_k``. Held-out prompts:
+# a built-in task draws its own, a data job names a test file (``heldout_data``, read like
+# ``data``) or holds back a seeded ``heldout_fraction`` (0 < f <= 0.5) of its records. These
+# settings are the worker's, not the trainer's.
 HELDOUT_EVERY = 10
 HELDOUT_PROMPTS = 200
-HELDOUT_KEYS = ("heldout_every", "heldout_prompts")
+HELDOUT_KEYS = ("heldout_every", "heldout_prompts", "heldout_data", "heldout_fraction", "heldout_k")
 HELDOUT_METRIC = "heldout_accuracy"
+HELDOUT_MEAN_AT_K_METRIC = "heldout_mean_at_k"
 
 
 @dataclass(frozen=True)
 class HeldoutSettings:
     every: int
     prompts: int
+    data: str | None = None
+    fraction: float | None = None
+    k: int = 0
 
     def due(self, version: int, last: int) -> bool:
         """Whether ``version`` is evaluated: every ``every``-th one, the first and the last."""
@@ -269,13 +283,41 @@ class HeldoutSettings:
 
 def heldout_settings(config: Mapping[str, Any]) -> HeldoutSettings:
     """The held-out settings of a train job's config (`SpecError` if they are unusable)."""
-    default = HELDOUT_EVERY if config.get("task") is not None else 0
-    every = config.get("heldout_every", default)
+    data, fraction = config.get("heldout_data"), config.get("heldout_fraction")
+    has_prompts = config.get("task") is not None or data is not None or fraction is not None
+    every = config.get("heldout_every", HELDOUT_EVERY if has_prompts else 0)
     prompts = config.get("heldout_prompts", HELDOUT_PROMPTS)
-    _refuse_numbers({"heldout_every": every, "heldout_prompts": prompts}, HELDOUT_FIELDS)
-    if every and config.get("task") is None:
-        raise SpecError("heldout_every needs a built-in task (held-out prompts come from it)")
-    return HeldoutSettings(every, prompts)
+    k = config.get("heldout_k", 0)
+    numbers = {"heldout_every": every, "heldout_prompts": prompts, "heldout_k": k}
+    _refuse_numbers({**numbers, "heldout_fraction": fraction}, HELDOUT_FIELDS)
+    if data is not None and not isinstance(data, str):
+        raise SpecError("heldout_data must be a file path")
+    if data is not None and fraction is not None:
+        raise SpecError("give one of 'heldout_data' or 'heldout_fraction'")
+    if fraction is not None and config.get("data") is None:
+        raise SpecError("heldout_fraction needs 'data' (a built-in task draws its own prompts)")
+    if every and not has_prompts:
+        raise SpecError(
+            "heldout_every needs held-out prompts: a built-in task, 'heldout_data' or "
+            "'heldout_fraction'"
+        )
+    return HeldoutSettings(every, prompts, data, fraction, k)
+
+
+# How a data file's columns map to prompts (`core_engine.rl.dataset_files.Columns`): the
+# worker's settings, not the trainer's, read with ``data`` and ``heldout_data`` alike.
+COLUMN_KEYS = ("prompt_column", "answer_column", "system_prompt")
+
+
+def data_columns(config: Mapping[str, Any]) -> Columns:
+    """The column mapping of a job's config (`SpecError` if it is unusable)."""
+    columns = Columns(
+        config.get("prompt_column"), config.get("answer_column"), config.get("system_prompt", "")
+    )
+    problems = columns.problems()
+    if problems:
+        raise SpecError("; ".join(problems))
+    return columns
 
 
 # Experiment trackers (`workers.trackers`): ``report_to`` lists those a train job's versions are

@@ -27,10 +27,10 @@ from core_engine.weights import model_checksum
 from db import JobInfo, PolicyMetrics, PolicyVersionRecord, Repository
 from workers.control import JobControl, Outcome
 from workers.engines import resolve_model
-from workers.evaluation import HeldoutEval
+from workers.evaluation import HeldoutEval, heldout_eval
 from workers.records import policy_metrics, trainer_batches
 from workers.settings import Settings
-from workers.specs import HELDOUT_METRIC, heldout_settings, report_to, train_config
+from workers.specs import data_columns, heldout_settings, report_to, train_config
 from workers.trackers import Trackers, tracked_run
 
 LOADING_PHASE = "loading the model and the data"
@@ -93,10 +93,10 @@ class Recorder:
         self.unlearned: list[list[float]] = []  # each batch's rewards since the last version
 
     def heldout_metrics(self, version: int) -> dict[str, float]:
-        """``{heldout_accuracy: ...}`` when ``version`` is due for a held-out evaluation."""
+        """The held-out scores (`HeldoutEval.scores`) when ``version`` is due for them."""
         if self.heldout is None or not self.heldout.settings.due(version, self.total_steps):
             return {}
-        return {HELDOUT_METRIC: self.heldout.accuracy(self.trainer.engine)}
+        return self.heldout.scores(self.trainer.engine)
 
     def on_step(self, step: StepRecord) -> None:
         new_version = None
@@ -174,11 +174,12 @@ def run_training(
     values = {"device": settings.device, **job.config, "model": model}
     config = train_config(values, str(output_dir(job, settings)))
     reconcile(repo, job.id, config.output_dir, control.fence)
-    records = prompt_records(config.task, config.data, seed=config.seed)
+    columns = data_columns(job.config)
+    records = prompt_records(config.task, config.data, seed=config.seed, columns=columns)
     heldout = heldout_settings(job.config)
     evaluation = None
     if heldout.every:
-        evaluation = HeldoutEval(config.task, heldout, config.max_tokens, records)
+        records, evaluation = heldout_eval(config, heldout, columns, records)
     run = tracked_run(job, Path(config.output_dir), settings.data_dir)
     with closing(Trackers(report_to(job.config), run)) as trackers:
         recorder = Recorder(repo, job.id, control, config.steps, evaluation, trackers)

@@ -11,13 +11,14 @@ its system and user turns; its trailing assistant turn is the reference.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from core_engine.user_files import MAX_DATA_BYTES, UnsafeFileError, open_regular
 
 Batch = dict[str, list[str]]
+RowMapper = Callable[[Any, str], dict[str, str]]  # (a parsed row, where it is) -> a record
 MAX_PROBLEMS = 20  # malformed lines reported; reading stops at the last
 
 
@@ -85,15 +86,22 @@ def normalize_record(record: Mapping[str, Any], where: str = "record") -> dict[s
 def load_jsonl(path: str | Path) -> list[dict[str, str]]:
     """Records of a JSONL file (a regular file of at most `MAX_DATA_BYTES`, else `DataError`
     before it is read); malformed lines are reported with their line number."""
-    return _read_jsonl(path, keep=True)[0]
+    return _read_jsonl(path, normalize_record, keep=True)[0]
 
 
 def count_jsonl(path: str | Path) -> int:
     """How many records `load_jsonl` would return, checked the same way, holding none."""
-    return _read_jsonl(path, keep=False)[1]
+    return _read_jsonl(path, normalize_record, keep=False)[1]
 
 
-def _read_jsonl(path: str | Path, keep: bool) -> tuple[list[dict[str, str]], int]:
+def read_jsonl_rows(path: str | Path, convert: RowMapper) -> list[dict[str, str]]:
+    """`load_jsonl` with each parsed line made a record by ``convert(row, where)``."""
+    return _read_jsonl(path, convert, keep=True)[0]
+
+
+def _read_jsonl(
+    path: str | Path, convert: RowMapper, keep: bool
+) -> tuple[list[dict[str, str]], int]:
     """(the records if ``keep``, their count): each line parsed once; reading stops at the
     `MAX_PROBLEMS`-th malformed line."""
     records, count, problems = [], 0, []
@@ -106,7 +114,7 @@ def _read_jsonl(path: str | Path, keep: bool) -> tuple[list[dict[str, str]], int
             if not line.strip():
                 continue
             try:
-                record = normalize_record(json.loads(line), f"{path}:{number}")
+                record = convert(json.loads(line), f"{path}:{number}")
             except UnicodeDecodeError:
                 problems.append(f"{path}:{number}: not UTF-8 text")
             except json.JSONDecodeError as exc:

@@ -6,6 +6,9 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from core_engine.rl.dataset_files import Columns, load_records
+from core_engine.rl.word_problems import word_problem_records
+
 
 @dataclass(frozen=True)
 class BuiltinTask:
@@ -39,19 +42,27 @@ BUILTIN_TASKS = {
             "addition", "3-digit addition, answer the sum", "exact_match", addition_records
         ),
         BuiltinTask("always7", "answer 7 to anything (a toy)", "exact_match", always_seven_records),
+        BuiltinTask(
+            "word_problems",
+            "multi-step word problems in GSM8K's format, answer the number",
+            "numeric_match",
+            word_problem_records,
+        ),
     )
 }
 
 
 def prompt_records(
-    task: str | None, data: str | None, count: int = 2000, seed: int = 0
+    task: str | None,
+    data: str | None,
+    count: int = 2000,
+    seed: int = 0,
+    columns: Columns | None = None,
 ) -> list[dict[str, str]]:
-    """Prompt records of a built-in task (``count`` of them, seeded) or of a JSONL file (all):
-    training and evaluation sets alike."""
-    from core_engine.rl.data import load_jsonl
-
+    """Prompt records of a built-in task (``count`` of them, seeded) or of a data file or
+    saved dataset (all, mapped by ``columns``): training and evaluation sets alike."""
     if data is not None:
-        return load_jsonl(data)
+        return load_records(data, columns or Columns())
     if task not in BUILTIN_TASKS:
         raise ValueError(f"unknown task {task!r}; built-in tasks: {sorted(BUILTIN_TASKS)}")
     return BUILTIN_TASKS[task].make_records(count, seed)
