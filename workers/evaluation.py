@@ -11,7 +11,8 @@ from typing import Any
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.dataset_files import Columns, split_heldout
 from core_engine.rl.demo_policy import HELDOUT_SEED  # problems its warm-up never trains on
-from core_engine.rl.evaluate import evaluate
+from core_engine.rl.evaluate import EvalResult, evaluate
+from core_engine.rl.reward_mix import RewardMix, RewardSpec
 from core_engine.rl.rewards import resolve_reward
 from core_engine.rl.tasks import default_reward, prompt_records
 from core_engine.task import SamplingParams
@@ -28,6 +29,8 @@ from workers.specs import (
     compare_spec,
     evaluate_spec,
 )
+
+HELDOUT_COMPONENT_PREFIX = "heldout/"  # + a reward list entry's name: its greedy mean
 
 
 @dataclass(frozen=True)
@@ -108,38 +111,44 @@ def run_compare(repo: Repository, job: JobInfo, settings: Settings, control: Job
 
 
 class HeldoutEval:
-    """A train job's held-out prompts scored with the job's reward spec: the mean of greedy
-    answers (pass@1, ``heldout_accuracy``) and, with ``settings.k``, the mean over k sampled
-    answers per prompt at the job's temperature and top-p (``heldout_mean_at_k``)."""
+    """A train job's held-out prompts scored with the job's reward (`RewardMix`, as the
+    trainer scores): the mean of greedy answers (pass@1, ``heldout_accuracy``) and, with
+    ``settings.k``, the mean over k sampled answers per prompt at the job's temperature and
+    top-p (``heldout_mean_at_k``). With a reward list these are means of the weighted total
+    reward (an accuracy for a single 0/1 reward only), and each component's greedy mean is
+    stored too (``heldout/<name>``)."""
 
     def __init__(
         self,
         records: Sequence[Mapping[str, str]],
-        reward: str,
+        reward: RewardSpec,
         settings: HeldoutSettings,
         params: SamplingParams,
     ) -> None:
         self.records = [dict(r) for r in records[: settings.prompts]]
         self.reward = reward
+        self.mix = RewardMix(reward, params.max_tokens)
         self.settings = settings
         self.params = params
 
-    def accuracy(self, engine: Any) -> float:
-        """Mean reward of the engine's greedy answers (its current, acknowledged weights)."""
+    def greedy(self, engine: Any) -> EvalResult:
+        """The engine's greedy answers (its current, acknowledged weights), scored."""
         greedy = SamplingParams(temperature=0, max_tokens=self.params.max_tokens)
-        return evaluate(engine, self.records, resolve_reward(self.reward), greedy).mean_reward
+        return evaluate(engine, self.records, self.mix, greedy)
+
+    def accuracy(self, engine: Any) -> float:
+        """Mean (total) reward of the engine's greedy answers."""
+        return self.greedy(engine).mean_reward
 
     def scores(self, engine: Any) -> dict[str, float]:
         """The held-out metrics of the engine's current weights."""
-        found = {HELDOUT_METRIC: self.accuracy(engine)}
+        result = self.greedy(engine)
+        found = {HELDOUT_METRIC: result.mean_reward}
+        for name, values in result.components.items():
+            found[HELDOUT_COMPONENT_PREFIX + name] = sum(values) / max(len(values), 1)
         if self.settings.k:
-            sampled = evaluate(
-                engine,
-                self.records * self.settings.k,
-                resolve_reward(self.reward),
-                self.params,
-                HELDOUT_SEED,
-            )
+            records = self.records * self.settings.k
+            sampled = evaluate(engine, records, self.mix, self.params, HELDOUT_SEED)
             found[HELDOUT_MEAN_AT_K_METRIC] = sampled.mean_reward
         return found
 

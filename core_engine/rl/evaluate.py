@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from core_engine.rl.data import collate
-from core_engine.rl.rewards import RewardFn, score
+from core_engine.rl.reward_mix import RewardMix, score_rewards
+from core_engine.rl.rewards import RewardFn
 from core_engine.rl.rollout import RawRollout, RolloutGenerator
 from core_engine.scheduler import InferenceScheduler
 from core_engine.task import SamplingParams
@@ -18,18 +19,21 @@ class EvalResult:
     mean_reward: float
     rewards: list[float]
     rollout: RawRollout
+    components: dict[str, list[float]] = field(default_factory=dict)  # a reward list's parts
 
 
 def evaluate(
     engine: InferenceScheduler,
     records: Sequence[dict[str, str]],
-    reward_fn: RewardFn,
+    reward_fn: RewardMix | RewardFn,
     params: SamplingParams | None = None,
     seed: int = 0,
 ) -> EvalResult:
-    """Greedy (by default) generation on every record, scored by `reward_fn`."""
+    """Greedy (by default) generation on every record, scored by `reward_fn`: a reward
+    function, or a job's `RewardMix` (the weighted total, and each component of a list)."""
     params = params or SamplingParams(temperature=0, max_tokens=32)
     raw = RolloutGenerator(engine, params, group_size=1).generate(collate(records), seed)
-    rewards = score(reward_fn, raw.completions, raw.references, raw.prompts)
+    lengths = [len(ids) for ids in raw.response_ids]
+    rewards, parts = score_rewards(reward_fn, raw.completions, raw.references, raw.prompts, lengths)
     mean = sum(rewards) / len(rewards) if rewards else 0.0
-    return EvalResult(raw.policy_version, mean, rewards, raw)
+    return EvalResult(raw.policy_version, mean, rewards, raw, parts)

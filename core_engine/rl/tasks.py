@@ -45,7 +45,7 @@ BUILTIN_TASKS = {
         BuiltinTask(
             "word_problems",
             "multi-step word problems in GSM8K's format, answer the number",
-            "numeric_match",
+            "math",  # the final answer (`#### N`, boxed, ...), not the first number
             word_problem_records,
         ),
     )

@@ -16,6 +16,7 @@ import transformers
 from core_engine.prompts import render_prompt
 from core_engine.rl.data import DataError
 from core_engine.rl.dataset_files import Columns, gsm8k_answer, load_records, split_heldout
+from core_engine.rl.rewards import resolve_reward, score
 from core_engine.rl.rollout import RolloutGenerator
 from core_engine.rl.tasks import BUILTIN_TASKS, default_reward, prompt_records
 from core_engine.rl.word_problems import gsm8k_records, word_problem_records
@@ -146,7 +147,14 @@ def test_word_problems_reproduce_the_shipped_sample():
         assert 2 <= len(steps) <= 4 and int(record["output"]) >= 0
         assert row["answer"].endswith(f"#### {record['output']}")
     assert BUILTIN_TASKS["word_problems"].reward == default_reward("word_problems")
-    assert default_reward("word_problems") == "numeric_match"
+    assert default_reward("word_problems") == "math"  # so a demo can add `format`
+    reward = resolve_reward("math")  # the worked answer's final `#### N`, not its first number
+    try:
+        answers = [row["answer"] for row in shipped[:8]]
+        references = [record["output"] for record in loaded[:8]]
+        assert score(reward, answers, references, [""] * 8) == [1.0] * 8
+    finally:
+        reward.close()
 
 
 def test_a_saved_dataset_directory_is_checked_before_it_is_read(tmp_path):

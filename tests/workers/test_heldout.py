@@ -9,6 +9,8 @@ import pytest
 from core_engine.engine import load_engine
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.dataset_files import Columns
+from core_engine.rl.evaluate import evaluate
+from core_engine.rl.reward_mix import RewardMix
 from core_engine.rl.tasks import prompt_records
 from core_engine.task import SamplingParams
 from tests.workers.helpers import train_config
@@ -16,6 +18,7 @@ from workers.evaluation import HeldoutEval, heldout_eval
 from workers.jobs import run_job
 from workers.specs import HeldoutSettings, SpecError, heldout_settings, validate
 from workers.specs import train_config as trainer_config
+from workers.submission import validate_job
 
 
 def test_heldout_accuracy_is_stored_every_n_versions(repo, settings, tmp_path):
@@ -53,6 +56,44 @@ def test_heldout_accuracy_is_stored_every_n_versions(repo, settings, tmp_path):
             assert heldout.accuracy(engine) == pytest.approx(scored[v.version])
             accuracies.add(scored[v.version])
     assert len(accuracies) > 1  # it moved: a score of the weights, not a constant
+
+
+def test_a_reward_list_scores_heldout_with_the_weighted_total_and_each_component(
+    repo, settings, tmp_path
+):
+    from core_engine.toy import save_tiny_checkpoint
+
+    model = str(save_tiny_checkpoint(tmp_path / "tiny", alphabet="0123456789?=+"))
+    rewards = [
+        {"name": "regex:^7", "weight": 1.0},
+        {"name": "length", "weight": 0.5, "threshold": 1},  # token counts: 0 at 1, -1 at 3
+    ]
+    config = train_config(model, steps=3, batch_size=4, group_size=4, max_tokens=3, lr=0.003)
+    config |= {"heldout_every": 2, "heldout_prompts": 12, "reward": rewards}
+    validate_job("train", config)  # a list with held-out evaluation on is accepted
+    job = repo.create_job("train", config, total_steps=3)
+    assert run_job(repo, job.id, settings).status == "succeeded"
+    versions = [v for v in repo.list_versions(job.id) if "heldout_accuracy" in v.metrics.extra]
+    assert [v.version for v in versions] == [0, 2, 3]
+
+    trainer = trainer_config(config, str(tmp_path / "unused"))
+    records = prompt_records("always7", None, seed=0)
+    heldout = heldout_eval(trainer, HeldoutSettings(2, 12), Columns(), records)[1].records
+    mix = RewardMix(rewards, 3)  # the trainer's weighted sum
+    for v in versions:
+        engine = load_engine(v.checkpoint_path, policy_version=v.version)
+        fresh = evaluate(engine, heldout, mix, SamplingParams(temperature=0, max_tokens=3))
+        extra = v.metrics.extra
+        assert extra["heldout_accuracy"] == pytest.approx(fresh.mean_reward)  # mean total
+        for name, values in fresh.components.items():
+            assert extra[f"heldout/{name}"] == pytest.approx(sum(values) / len(values))
+        lengths = [len(ids) for ids in fresh.rollout.response_ids]
+        expected = [
+            float(c.strip() == "7") + 0.5 * max(-1.0, min(0.0, (1 - n) / 2))
+            for c, n in zip(fresh.rollout.completions, lengths, strict=True)
+        ]
+        assert fresh.rewards == pytest.approx(expected)
+        assert set(fresh.components) == {"regex:^7", "length"}
 
 
 def test_heldout_prompts_are_never_training_prompts_when_the_task_has_enough():

@@ -105,10 +105,7 @@ def test_a_reward_list_stores_each_component_per_sample_and_per_version(repo, se
         {"name": "regex:.*", "weight": 0.5},
         {"name": "length", "weight": 0.25, "threshold": 2},
     ]
-    config = train_config(tiny_model, steps=1, reward=rewards)
-    with pytest.raises(SpecError, match="takes no reward list yet: set heldout_every = 0"):
-        validate_job("train", config)
-    config["heldout_every"] = 0
+    config = train_config(tiny_model, steps=1, reward=rewards, heldout_every=0)
     validate_job("train", config)
     job = repo.create_job("train", config, total_steps=1)
     assert run_job(repo, job.id, settings).status == "succeeded"
