@@ -114,7 +114,8 @@ class SampleFilter:
     ``text`` is a case-insensitive substring of the prompt or the response; ``batch_id``
     keeps the samples of one rollout batch of the job; ``min_logprob_gap`` keeps trained
     samples with a token whose |trainer - behaviour| log-prob (|log importance ratio|) is at
-    least that.
+    least that; ``component`` with ``min_component`` keeps samples whose score for that reward
+    of the job's list (`reward_components`) is at least that.
     """
 
     job_id: int
@@ -128,6 +129,8 @@ class SampleFilter:
     text: str | None = None
     batch_id: int | None = None
     min_logprob_gap: float | None = None
+    component: str | None = None
+    min_component: float | None = None
 
 
 # --- results ----------------------------------------------------------------------------

@@ -18,11 +18,19 @@ from workers.api import (
     size_text,
 )
 
-__all__ = ["UploadRefused", "find_checkpoints", "find_jsonl", "is_under", "save_upload"]
+__all__ = [
+    "UploadRefused",
+    "find_checkpoints",
+    "find_data_files",
+    "find_jsonl",
+    "is_under",
+    "save_upload",
+]
 
 MAX_DEPTH = 3
 MAX_FOUND = 200
 UPLOADS_DIR = "datasets"
+DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")  # `core_engine.rl.dataset_files`
 MIB = 2**20
 # What the stored uploads may take together (``RLWB_UPLOAD_QUOTA_MB``, default 256 MiB).
 UPLOAD_QUOTA_BYTES = int(os.environ.get("RLWB_UPLOAD_QUOTA_MB") or 256) * MIB
@@ -69,9 +77,20 @@ def find_checkpoints(roots: Sequence[Path]) -> list[Path]:
 
 def find_jsonl(roots: Sequence[Path]) -> list[Path]:
     """``*.jsonl`` prompt sets under ``roots`` (regular files of at most `MAX_DATA_BYTES`)."""
+    return find_data_files(roots, (".jsonl",))
+
+
+def find_data_files(roots: Sequence[Path], suffixes: tuple[str, ...] = DATA_SUFFIXES) -> list[Path]:
+    """Prompt sets under ``roots`` (regular files of at most `MAX_DATA_BYTES`) named with one
+    of ``suffixes``; ``.json`` files beside a ``config.json`` (a checkpoint's) are not data."""
     found = []
     for folder, _, files in _walk(roots):
-        names = (name for name in sorted(files) if name.endswith(".jsonl"))
+        checkpoint = "config.json" in files
+        names = (
+            name
+            for name in sorted(files)
+            if name.endswith(suffixes) and not (checkpoint and name.endswith(".json"))
+        )
         found.extend(p for p in (folder / n for n in names) if _is_regular(p, MAX_DATA_BYTES))
         if len(found) >= MAX_FOUND:
             return found[:MAX_FOUND]

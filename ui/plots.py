@@ -45,9 +45,9 @@ PLOTS = (
     PlotSpec("reward", "Reward (trained batch)", "reward", ("reward mean",)),
     PlotSpec(
         "heldout",
-        "Held-out accuracy (greedy)",
-        "accuracy",
-        ("held-out accuracy",),
+        "Held-out score (greedy pass@1; mean@k sampled when set)",
+        "score",
+        ("held-out accuracy", "held-out mean@k"),
         smooth=False,
         sparse=True,
     ),
@@ -55,7 +55,28 @@ PLOTS = (
     PlotSpec("kl", "KL to the reference", "KL", ("KL",)),
     PlotSpec("mismatch", "Train/infer log-prob mismatch", "max |Δ log-prob|", ("mismatch",)),
     PlotSpec("batches", "Rollout batches", "batches", ("accepted", "rejected"), smooth=False),
+    # a series per reward of the job's list, found in its metrics (`with_components`)
+    PlotSpec("reward-components", "Reward components", "mean score", (), smooth=False, sparse=True),
 )
+COMPONENT_PREFIX, COMPONENT_SUFFIX = "reward/", "/mean"
+
+
+def components(extra: dict[str, float]) -> dict[str, float]:
+    """A version's reward components' means (by reward name) from its metrics' extra."""
+    return {
+        key.removeprefix(COMPONENT_PREFIX).removesuffix(COMPONENT_SUFFIX): value
+        for key, value in extra.items()
+        if key.startswith(COMPONENT_PREFIX) and key.endswith(COMPONENT_SUFFIX)
+    }
+
+
+def with_components(spec: PlotSpec, names: list[str]) -> PlotSpec:
+    """The reward components' plot drawing these components (any other plot unchanged)."""
+    return (
+        PlotSpec(**{**vars(spec), "series": tuple(names)})
+        if spec.key == "reward-components"
+        else spec
+    )
 
 
 def ema(values: list[float | None], weight: float = EMA_WEIGHT) -> list[float | None]:

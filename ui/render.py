@@ -101,7 +101,15 @@ def _messages(detail: SampleDetail) -> str:
     return "".join(rows)
 
 
-def _facts(detail: SampleDetail) -> str:
+def components_text(components: dict[str, float] | None, weights: dict[str, float]) -> str:
+    """A sample's reward as its weighted components: "math 1 × 1 + format 0.2 × 0.2"."""
+    terms = (
+        f"{name} {fmt(score)} × {fmt(weights.get(name, 1.0))}" for name, score in components.items()
+    )
+    return " + ".join(terms) if components else "—"
+
+
+def _facts(detail: SampleDetail, weights: dict[str, float] | None = None) -> str:
     mean_logprob = (
         sum(detail.behaviour_logprobs) / len(detail.behaviour_logprobs)
         if detail.behaviour_logprobs
@@ -119,6 +127,11 @@ def _facts(detail: SampleDetail) -> str:
         ("finish reason", detail.finish_reason.value),
         ("error", error),
         ("reward", fmt(detail.reward)),
+        *(
+            [("reward components", components_text(detail.reward_components, weights or {}))]
+            if detail.reward_components
+            else []
+        ),
         ("advantage", fmt(detail.advantage)),
         ("response tokens", len(detail.response_token_ids)),
         ("mean log-prob", fmt(mean_logprob)),
@@ -133,15 +146,18 @@ def _facts(detail: SampleDetail) -> str:
     return f'<table class="facts">{cells}</table>'
 
 
-def sample_html(detail: SampleDetail, texts: list[str] | None) -> str:
-    """The whole sample: facts, prompt messages, reference, and the coloured response."""
+def sample_html(
+    detail: SampleDetail, texts: list[str] | None, weights: dict[str, float] | None = None
+) -> str:
+    """The whole sample: facts (its reward components with the job's `weights`), prompt
+    messages, reference, and the coloured response."""
     reference = detail.reference_output
     tokens = token_spans(
         detail.response_token_ids, detail.behaviour_logprobs, texts, detail.temperature_logprobs
     )
     return (
         f'<div class="sample-detail" data-sample-id="{detail.id}">'
-        f"{_facts(detail)}"
+        f"{_facts(detail, weights)}"
         f"<h4>Prompt</h4>{_messages(detail)}"
         "<h4>Reference output</h4>"
         f'<div class="reference" style="{BLOCK_STYLE}">'

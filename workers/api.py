@@ -22,6 +22,7 @@ from core_engine.lora_settings import (
 from core_engine.rl.clip import clip_active
 from core_engine.rl.config import GRPOConfig, mode_defaults
 from core_engine.rl.data import DataError, count_jsonl
+from core_engine.rl.dataset_files import Columns, load_records
 from core_engine.rl.reward_mix import RewardSpec, parse_rewards
 from core_engine.rl.rewards import STANDALONE_REWARDS
 from core_engine.rl.tasks import BUILTIN_TASKS
@@ -40,11 +41,12 @@ from workers.chat import settings_problems as chat_settings_problems
 from workers.commands import COMMANDS as WORKER_COMMANDS
 from workers.commands import add_commands as add_worker_commands
 from workers.commands import run as run_worker_command
-from workers.job_files import check_data_file, check_model, model_roots
+from workers.job_files import check_data_file, check_data_records, check_model, model_roots
 from workers.settings import GPU_QUEUE, Settings
 from workers.specs import (
     DEMO_MODEL,
     HELDOUT_EVERY,
+    HELDOUT_MEAN_AT_K_METRIC,
     HELDOUT_METRIC,
     HELDOUT_PROMPTS,
     JOB_FIELDS,
@@ -57,6 +59,7 @@ __all__ = [
     "ALL_LINEAR",
     "COMMANDS",
     "DEMO_MODEL",
+    "HELDOUT_MEAN_AT_K_METRIC",
     "HELDOUT_METRIC",
     "JOB_FIELDS",
     "KV_STRATEGIES",
@@ -79,6 +82,7 @@ __all__ = [
     "chat",
     "chat_settings_problems",
     "check_data_file",
+    "check_data_records",
     "check_model",
     "check_reward",
     "checkpoint_context",
@@ -162,8 +166,9 @@ def check_reward(spec: RewardSpec) -> None:
         raise SpecError(str(exc)) from None
 
 
-def count_records(path: str | Path) -> int:
-    """How many prompt records a JSONL file holds (`SpecError` if it is unusable). Parsed
+def count_records(path: str | Path, columns: tuple[str | None, str | None] = (None, None)) -> int:
+    """How many prompt records a data file holds (JSONL, JSON, CSV or Parquet; ``columns``:
+    the prompt and answer columns, None: automatic; `SpecError` if it is unusable). Parsed
     once per version of the file: the count, or the refusal, is kept for its identity (device,
     inode, size, change times), so asking again costs one ``stat``."""
     try:
@@ -171,18 +176,22 @@ def count_records(path: str | Path) -> int:
     except UnsafeFileError as exc:
         raise SpecError(str(exc)) from None
     identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
-    found = _count_records(str(path), identity)
+    found = _count_records(str(path), identity, columns)
     if isinstance(found, str):
         raise SpecError(found)
     return found
 
 
 @lru_cache(maxsize=RECORD_COUNTS_KEPT)
-def _count_records(path: str, identity: tuple[int, ...]) -> int | str:
+def _count_records(
+    path: str, identity: tuple[int, ...], columns: tuple[str | None, str | None]
+) -> int | str:
     """The record count of ``path`` as it is at ``identity``, or why it is unusable."""
     try:
-        return count_jsonl(path)
-    except (DataError, OSError) as exc:
+        if path.endswith(".jsonl") and columns == (None, None):
+            return count_jsonl(path)
+        return len(load_records(path, Columns(*columns)))
+    except (DataError, UnsafeFileError, OSError) as exc:
         return str(exc)
 
 

@@ -70,6 +70,11 @@ def _apply_filter(
         conditions.append(RolloutBatch.status == status)
     if where.min_logprob_gap is not None:
         conditions.append(Sample.logprob_gap_max >= where.min_logprob_gap)
+    if (where.component is None) != (where.min_component is None):
+        raise InvalidValue("component and min_component are given together")
+    if where.component is not None:
+        score = Sample.reward_components[where.component].as_float()  # json_extract / ->>
+        conditions.append(score >= where.min_component)
     return statement.where(*conditions)
 
 

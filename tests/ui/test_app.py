@@ -35,6 +35,7 @@ API_NAMES = {
     "samples_jobs",
     "samples",
     "samples_next",
+    "samples_components",
     "samples_previous",
     "samples_pick",
     "sample",

@@ -254,3 +254,57 @@ def test_the_default_job_shows_learning(app, tmp_path):
     accuracy = [v.metrics.extra.get("heldout_accuracy") for v in repo.list_versions(1)]
     assert accuracy[0] is not None and accuracy[-1] is not None
     assert accuracy[-1] >= accuracy[0] + 0.15, accuracy
+
+
+DIGIT = "regex:.*[0-9].*"
+
+
+def test_a_job_with_two_weighted_rewards_plots_both_components(app, tmp_path):
+    """Launch word problems with numeric_match (weight 1) plus format (weight 0.2): the job
+    page plots each reward's mean per version. A regex reward (weight 0.5) joins them: the
+    untrained tiny model scores 0 on both, and a job scoring nothing stalls."""
+    sync_api = _require_browser()
+    expect = sync_api.expect
+    url, checkpoint, repo, _ = app
+    with _opened(sync_api, url) as page:
+        _choose(page, "launch-model", str(checkpoint))
+        _choose(page, "launch-task", re.compile("^word_problems"))
+        _choose(page, "launch-reward", re.compile("^numeric_match$"))
+        for elem_id, value in (
+            ("launch-steps", "2"),
+            ("launch-batch", "2"),
+            ("launch-group", "4"),
+            ("launch-max-tokens", "4"),
+        ):
+            page.locator(f"#{elem_id} input").fill(value)
+        page.get_by_text("More rewards (weighted sum)").click()
+        _choose(page, "launch-reward-2", re.compile("^format$"))
+        page.locator("#launch-weight-2 input").fill("0.2")
+        page.locator("#launch-reward-3 input").fill(DIGIT)  # a custom value
+        page.locator("#launch-reward-3 input").press("Enter")
+        page.locator("#launch-weight-3 input").fill("0.5")
+        page.get_by_text("Held-out accuracy (built-in tasks)").click()
+        page.locator("#launch-heldout-every input").fill("0")  # held-out takes one reward
+        page.wait_for_timeout(300)
+        page.locator("#launch-button").click()
+        expect(page.locator("#launch-status")).to_contain_text(
+            re.compile(r"Job #1 is (queued|running)")
+        )
+        assert repo.get_job(1).config["reward"] == [
+            {"name": "numeric_match", "weight": 1.0},
+            {"name": "format", "weight": 0.2},
+            {"name": DIGIT, "weight": 0.5},
+        ]
+
+        page.get_by_role("tab", name="Jobs").click()
+        done = _data_rows(page, "jobs-table").filter(has_text="succeeded")
+        expect(done).to_have_count(1, timeout=JOB_TIMEOUT_MS)
+        done.get_by_role("gridcell").first.click()
+        expect(page.locator("#job-summary")).to_contain_text("Job #1 · train · succeeded")
+        plot = page.locator("#plot-reward-components")
+        expect(plot).to_be_visible()
+        expect(page.locator("#plot-reward-components-empty")).to_be_hidden()
+        expect(plot).to_contain_text("numeric_match")
+        expect(plot).to_contain_text("format")
+        page.wait_for_timeout(800)
+        _shot(page, tmp_path, "reward-components")

@@ -54,6 +54,25 @@ def test_a_sparse_plot_joins_its_known_points():
     values = {0: {"held-out accuracy": 0.2}, 1: {}, 2: {"held-out accuracy": 0.5}}
     frame = plot_frame(spec, values)
     assert frame["version"].tolist() == [0, 2] and frame["value"].tolist() == [0.2, 0.5]
+    assert set(frame["series"]) == {"held-out accuracy"}  # no mean@k: no empty series
+
+
+def test_the_heldout_plot_draws_mean_at_k_beside_pass_at_1(services):
+    """A version's ``heldout_mean_at_k`` (sampled, when the job sets heldout_k) is the held-out
+    plot's second series."""
+    from db import PolicyMetrics, PolicyVersionRecord
+
+    repo = services.repository
+    job = repo.create_job("train", {"model": "m", "task": "addition"}, total_steps=2)
+    job = repo.start_attempt(job.id, None)
+    job = repo.mark_running(job.id, fence=job.fence)
+    for version, (greedy, sampled) in enumerate([(0.25, 0.125), (0.5, 0.375)]):
+        extra = {"heldout_accuracy": greedy, "heldout_mean_at_k": sampled}
+        record = PolicyVersionRecord(job.id, version, None, None, None, PolicyMetrics(extra=extra))
+        repo.record_policy_version(record, fence=job.fence)
+    frame = job_page(services, job.id)[2][[spec.key for spec in PLOTS].index("heldout")]
+    by_series = {name: group["value"].tolist() for name, group in frame.groupby("series")}
+    assert by_series == {"held-out accuracy": [0.25, 0.5], "held-out mean@k": [0.125, 0.375]}
 
 
 def test_ema_skips_unknown_values():

@@ -23,6 +23,7 @@ from ui.handlers.launch import (
     upload_dataset,
 )
 from ui.render import inert
+from workers import api
 from workers.specs import DEMO_MODEL
 
 
@@ -213,7 +214,76 @@ def test_held_out_accuracy_is_configured_for_built_in_tasks(services, world, tmp
     data.parent.mkdir(parents=True, exist_ok=True)
     data.write_text(json.dumps({"instruction": "", "input": "3?", "output": "7"}) + "\n")
     launch_job(services, **form(source=JSONL_SOURCE, data=str(data), heldout_every=10))
-    assert "heldout_every" not in world["queue"].submitted[-1][1]  # needs a built-in task
+    assert "heldout_every" not in world["queue"].submitted[-1][1]  # no held-out fraction
+
+
+def _csv_upload(services, tmp_path, header: str = "question,answer") -> str:
+    upload = tmp_path / "math.csv"
+    rows = "\n".join(f'"What is {n}+1?",{n + 1}' for n in range(10))
+    upload.write_text(f"{header}\n{rows}\n")
+    _, stored, message = upload_dataset(services, str(upload))
+    assert stored is not None and stored.endswith(".csv"), message
+    assert "Stored 10 records" in message and stored in dataset_choices(services)
+    return stored
+
+
+def test_a_csv_upload_is_counted_and_launched_with_its_mapping_and_held_out(
+    services, world, tmp_path
+):
+    stored = _csv_upload(services, tmp_path)
+    settings = {"prompt_column": " question ", "answer_column": "answer"}
+    settings |= {"system_prompt": "Think, then answer.", "heldout_fraction": 0.2}
+    settings |= {"heldout_k": 4, "heldout_every": 5, "heldout_prompts": 2}
+    message = launch_job(services, **form(source=JSONL_SOURCE, task=None, data=stored, **settings))
+    assert message.startswith("Job **#"), message
+    config = world["queue"].submitted[-1][1]
+    assert {k: config[k] for k in settings} == {**settings, "prompt_column": "question"}
+    launch_job(services, **form(source=JSONL_SOURCE, task=None, data=stored, heldout_k=0))
+    config = world["queue"].submitted[-1][1]  # blank and 0: automatic columns, no held-out
+    assert not {"prompt_column", "system_prompt", "heldout_fraction", "heldout_k"} & set(config)
+    refused = launch_job(
+        services, **form(source=JSONL_SOURCE, task=None, data=stored, heldout_fraction=0.9)
+    )
+    assert "Nothing was enqueued" in refused and inert("heldout_fraction must be <= 0.5") in refused
+
+
+def test_a_missing_column_is_refused_inline_naming_file_and_column(services, world, tmp_path):
+    stored = _csv_upload(services, tmp_path)
+    count = len(world["queue"].submitted)
+    refused = launch_job(
+        services, **form(source=JSONL_SOURCE, task=None, data=stored, prompt_column="problem_text")
+    )
+    assert (
+        refused.startswith("**Nothing was enqueued.**") and len(world["queue"].submitted) == count
+    )
+    assert inert(Path(stored).name) in refused and inert("'problem_text'") in refused
+    upload = tmp_path / "other.csv"
+    upload.write_text("q,a\nhi,1\n")
+    _, stored, message = upload_dataset(services, str(upload))
+    assert stored is None and "Upload refused" in message and "question" in message
+    upload.write_text("q,a\nhi,1\n")  # every upload is removed, refused or kept
+    _, stored, message = upload_dataset(services, str(upload), "q", "a")
+    assert stored is not None and "Stored 1 records" in message
+
+
+def test_clone_fills_back_the_data_file_settings(services, world, tmp_path):
+    from ui.handlers.clone import clone_form
+    from ui.handlers.launch import train_config
+
+    stored = _csv_upload(services, tmp_path)
+    settings = {"prompt_column": "question", "answer_column": "answer", "system_prompt": "Hi."}
+    settings |= {"heldout_fraction": 0.25, "heldout_k": 3, "heldout_every": 4}
+    launch_job(services, **form(source=JSONL_SOURCE, task=None, data=stored, **settings))
+    config = world["queue"].submitted[-1][1]
+    job = services.repository.create_job("train", config)
+    values, _ = clone_form(services, job.id)
+    assert values["source"] == JSONL_SOURCE and values["data"] == stored
+    assert {k: values[k] for k in settings} == settings
+    shown = train_config(services, **values)  # with the default prompt count, as the form shows
+    assert shown == {**config, "heldout_prompts": api.HELDOUT_PROMPTS}
+    plain = services.repository.create_job("train", {**form(), "reward": None})
+    values, _ = clone_form(services, plain.id)
+    assert (values["prompt_column"], values["heldout_fraction"], values["heldout_k"]) == ("", 0, 0)
 
 
 def test_trackers_are_chosen_on_the_form_and_must_be_installed(services, world, monkeypatch):

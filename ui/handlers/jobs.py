@@ -17,11 +17,11 @@ from db import (
     VersionMetrics,
 )
 from ui.handlers.common import parse_id
-from ui.plots import PLOTS, plot_frame
+from ui.plots import COMPONENT_PREFIX, PLOTS, components, plot_frame, with_components
 from ui.progress import duration, eta_seconds
 from ui.render import fmt, inert
 from ui.services import Services
-from workers.api import HELDOUT_METRIC, adapter_bytes, size_text
+from workers.api import HELDOUT_MEAN_AT_K_METRIC, HELDOUT_METRIC, adapter_bytes, size_text
 
 JOB_LIMIT = 50
 BATCHES_SHOWN = 200
@@ -105,11 +105,13 @@ def _version_values(m: VersionMetrics) -> dict[str, float | int | None]:
     return {
         "reward mean": recorded.reward_mean if recorded else m.sample_reward_mean,
         "held-out accuracy": extra.get(HELDOUT_METRIC),
+        "held-out mean@k": extra.get(HELDOUT_MEAN_AT_K_METRIC),
         "mean response tokens": m.mean_response_length,
         "KL": recorded.kl if recorded else None,
         "mismatch": recorded.train_infer_mismatch if recorded else None,
         "accepted": m.num_accepted_batches,
         "rejected": m.num_rejected_batches,
+        **{COMPONENT_PREFIX + name: value for name, value in components(extra).items()},
     }
 
 
@@ -117,7 +119,13 @@ def version_frames(metrics: list[VersionMetrics]) -> list[pd.DataFrame]:
     """One long-format frame over versions per plot of `PLOTS` (see `ui.plots.plot_frame`);
     the reward of a version the job did not train is its samples' mean."""
     values = {m.version: _version_values(m) for m in metrics}
-    return [plot_frame(spec, values) for spec in PLOTS]
+    found = {key for row in values.values() for key in row if key.startswith(COMPONENT_PREFIX)}
+    names = sorted(found)  # drawn as the reward's name: "reward/format" -> "format"
+    frames = [plot_frame(with_components(spec, names), values) for spec in PLOTS]
+    for spec, frame in zip(PLOTS, frames, strict=True):
+        if spec.key == "reward-components":
+            frame["series"] = frame["series"].astype(str).str.removeprefix(COMPONENT_PREFIX)
+    return frames
 
 
 def hidden_plots(job: JobInfo | None) -> set[str]:

@@ -5,15 +5,16 @@ from pathlib import Path
 from typing import Any
 
 from db import InvalidValue
-from ui.files import UploadRefused, find_checkpoints, find_jsonl, save_upload
+from ui.files import UploadRefused, find_checkpoints, find_data_files, save_upload
 from ui.handlers.common import parse_number
+from ui.handlers.data_form import DATA_FIELDS, data_settings
+from ui.handlers.reward_form import REWARD_FIELDS, TASK_DEFAULT_REWARD, reward_config
 from ui.render import inert
 from ui.services import Services
 from workers import api
 
 TASK_SOURCE = "built-in task"
-JSONL_SOURCE = "JSONL file"
-TASK_DEFAULT_REWARD = "task default"
+JSONL_SOURCE = "data file"  # JSONL, JSON, CSV or Parquet
 OUTPUT_DIR_PLACEHOLDER = "(chosen by the worker)"
 # The form's fields, in `train_config`'s order (also what "Clone job" fills in).
 FORM_FIELDS = (
@@ -44,6 +45,8 @@ FORM_FIELDS = (
     "lora_dropout",
     "lora_target_modules",
     "lora_modules_to_save",
+    *DATA_FIELDS,
+    *REWARD_FIELDS,
 )
 MAX_UPLOAD_BYTES = int(os.environ.get("RLWB_MAX_UPLOAD_MB") or 64) * 2**20
 
@@ -64,9 +67,9 @@ def model_choices(services: Services) -> list[tuple[str, str]]:
 
 
 def dataset_choices(services: Services) -> list[str]:
-    """JSONL prompt sets under the model roots and the data directory."""
+    """Prompt sets (JSONL, JSON, CSV, Parquet) under the model roots and the data directory."""
     roots = (*services.model_roots, services.data_dir)
-    return list(dict.fromkeys(str(path) for path in find_jsonl(roots)))
+    return list(dict.fromkeys(str(path) for path in find_data_files(roots)))
 
 
 def task_choices() -> list[tuple[str, str]]:
@@ -77,9 +80,12 @@ def reward_choices() -> list[str]:
     return [TASK_DEFAULT_REWARD, *api.REWARDS]
 
 
-def upload_dataset(services: Services, file: str | None) -> tuple[list[str], str | None, str]:
-    """Keep an uploaded JSONL file in the data directory: (dataset choices, the stored path,
-    a message). It is parsed once, here: Launch then finds its record count kept
+def upload_dataset(
+    services: Services, file: str | None, prompt_column: str = "", answer_column: str = ""
+) -> tuple[list[str], str | None, str]:
+    """Keep an uploaded data file (JSONL, JSON, CSV, Parquet; its prompt and answer columns
+    as the form names them, blank: automatic) in the data directory: (dataset choices, the
+    stored path, a message). It is parsed once, here: Launch then finds its record count kept
     (`api.count_records`). A file that is not regular, over `MAX_UPLOAD_BYTES`, over the
     uploads' quota or unusable is refused and not kept; the upload is removed either way."""
     if not file:
@@ -88,7 +94,7 @@ def upload_dataset(services: Services, file: str | None) -> tuple[list[str], str
     try:
         api.regular_file(upload, MAX_UPLOAD_BYTES)
         stored = save_upload(upload, services.data_dir)
-        records = api.count_records(stored)
+        records = api.count_records(stored, _columns(prompt_column, answer_column))
     except (api.SpecError, api.UnsafeFileError, UploadRefused, OSError) as exc:
         if stored is not None:
             stored.unlink(missing_ok=True)
@@ -98,6 +104,10 @@ def upload_dataset(services: Services, file: str | None) -> tuple[list[str], str
         upload.unlink(missing_ok=True)
     message = f"Stored {records} records as {inert(stored)}."
     return dataset_choices(services), str(stored), message
+
+
+def _columns(prompt: str | None, answer: str | None) -> tuple[str | None, str | None]:
+    return (prompt or "").strip() or None, (answer or "").strip() or None
 
 
 def _without_paths(message: str, upload: Path, stored: Path | None) -> str:
@@ -143,7 +153,12 @@ def _check_model(services: Services, model: str | None, problems: list[str]) -> 
 
 
 def _check_data(
-    services: Services, source: str, task: str | None, data: str | None, problems: list[str]
+    services: Services,
+    source: str,
+    task: str | None,
+    data: str | None,
+    columns: tuple[str | None, str | None],
+    problems: list[str],
 ) -> dict[str, str]:
     if source == TASK_SOURCE:
         if task not in api.TASKS:
@@ -151,7 +166,7 @@ def _check_data(
             return {}
         return {"task": task}
     if not data:
-        problems.append("data: choose or upload a JSONL file")
+        problems.append("data: choose or upload a data file")
         return {}
     try:
         api.check_data_file(data, (*services.model_roots, services.data_dir))
@@ -159,21 +174,10 @@ def _check_data(
         problems.append(str(exc))
         return {}
     try:
-        api.count_records(data)  # parsed once per version of the file, then remembered
+        api.count_records(data, columns)  # parsed once per version of the file, then remembered
     except api.SpecError as exc:
         problems.append(f"data: {exc}")
     return {"data": str(Path(data))}
-
-
-def _check_reward(reward: str | None, problems: list[str]) -> str | None:
-    spec = (reward or "").strip()
-    if spec in ("", TASK_DEFAULT_REWARD):
-        return None
-    try:
-        api.check_reward(spec)  # syntax only: a registered name is checked by the worker
-    except api.SpecError as exc:
-        problems.append(f"reward: {exc}")
-    return spec
 
 
 def _lora(
@@ -251,15 +255,18 @@ def train_config(
     lora_dropout: float | str | None = None,
     lora_target_modules: list[str] | None = None,
     lora_modules_to_save: list[str] | None = None,
+    **more: Any,
 ) -> dict[str, Any]:
     """The training job's config from the form, or `InvalidLaunch` with every problem. The
-    held-out settings apply to a built-in task (empty: the worker's defaults); the LoRA
-    settings when LoRA is on."""
+    held-out settings apply to a built-in task (empty: the worker's defaults), or to a data
+    file with a held-out fraction (`data_settings`); the LoRA settings when LoRA is on;
+    `more`: the `DATA_FIELDS` and the `REWARD_FIELDS` (more rewards, weights)."""
     problems: list[str] = []
     _check_model(services, model, problems)
     config: dict[str, Any] = {"model": model}
-    config.update(_check_data(services, source, task, data, problems))
-    config["reward"] = _check_reward(reward, problems)
+    columns = _columns(more.get("prompt_column"), more.get("answer_column"))
+    config.update(_check_data(services, source, task, data, columns, problems))
+    config["reward"] = reward_config(reward, more, problems, max_tokens)
     numbers = {
         "steps": steps,
         "batch_size": batch_size,
@@ -277,6 +284,9 @@ def train_config(
     if source == TASK_SOURCE:
         heldout = {"heldout_every": heldout_every, "heldout_prompts": heldout_prompts}
         numbers |= {name: value for name, value in heldout.items() if value not in (None, "")}
+    else:
+        held = {"heldout_every": heldout_every, "heldout_prompts": heldout_prompts}
+        config.update(data_settings({**more, **held}, problems))
     config.update({name: _number(name, value, problems) for name, value in numbers.items()})
     if kv_strategy not in api.KV_STRATEGIES:
         problems.append(f"kv_strategy: choose one of {', '.join(api.KV_STRATEGIES)}")
@@ -290,6 +300,8 @@ def train_config(
     if not problems:
         try:
             api.validate_job("train", {**config, "output_dir": OUTPUT_DIR_PLACEHOLDER})
+            if "heldout_fraction" in config:  # what is left to train on (read as the worker)
+                api.check_data_records(config)
         except api.SpecError as exc:
             problems.extend(str(exc).removeprefix("invalid training config: ").split("; "))
     if problems:

@@ -23,6 +23,7 @@ from db import (
 from ui.diagnostics import DEFAULT_CLIP_EPS, diagnostics_html
 from ui.handlers.common import parse_id, parse_number
 from ui.handlers.jobs import batches_table, latest_batches
+from ui.handlers.reward_form import reward_weights
 from ui.render import fmt, inert, sample_html
 from ui.services import Services
 from ui.tokens import token_texts
@@ -89,6 +90,8 @@ def sample_filter(
     batch_status: str,
     text: str,
     min_logprob_gap: float | str | None = None,
+    component: str | None = None,
+    min_component: float | str | None = None,
 ) -> SampleFilter:
     """The repository filter for the form (empty fields: any); `InvalidValue` for an
     unreadable or empty one."""
@@ -104,6 +107,10 @@ def sample_filter(
     gap = parse_number(min_logprob_gap, "min |log ratio|")
     if gap is not None and gap < 0:
         raise InvalidValue(f"min |log ratio|: {min_logprob_gap!r} is negative")
+    least = parse_number(min_component, "min component")
+    component = (component or "").strip() or None
+    if (component is None) != (least is None):
+        raise InvalidValue("choose a reward component and its minimum together")
     return SampleFilter(
         job_id=job,
         min_version=versions[0],
@@ -115,6 +122,8 @@ def sample_filter(
         batch_status=None if batch_status in ("", ANY) else batch_status,
         text=text.strip() or None,
         min_logprob_gap=gap,
+        component=component,
+        min_component=least,
     )
 
 
@@ -168,6 +177,8 @@ def search_samples(
     text: str,
     newest_first: bool,
     min_logprob_gap: float | str | None = None,
+    component: str | None = None,
+    min_component: float | str | None = None,
 ) -> Page:
     """The first page of the job's samples matching the filters (a keyset page of 50)."""
     try:
@@ -182,6 +193,8 @@ def search_samples(
             batch_status,
             text,
             min_logprob_gap,
+            component,
+            min_component,
         )
         state = {
             "filter": asdict(where),
@@ -265,7 +278,18 @@ def sample_detail(services: Services, sample_id: float | str | None) -> str:
         return f"<p><b>{escape(str(exc))}</b></p>"
     texts = token_texts(detail.response_token_ids, _checkpoints(services, job, detail))
     clip_eps = job.config.get("clip_eps", DEFAULT_CLIP_EPS)
-    return sample_html(detail, texts) + diagnostics_html(detail, texts, clip_eps)
+    weights = reward_weights(job.config.get("reward"))
+    return sample_html(detail, texts, weights) + diagnostics_html(detail, texts, clip_eps)
+
+
+def component_choices(services: Services, job_id: float | str | None) -> list[str]:
+    """The reward components a job's samples have: the names of its reward list."""
+    try:
+        chosen = parse_id(job_id, "job")
+        job = None if chosen is None else services.repository.get_job(chosen)
+    except (InvalidValue, NotFound):
+        return []
+    return [] if job is None else list(reward_weights(job.config.get("reward")))
 
 
 def open_sample(services: Services, sample_id: float | str | None) -> tuple[str, str]:

@@ -23,7 +23,12 @@ from ui.tabs.common import first_cell
 
 TABLE_REFRESH_S = 2.0
 PAGE_REFRESH_S = 5.0
-PLOT_ROWS = (("reward", "heldout"), ("length", "kl"), ("mismatch", "batches"))
+PLOT_ROWS = (
+    ("reward", "heldout"),
+    ("length", "kl"),
+    ("mismatch", "batches"),
+    ("reward-components",),
+)
 # job, kind, status, progress (a phase or an ETA is long), version, reward, tokens/s, created:
 # long cells wrap within these, so the table fits the page
 JOB_COLUMN_WIDTHS = ["6%", "8%", "9%", "32%", "8%", "8%", "9%", "20%"]
@@ -37,7 +42,7 @@ def _plot(spec: PlotSpec) -> tuple[gr.LinePlot, gr.Markdown]:
         color="series",
         title=spec.title,
         y_title=spec.y_title,
-        color_map=spec.colours(),
+        color_map=spec.colours() or None,  # reward components: colours chosen by the plot
         x_axis_format=X_FORMAT,
         y_axis_format=Y_FORMAT,
         height=260,

@@ -1,4 +1,4 @@
-"""Launch tab: model, task or JSONL data, reward, hyper-parameters, then Launch."""
+"""Launch tab: model, task or a data file, reward, hyper-parameters, then Launch."""
 
 from functools import partial
 
@@ -17,6 +17,7 @@ from ui.handlers.launch import (
     task_choices,
     upload_dataset,
 )
+from ui.handlers.reward_form import EXTRA_REWARDS
 from ui.services import Services
 from workers import api
 
@@ -27,6 +28,35 @@ def _show_source(source: str) -> tuple[dict, dict]:
 
 def _show_lora(lora: bool) -> dict:
     return gr.update(visible=lora)
+
+
+def _more_rewards() -> tuple[gr.components.Component, ...]:
+    """The first reward's weight, each extra reward's name and weight, then the `length`
+    threshold (`REWARD_FIELDS`)."""
+    fields: list[gr.components.Component] = [
+        gr.Number(1.0, label="Weight of the first reward", elem_id="launch-reward-weight")
+    ]
+    for n in range(2, EXTRA_REWARDS + 2):
+        with gr.Row():
+            fields.append(
+                gr.Dropdown(
+                    [("(none)", ""), *((name, name) for name in api.REWARDS)],
+                    value="",
+                    allow_custom_value=True,
+                    label=f"Reward {n}",
+                    elem_id=f"launch-reward-{n}",
+                )
+            )
+            fields.append(gr.Number(1.0, label=f"Weight {n}", elem_id=f"launch-weight-{n}"))
+    fields.append(
+        gr.Number(
+            0,
+            label="Length threshold (tokens)",
+            info="reward `length`: 0 up to it, falling to -1 at max tokens; 0: 3/4 of max tokens",
+            elem_id="launch-length-threshold",
+        )
+    )
+    return tuple(fields)
 
 
 def build(services: Services) -> dict[str, gr.components.Component]:
@@ -55,14 +85,29 @@ def build(services: Services) -> dict[str, gr.components.Component]:
                 dataset_choices(services),
                 value=None,
                 allow_custom_value=True,
-                label="JSONL prompt set",
-                info="a JSON object per line: {instruction, input, output}: instruction -> "
-                "system and input -> user, or an instruction without input -> user; output is "
-                "the reward's reference, never shown to the model. Or {messages: [...]}: the "
-                "system and user turns are the prompt, the last assistant turn the reference",
+                label="Prompt set (JSONL, JSON, CSV, Parquet)",
+                info="columns question/prompt/problem -> user and answer/output/solution -> "
+                "the reward's reference, never shown to the model (or name them below). Or "
+                "{instruction, input, output}: instruction -> system and input -> user, or an "
+                "instruction without input -> user; or {messages: [...]}: the system and user "
+                "turns are the prompt, the last assistant turn the reference",
                 elem_id="launch-data",
             )
-            upload = gr.File(label="or upload a JSONL file", file_types=[".jsonl"], height=80)
+            upload = gr.File(
+                label="or upload a data file",
+                file_types=[".jsonl", ".json", ".csv", ".parquet"],
+                height=80,
+            )
+            with gr.Row():
+                prompt_column = gr.Textbox(
+                    "", label="Prompt column", placeholder="auto", elem_id="launch-prompt-column"
+                )
+                answer_column = gr.Textbox(
+                    "", label="Answer column", placeholder="auto", elem_id="launch-answer-column"
+                )
+            system_prompt = gr.Textbox(
+                "", label="System prompt (optional)", lines=2, elem_id="launch-system-prompt"
+            )
         reward = gr.Dropdown(
             reward_choices(),
             value=TASK_DEFAULT_REWARD,
@@ -73,6 +118,8 @@ def build(services: Services) -> dict[str, gr.components.Component]:
             elem_id="launch-reward",
             scale=1,
         )
+    with gr.Accordion("More rewards (weighted sum)", open=False, elem_id="launch-more-rewards"):
+        more = _more_rewards()
     upload_message = gr.Markdown()
     with gr.Row():
         steps = gr.Number(d["steps"], label="Steps", precision=0, elem_id="launch-steps")
@@ -124,7 +171,12 @@ def build(services: Services) -> dict[str, gr.components.Component]:
         updates_per_batch = gr.Number(
             d["updates_per_batch"], label="Updates per batch (reuse within the lag)", precision=0
         )
-    with gr.Accordion("Held-out accuracy (built-in tasks)", open=False), gr.Row():
+    with (
+        gr.Accordion(
+            "Held-out accuracy (built-in tasks) and a data file's held-out fraction", open=False
+        ),
+        gr.Row(),
+    ):
         heldout_every = gr.Number(
             d["heldout_every"],
             label="Evaluate every N versions (0: off)",
@@ -132,6 +184,13 @@ def build(services: Services) -> dict[str, gr.components.Component]:
             elem_id="launch-heldout-every",
         )
         heldout_prompts = gr.Number(d["heldout_prompts"], label="Held-out prompts", precision=0)
+        heldout_fraction = gr.Number(
+            0,
+            label="Data file: held-out fraction (0: none)",
+            info="records held back from training, at most 0.5",
+            elem_id="launch-heldout-fraction",
+        )
+        heldout_k = gr.Number(0, label="mean@k (0: off)", precision=0, elem_id="launch-heldout-k")
     with gr.Accordion("Experiment trackers", open=False):
         report_to = gr.CheckboxGroup(
             list(api.TRACKERS),
@@ -149,6 +208,7 @@ def build(services: Services) -> dict[str, gr.components.Component]:
     fields += (top_p, max_tokens, max_policy_lag, kv_strategy, clip_eps, kl_coef, seed)
     fields += (updates_per_batch, heldout_every, heldout_prompts, report_to, lora, lora_rank)
     fields += (lora_alpha, lora_dropout, lora_target_modules, lora_modules_to_save)
+    fields += (prompt_column, answer_column, system_prompt, heldout_fraction, heldout_k, *more)
     form = dict(zip(FORM_FIELDS, fields, strict=True))
     launch.click(
         partial(launch_job, services), inputs_kwargs=form, outputs=status, api_name="launch"
@@ -159,7 +219,10 @@ def build(services: Services) -> dict[str, gr.components.Component]:
     lora.input(lr_for_mode, [lora, lr], lr, api_name="launch_lora")
     rescan.click(partial(_rescan, services), None, [model, data], api_name="launch_rescan")
     upload.upload(
-        partial(_after_upload, services), upload, [data, upload_message], api_name="launch_upload"
+        partial(_after_upload, services),
+        [upload, prompt_column, answer_column],
+        [data, upload_message],
+        api_name="launch_upload",
     )
     return form
 
@@ -168,6 +231,8 @@ def _rescan(services: Services) -> tuple[dict, dict]:
     return gr.update(choices=model_choices(services)), gr.update(choices=dataset_choices(services))
 
 
-def _after_upload(services: Services, file: str | None) -> tuple[dict, str]:
-    choices, stored, message = upload_dataset(services, file)
+def _after_upload(
+    services: Services, file: str | None, prompt_column: str, answer_column: str
+) -> tuple[dict, str]:
+    choices, stored, message = upload_dataset(services, file, prompt_column, answer_column)
     return gr.update(choices=choices, value=stored), message

@@ -1,6 +1,7 @@
 """Samples tab: filters, a paginated table, rejected batches and the token-level view."""
 
 from functools import partial
+from typing import Any
 
 import gradio as gr
 
@@ -11,6 +12,7 @@ from ui.handlers.samples import (
     FINISH_CHOICES,
     STATUS_CHOICES,
     batch_samples,
+    component_choices,
     open_sample,
     rejected_batches,
     samples_frame,
@@ -19,6 +21,10 @@ from ui.handlers.samples import (
 )
 from ui.services import Services
 from ui.tabs.common import first_cell, job_picker, refresh_jobs
+
+
+def _components(services: Services, job_id: Any) -> dict:
+    return gr.update(choices=component_choices(services, job_id), value=None)
 
 
 def build(services: Services, tab: gr.Tab) -> None:
@@ -39,6 +45,17 @@ def build(services: Services, tab: gr.Tab) -> None:
             placeholder="any",
             info="trained samples with a token whose |trainer − behaviour| log-prob is at least",
             elem_id="samples-min-gap",
+        )
+        component = gr.Dropdown(
+            [],
+            value=None,
+            allow_custom_value=True,
+            label="Reward component",
+            info="a reward of the job's list",
+            elem_id="samples-component",
+        )
+        min_component = gr.Textbox(
+            label="Component ≥", placeholder="any", elem_id="samples-min-component"
         )
         newest_first = gr.Checkbox(label="Newest first")
     with gr.Row():
@@ -86,6 +103,8 @@ def build(services: Services, tab: gr.Tab) -> None:
         text,
         newest_first,
         min_gap,
+        component,
+        min_component,
     ]
     page = [table, page_state, info]
     show_detail = partial(open_sample, services)
@@ -93,6 +112,7 @@ def build(services: Services, tab: gr.Tab) -> None:
 
     tab.select(partial(refresh_jobs, services), None, job, api_name="samples_jobs")
     job.change(show_rejected, job, rejected, api_name="rejected_batches")
+    job.change(partial(_components, services), job, component, api_name="samples_components")
     search.click(partial(search_samples, services), filters, page, api_name="samples")
     previous.click(
         partial(turn_page, services, step=-1), page_state, page, api_name="samples_previous"
