@@ -127,8 +127,11 @@ class BatchingPolicy:
         return batch
 
     def preempt(self, task: Task, version: int) -> None:
-        """Release a running task's KV (its computed pages stay cached) and requeue it first."""
-        self.cache.free(task.task_id, task.all_ids[: task.num_computed_tokens], version)
+        """Release a running task's KV (its computed pages stay cached when `version`
+        computed all of them) and requeue it first."""
+        computed = task.all_ids[: task.num_computed_tokens]
+        self.cache.free(task.task_id, computed, version if task.kv_version == version else None)
+        task.kv_version = None
         self.running.remove(task)
         task.status = TaskStatus.WAITING
         task.num_computed_tokens = 0
@@ -141,8 +144,12 @@ class BatchingPolicy:
         return next((t for t in self.waiting if t.output_ids), None)
 
     def _admit(self, task: Task, version: int) -> None:
+        """Running under `version`: its K/V is (re)computed by it; a resumed task keeps the
+        version of its first token."""
         task.status = TaskStatus.RUNNING
-        task.policy_version = version
+        if task.policy_version is None:
+            task.policy_version = version
+        task.kv_version = version
         task.admit_time = task.admit_time or time.perf_counter()
         self.running.append(task)
 

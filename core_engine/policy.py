@@ -6,11 +6,13 @@ import contextlib
 import operator
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
 
+from core_engine.batching import BatchingPolicy
+from core_engine.task import ErrorCode
 from core_engine.weights import WeightUpdateError, served_weights, validate_update
 
 
@@ -53,9 +55,28 @@ class UpdateGate:
                     self._idle.set()
 
 
+UPDATE_MODES = ("drain", "abort", "in_flight")
+
+
 def check_mode(mode: str) -> None:
-    if mode not in ("drain", "abort"):
-        raise WeightUpdateError(f"mode must be 'drain' or 'abort', got {mode!r}")
+    if mode not in UPDATE_MODES:
+        raise WeightUpdateError(f"mode must be one of {', '.join(UPDATE_MODES)}, got {mode!r}")
+
+
+def barrier(batching: BatchingPolicy, mode: str, abort: Callable, step: Callable) -> int:
+    """Leave no started request behind before an update: the engine's `abort` for each, or
+    its `step` (admitting nothing fresh) until they are done; in flight they go on under the
+    new weights. Returns how many were aborted. Called under the engine's lock."""
+    if mode == "in_flight":
+        return 0
+    if mode == "abort":
+        started = batching.started()
+        for task in started:
+            abort(task, ErrorCode.POLICY_UPDATED, "the policy was updated mid-request")
+        return len(started)
+    while batching.started():
+        step(admit_fresh=False)
+    return 0
 
 
 def copy_weights(served: Mapping[str, torch.Tensor], weights: Mapping[str, torch.Tensor]) -> float:

@@ -29,6 +29,7 @@ from core_engine.outcomes import decode_text, stop_reason
 from core_engine.policy import (
     UpdateGate,
     WeightUpdateAck,
+    barrier,
     check_mode,
     copy_weights,
     next_version,
@@ -98,21 +99,23 @@ class InferenceScheduler:
     ) -> list[GenerationResult]:
         """Generate for every prompt on the caller's thread; one result per request, in order
         (prompt-major: prompt 0's samples first), `abort/cancelled` once `cancelled()` is true
-        (asked before each step). Only a malformed call raises, queueing nothing (`make_tasks`)."""
+        (asked before each step). Only a malformed call raises, queueing nothing (`make_tasks`).
+        A pending weight update lands between two steps (see `update_weights`' modes)."""
         self.updates.wait()
-        with self.lock:
-            tasks = self.make_tasks(prompts, params, samples_per_prompt, return_logprobs)
-            try:
-                self.enqueue(tasks)
-                while not all(t.finished for t in tasks) and not cancelled():
-                    self.step()
-                for task in tasks:  # the unfinished ones were cancelled
-                    self.abort(task, ErrorCode.CANCELLED, "the request was cancelled")
-            except Exception as exc:  # a bug outside any step: end these requests, not the caller
-                log.exception("run_batch failed outside a step")
+        tasks = self.make_tasks(prompts, params, samples_per_prompt, return_logprobs)
+        try:
+            self.enqueue(tasks)
+            while not all(t.finished for t in tasks) and not cancelled():
+                self.updates.wait()
+                self.step()
+            for task in tasks:  # the unfinished ones were cancelled
+                self.abort(task, ErrorCode.CANCELLED, "the request was cancelled")
+        except Exception as exc:  # a bug outside any step: end these requests, not the caller
+            log.exception("run_batch failed outside a step")
+            with self.lock:
                 self._fail(tasks, exc)
                 self._publish()
-            return [GenerationResult.from_task(t) for t in tasks]
+        return [GenerationResult.from_task(t) for t in tasks]
 
     def make_tasks(
         self,
@@ -206,15 +209,9 @@ class InferenceScheduler:
                 message = "NaN/inf logits, or a temperature that overflows them"
                 self._error(task, ErrorCode.NON_FINITE_LOGITS, message)
                 continue
-            assert task.policy_version == self.version, "a request would mix policy versions"
-            task.output_ids.append(out.token_ids[i])
-            logprob = temp_logprob = None
-            if task.return_logprobs:
-                logprob, temp_logprob = out.logprobs[i], out.temp_logprobs[i]
-                task.output_logprobs.append(logprob)
-                task.output_temp_logprobs.append(temp_logprob)
-            if task.first_token_time is None:
-                task.first_token_time = now
+            logprob = out.logprobs[i] if task.return_logprobs else None
+            temp_logprob = out.temp_logprobs[i] if task.return_logprobs else None
+            task.record_token(out.token_ids[i], logprob, temp_logprob, self.version, now)
             index = len(task.output_ids) - 1
             self._outbox.append(
                 TokenEvent(task.task_id, index, out.token_ids[i], logprob, temp_logprob)
@@ -234,10 +231,12 @@ class InferenceScheduler:
         if task.policy_version is None:
             task.policy_version = self.version
         computed = task.all_ids[: task.num_computed_tokens]
+        # Published only when the current version computed all of its K/V (not in flight)
         healthy = reason in (FinishReason.STOP, FinishReason.LENGTH)
         if reason is FinishReason.ERROR:  # its pages may hold garbage: never hit them again
             self.cache.unpublish(task.task_id)
-        self.cache.free(task.task_id, computed, self.version if healthy else None)
+        clean = healthy and task.kv_version == self.version
+        self.cache.free(task.task_id, computed, self.version if clean else None)
         self.batching.remove(task)
         if task.text is None and self.tokenizer is not None:
             task.text = decode_text(self.tokenizer, task.output_ids)
@@ -271,17 +270,19 @@ class InferenceScheduler:
 
         Refuses (nothing changed) a version that is not an integer above the current one, or
         a weight set that does not fit. Requests that already have tokens are drained under the
-        old weights (`mode="drain"`) or ended `abort/policy_updated` (`mode="abort"`); queued
-        requests that have not started run later under the new version. Every prefix-cache
-        entry is invalidated, and weights are copied in place (captured graphs stay valid).
+        old weights (`mode="drain"`), ended `abort/policy_updated` (`mode="abort"`), or go on
+        under the new weights from their next token (`mode="in_flight"`: each token records
+        the version that sampled it; their older K/V is kept and never published to the
+        prefix cache). Queued requests that have not started run under the new version. Every
+        prefix-cache entry is invalidated; weights are copied in place (graphs stay valid).
         """
         start = time.perf_counter()
         check_mode(mode)
-        with self.updates.pending(), self.lock:
+        with self.paused():
             version = next_version(version, self.version)
             served = served_update(self.model, weights)
             control_start = time.perf_counter()
-            aborted = self._barrier(mode)
+            aborted = barrier(self.batching, mode, self.abort, self.step)
             copy_seconds = copy_weights(served, weights)
             invalidated = self.pool.strategy.invalidate()
             self.version = version
@@ -290,6 +291,12 @@ class InferenceScheduler:
         return WeightUpdateAck(
             version, invalidated, aborted, checksum, time.perf_counter() - start, control
         )
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No step runs for the duration (e.g. an optimizer step on served weights + update)."""
+        with self.updates.pending(), self.lock:
+            yield
 
     @contextlib.contextmanager
     def kv_released(self) -> Iterator[None]:
@@ -306,17 +313,6 @@ class InferenceScheduler:
             finally:
                 self.pool.buffer.restore()
                 self.executor = Executor(self.model, self.cache, self.config.cuda_graph)
-
-    def _barrier(self, mode: str) -> int:
-        """Leave no started request behind; returns how many were aborted."""
-        if mode == "abort":
-            started = self.batching.started()
-            for task in started:
-                self.abort(task, ErrorCode.POLICY_UPDATED, "the policy was updated mid-request")
-            return len(started)
-        while self.batching.started():
-            self.step(admit_fresh=False)
-        return 0
 
     # ----------------------------------------------------------------- introspection
     def is_idle(self) -> bool:

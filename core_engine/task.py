@@ -169,13 +169,15 @@ class Task:
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     output_temp_logprobs: list[float] = field(default_factory=list)
+    output_versions: list[int] = field(default_factory=list)  # the version that sampled each
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     error: TaskError | None = None
     num_cached_prompt_tokens: int = 0
     num_computed_tokens: int = 0
     num_preemptions: int = 0
-    policy_version: int | None = None
+    policy_version: int | None = None  # the version of its first token (set at admission)
+    kv_version: int | None = None  # oldest version whose K/V it holds (None: holds none)
     generator: torch.Generator | None = None
     return_logprobs: bool = True
     text: str | None = None
@@ -196,6 +198,24 @@ class Task:
     @property
     def finished(self) -> bool:
         return self.status is TaskStatus.FINISHED
+
+    def record_token(
+        self,
+        token_id: int,
+        logprob: float | None,
+        temp_logprob: float | None,
+        version: int,
+        now: float,
+    ) -> None:
+        """Append a sampled token, the version that sampled it and, when the request asked
+        for them, its log-probs."""
+        self.output_ids.append(token_id)
+        self.output_versions.append(version)
+        if self.return_logprobs:
+            self.output_logprobs.append(logprob)
+            self.output_temp_logprobs.append(temp_logprob)
+        if self.first_token_time is None:
+            self.first_token_time = now
 
     def finish(self, reason: FinishReason, error: TaskError | None = None) -> None:
         self.status = TaskStatus.FINISHED
@@ -223,6 +243,9 @@ class GenerationResult:
     queue_wait_s: float
     time_to_first_token_s: float | None
     decode_tokens_per_s: float | None
+    # [[version, count], ...]: consecutive output tokens sampled by each version (one run
+    # unless a weight update landed in flight)
+    token_versions: list[list[int]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -255,4 +278,21 @@ class GenerationResult:
             - task.arrival_time,
             time_to_first_token_s=ttft,
             decode_tokens_per_s=decode_rate,
+            token_versions=version_runs(task.output_versions),
         )
+
+
+def version_runs(versions: list[int]) -> list[list[int]]:
+    """Per-token versions -> `[[version, count], ...]` of consecutive equal versions."""
+    runs: list[list[int]] = []
+    for version in versions:
+        if runs and runs[-1][0] == version:
+            runs[-1][1] += 1
+        else:
+            runs.append([version, 1])
+    return runs
+
+
+def expand_runs(runs: list[list[int]]) -> list[int]:
+    """`version_runs`' inverse: one version per token."""
+    return [version for version, count in runs for _ in range(count)]
