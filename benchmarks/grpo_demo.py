@@ -220,7 +220,7 @@ def run_interleaved(
     while active:
         for name in list(active):
             trainer, curve = trainers[name], curves[name]
-            done = trainer.step_index >= trainer.config.steps or trainer.stalled
+            done = trainer.step_index >= trainer.config.steps or trainer.stop_reason() is not None
             if done or curve.elapsed_s() >= minutes * 60:
                 active.remove(name)
                 if curve.points[-1].version != trainer.version:

@@ -17,6 +17,10 @@ from core_engine.user_files import MAX_TEXT_BYTES, read_text
 ENGINE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 OPTIMIZER_STATE_DTYPES = ("float32", "bfloat16")  # AdamW moments (core_engine.rl.optimizer)
 DEVICE_TYPES = ("cpu", "cuda")
+# How generation and training overlap (`core_engine.rl.pipeline`): not at all; the next batch
+# generated under the version being trained (lag 1); or also across the weight update, which
+# lands between two decode steps of running sequences (per-token versions, lag <= 1).
+PIPELINE_MODES = ("sync", "one_step", "in_flight")
 DEFAULT_LR = 3e-4
 DEFAULT_LORA_LR = 3e-3  # 10x DEFAULT_LR: LoRA's rate is ~10x full fine-tuning's (Schulman 2025)
 DEFAULT_KEEP_LAST = 3
@@ -63,6 +67,7 @@ class GRPOConfig:
     reject_scope: str = "batch"  # "batch" or "group"
     max_consecutive_rejections: int = 5
     max_policy_lag: int = 0
+    pipeline: str = "sync"  # one of PIPELINE_MODES; the others need max_policy_lag >= 1
     updates_per_batch: int = 1  # optimizer steps per batch of prompts (rollout reuse)
     checkpoint_every: int = 0  # 0: only the last version
     # versions whose weights are kept (0: all; default 3, all with `lora`); optimizer state:
@@ -101,6 +106,7 @@ class GRPOConfig:
             problems.extend(filter(None, [sampling.validation_error()]))
         if self.kv_strategy not in KV_STRATEGIES:
             problems.append(f"kv_strategy must be one of {', '.join(KV_STRATEGIES)}")
+        problems.extend(self._pipeline_problems(numbers))
         if self.reject_scope not in ("batch", "group"):
             problems.append("reject_scope must be 'batch' or 'group'")
         if self.optimizer_state_dtype not in OPTIMIZER_STATE_DTYPES:
@@ -123,6 +129,24 @@ class GRPOConfig:
                 problems.append(str(exc))
         if problems:
             raise ValueError("invalid training config: " + "; ".join(problems))
+
+    def _pipeline_problems(self, numbers: list[str]) -> list[str]:
+        if self.pipeline not in PIPELINE_MODES:
+            return [f"pipeline must be one of {', '.join(PIPELINE_MODES)}, got {self.pipeline!r}"]
+        if self.pipeline == "sync" or numbers:
+            return []
+        problems = []
+        if self.max_policy_lag < 1:
+            problems.append(
+                f"pipeline {self.pipeline!r} trains samples generated one version before the "
+                "trainer's: max_policy_lag must be at least 1"
+            )
+        if self.updates_per_batch != 1:
+            problems.append(f"pipeline {self.pipeline!r} needs updates_per_batch = 1")
+        if isinstance(self.lora, LoraSettings) and self.lora.dropout:
+            # the engine generates through the very modules the trainer puts in train mode
+            problems.append(f"pipeline {self.pipeline!r} needs LoRA dropout 0")
+        return problems
 
     def _resolve_lora(self) -> list[str]:
         """`lora` given as a table becomes `LoraSettings`; returns what is wrong with it."""

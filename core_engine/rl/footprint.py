@@ -87,7 +87,8 @@ def training_footprint(config: GRPOConfig, hf_config: Any, device: torch.device)
     engine_dtype = resolve_dtype(config.engine_dtype, device)
     engine_copy = 0 if engine_dtype == torch.float32 else parameters * engine_dtype.itemsize
     kv = 0
-    if not config.release_kv_during_training and device.type == "cpu":  # CUDA: sized from free
+    keeps_kv = not config.release_kv_during_training or config.pipeline != "sync"
+    if keeps_kv and device.type == "cpu":  # CUDA: sized from free; pipelined: it generates
         kv = kv_budget_bytes(config.kv_cache_bytes, 1.0, device)
     per_trained = 8 + optimizer_state_bytes(config.optimizer_state_dtype)
     if config.lora is not None:

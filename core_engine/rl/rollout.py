@@ -12,7 +12,7 @@ from core_engine.rl.data import batch_rows, instruction_to_messages
 from core_engine.rl.reward_mix import RewardMix, score_rewards
 from core_engine.rl.rewards import RewardError, RewardFn
 from core_engine.scheduler import InferenceScheduler
-from core_engine.task import ErrorCode, SamplingParams, TaskError
+from core_engine.task import ErrorCode, SamplingParams, TaskError, expand_runs
 
 
 class StaleRolloutError(RuntimeError):
@@ -38,6 +38,9 @@ class RawRollout:
     policy_version: int
     group_size: int
     temperature: float
+    # per sample, [[version, count], ...] of its tokens (`GenerationResult.token_versions`);
+    # empty: every token of the batch is of `policy_version` (a rollout saved before these)
+    token_versions: list[list[list[int]]] = field(default_factory=list)
 
     @property
     def num_samples(self) -> int:
@@ -45,6 +48,18 @@ class RawRollout:
 
     def group_of(self, sample: int) -> int:
         return sample // self.group_size
+
+    def sample_version(self, sample: int) -> int:
+        """The version of the sample's oldest token (its first; `policy_version` when it
+        has none): what the sample is stamped with and what the staleness bound reads."""
+        runs = self.token_versions[sample] if self.token_versions else None
+        return runs[0][0] if runs else self.policy_version
+
+    def versions_of(self, sample: int) -> list[int]:
+        """The version that sampled each of the sample's tokens."""
+        if not self.token_versions:
+            return [self.policy_version] * len(self.response_ids[sample])
+        return expand_runs(self.token_versions[sample])
 
 
 @dataclass(frozen=True)
@@ -77,7 +92,9 @@ def _prompt_messages(row: Mapping[str, str]) -> list[dict]:
 
 
 class RolloutGenerator:
-    """Renders prompts with the chat template and delegates all generation to `run_batch`."""
+    """Renders prompts with the chat template and delegates all generation to `run_batch`.
+    With `in_flight`, weight updates may land during a batch: its samples then span versions
+    (each token's is recorded); otherwise one batch is one version."""
 
     def __init__(
         self,
@@ -85,11 +102,13 @@ class RolloutGenerator:
         params: SamplingParams,
         group_size: int,
         tokenizer: Any = None,
+        in_flight: bool = False,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer or engine.tokenizer
         self.params = params
         self.group_size = group_size
+        self.in_flight = in_flight
 
     @staticmethod
     def _instruction_to_messages(instruction: str, input: str = "", output: str = "") -> list[dict]:
@@ -114,8 +133,10 @@ class RolloutGenerator:
         g = self.group_size
         params = [replace(self.params, seed=seed + i * g) for i in range(len(prepared))]
         results = self.engine.run_batch(prompt_ids, params, samples_per_prompt=g)
-        versions = {r.policy_version for r in results}
-        assert len(versions) == 1, f"one batch spans policy versions {versions}"
+        runs = [r.token_versions or [[r.policy_version, 0]] for r in results]
+        versions = {v for sample in runs for v, _ in sample if v >= 0}  # -1: never admitted
+        if not self.in_flight:
+            assert len(versions) == 1, f"one batch spans policy versions {versions}"
         return RawRollout(
             prompts=[text for _, text, _ in prepared],
             messages=[messages for messages, _, _ in prepared],
@@ -131,9 +152,10 @@ class RolloutGenerator:
             errors=[r.error for r in results],
             cached_prompt_tokens=[r.num_cached_prompt_tokens for r in results],
             seeds=[seed + i for i in range(len(results))],
-            policy_version=versions.pop(),
+            policy_version=min(versions, default=self.engine.version),
             group_size=g,
             temperature=self.params.temperature,
+            token_versions=[r.token_versions for r in results],
         )
 
 
@@ -152,7 +174,8 @@ def check_policy_lag(rollout_version: int, trainer_version: int, max_policy_lag:
 
 class RolloutRunner:
     """`runner(batch) -> (result, is_fresh)`: reuses the last rollout of the same batch while it
-    is within `max_policy_lag` of the trainer's version, else generates a fresh one."""
+    is within `max_policy_lag` of the trainer's version (unless `reuse` is off), else generates
+    a fresh one."""
 
     def __init__(
         self,
@@ -160,11 +183,13 @@ class RolloutRunner:
         reward_fn: RewardMix | RewardFn,
         trainer_version: Callable[[], int],
         max_policy_lag: int = 0,
+        reuse: bool = True,
     ) -> None:
         self.generator = generator
         self.reward_fn = reward_fn
         self.trainer_version = trainer_version
         self.max_policy_lag = max_policy_lag
+        self.reuse = reuse
         self._last: tuple[tuple, RolloutResult] | None = None
         self.reward_seconds = 0.0  # time the last fresh rollout spent in the reward function
 
@@ -185,13 +210,12 @@ class RolloutRunner:
         self, batch: Mapping[str, Sequence[str]], seed: int = 0
     ) -> tuple[RolloutResult, bool]:
         key = self._key(batch)
-        version = self.trainer_version()
-        if self._last is not None and self._last[0] == key:
+        if self.reuse and self._last is not None and self._last[0] == key:
             cached = self._last[1]
-            if 0 <= version - cached.policy_version <= self.max_policy_lag:
+            if 0 <= self.trainer_version() - cached.policy_version <= self.max_policy_lag:
                 return cached, False
         raw = self.generator.generate(batch, seed)
-        check_policy_lag(raw.policy_version, version, self.max_policy_lag)
+        check_policy_lag(raw.policy_version, self.trainer_version(), self.max_policy_lag)
         refs = [raw.references[raw.group_of(i)] for i in range(raw.num_samples)]
         prompts = [raw.prompts[raw.group_of(i)] for i in range(raw.num_samples)]
         start = time.perf_counter()

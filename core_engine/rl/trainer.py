@@ -14,6 +14,7 @@ import contextlib
 import math
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,21 +30,30 @@ from core_engine.rl.checkpoint import (
     read_trainer_state,
     save_checkpoint,
 )
-from core_engine.rl.colocate import colocated_engine, update_settings
+from core_engine.rl.colocate import colocated_engine, rollout_runner, update_settings
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data import collate
 from core_engine.rl.footprint import check_room_for, return_large_frees_to_the_os
 from core_engine.rl.loss import group_advantages
 from core_engine.rl.optimizer import build_optimizer
+from core_engine.rl.pipeline import produce_rollout, run_pipelined
 from core_engine.rl.policy_weights import kl_reference, load_policy, published_weights
 from core_engine.rl.records import StepRecord, StopReason, TrainerHooks, VersionRecord
-from core_engine.rl.reward_mix import RewardMix, component_stats
 from core_engine.rl.rewards import RewardError
-from core_engine.rl.rollout import RolloutGenerator, RolloutResult, RolloutRunner, longest_prompt
+from core_engine.rl.rollout import (
+    RolloutResult,
+    check_policy_lag,
+    longest_prompt,
+)
 from core_engine.rl.screen import screen_groups
-from core_engine.rl.tasks import default_reward
+from core_engine.rl.step_metrics import (
+    lag_metrics,
+    mismatch_metrics,
+    rollout_metrics,
+    token_lags,
+    update_metrics,
+)
 from core_engine.rl.update import TrainSample, UpdateResult, accumulate_gradients, training_mode
-from core_engine.task import SamplingParams
 from core_engine.weights import update_digest, weights_checksum
 
 
@@ -90,21 +100,16 @@ class GRPOTrainer:
             config, self.model, self.tokenizer, self.max_seq_len, self.version
         )
         self.update_settings = update_settings(config, self.engine)
-        params = SamplingParams(
-            temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens
-        )
-        generator = RolloutGenerator(self.engine, params, config.group_size, self.tokenizer)
-        self.runner = RolloutRunner(
-            generator,
-            RewardMix(config.reward or default_reward(config.task), config.max_tokens),
-            lambda: self.version,
-            config.max_policy_lag,
-        )
+        self.runner = rollout_runner(config, self.engine, self.tokenizer, lambda: self.version)
         self._old_logprobs: tuple[RolloutResult, dict[int, list[float]]] | None = None
+        self.prefetched: RolloutResult | None = None  # pipelined: the next batch's, produced
+        self.at_boundary: Callable[[], None] = lambda: None  # before a pipelined step
         pending = read_pending_rollout(resume) if resume else None
-        if pending is not None:
+        if pending is not None and pending.get("prefetched"):
+            self.prefetched = RolloutResult.from_json(pending["rollout"])
+        elif pending is not None:
             rollout = RolloutResult.from_json(pending["rollout"])
-            self.runner.keep(self._draw(self.batches_drawn - 1), rollout)
+            self.runner.keep(self.batch_at(self.batches_drawn - 1), rollout)
             old = {int(k): v for k, v in pending["old_logprobs"].items()}
             self._old_logprobs = (rollout, old)
         self._consecutive_failures = self._consecutive_filtered = 0
@@ -115,22 +120,20 @@ class GRPOTrainer:
         batch of prompts serves `updates_per_batch` steps; after the first, its rollout is
         reused while within `max_policy_lag` versions (`rollout_fresh` = 0), else generated
         again. A stop between two updates of a batch resumes inside that batch."""
+        if self.config.pipeline != "sync":
+            return run_pipelined(self)
         reason = StopReason.DONE
         while self.step_index < self.config.steps:
-            if self.stalled:
-                reason = StopReason.STALLED
-                break
-            if self.hooks.should_stop and self.hooks.should_stop():
-                reason = StopReason.STOPPED
+            if (reason := self.stop_reason() or reason) is not StopReason.DONE:
                 break
             if self.updates_done == 0:
                 self.batches_drawn += 1
-            self.step(self._draw(self.batches_drawn - 1))
+            self.step(self.batch_at(self.batches_drawn - 1))
             self.updates_done = (self.updates_done + 1) % self.config.updates_per_batch
         self.save()
         return reason
 
-    def _draw(self, index: int) -> dict[str, list[str]]:
+    def batch_at(self, index: int) -> dict[str, list[str]]:
         """Batch `index` of the prompt sequence: a seeded draw, so a resumed run continues it."""
         order = random.Random(self.config.seed * 1_000_003 + index)
         return collate(order.sample(self.records, min(self.config.batch_size, len(self.records))))
@@ -138,19 +141,21 @@ class GRPOTrainer:
     def next_batch(self) -> dict[str, list[str]]:
         """The next batch of prompts, drawn for a step taken outside `train`."""
         self.batches_drawn += 1
-        return self._draw(self.batches_drawn - 1)
+        return self.batch_at(self.batches_drawn - 1)
 
     def step(self, batch: dict[str, list[str]] | None = None) -> StepRecord:
         """One rollout batch: either an optimizer step (version + 1) or a recorded rejection."""
         batch = batch or self.next_batch()
         seed = self.config.seed * 1_000_003 + self.step_index * 10_007
-        start = time.perf_counter()
-        try:
-            result, fresh = self.runner(batch, seed)
-        except RewardError as exc:
-            return self._reject(getattr(exc, "rollout", None), [str(exc)], {})
-        reward_s = self.runner.reward_seconds if fresh else 0.0
-        timings = {"generate_s": time.perf_counter() - start - reward_s, "reward_s": reward_s}
+        return self.consume(*produce_rollout(self.runner, batch, seed))
+
+    def consume(
+        self, result: RolloutResult | RewardError, fresh: bool, timings: dict[str, float]
+    ) -> StepRecord:
+        """Train on a produced rollout (or record why it cannot be)."""
+        if isinstance(result, RewardError):
+            return self._reject(getattr(result, "rollout", None), [str(result)], {})
+        check_policy_lag(result.policy_version, self.version, self.config.max_policy_lag)
         screened = screen_groups(result, self.config.reject_scope)
         if screened.rejected_all:
             return self._reject(result, screened.reasons, timings, screened.rejected)
@@ -165,17 +170,7 @@ class GRPOTrainer:
         if cfg.drop_zero_variance_groups:
             trainable &= ~zero_var
         rows = trainable.repeat_interleave(g).nonzero().squeeze(1).tolist()
-        lengths = [len(r) for r in rollout.response_ids]
-        metrics = {
-            "reward_mean": float(rewards.mean()),
-            "reward_std": float(rewards.std(unbiased=False)),
-            "response_length": sum(lengths) / rollout.num_samples,
-            "zero_variance_groups": int(zero_var.sum()),
-            "rollout_version": rollout.policy_version,
-            "rollout_fresh": float(fresh),
-            "tokens_per_s": sum(lengths) / max(timings["generate_s"], 1e-9),
-            **component_stats(rollout.reward_components),
-        }
+        metrics = rollout_metrics(rollout, rewards, zero_var, fresh, timings["generate_s"])
         if not rows:
             reasons = [*reasons, "filtered: no trainable group (all have zero reward variance)"]
             return self._reject(rollout, reasons, {**timings, **metrics}, rejected, failure=False)
@@ -184,6 +179,7 @@ class GRPOTrainer:
         # train/infer mismatch is therefore measured on the samples trained on.
         old = self._known_old_logprobs(rollout, fresh)
         flat_advantages = advantages.view(-1)
+        pipelined = cfg.pipeline != "sync"
         samples = [
             TrainSample(
                 rollout.prompt_ids[rollout.group_of(i)],
@@ -191,40 +187,30 @@ class GRPOTrainer:
                 rollout.temp_logprobs[i],
                 float(flat_advantages[i]),
                 old.get(i),
+                off_policy=pipelined and max(token_lags(rollout, i, self.version), default=0) > 0,
             )
             for i in rows
         ]
         with self._training_phase():
             update, grad_norm = self._backward(samples)
-            if update.finite and math.isfinite(grad_norm):
+            stepped = update.finite and math.isfinite(grad_norm)
+            if stepped and not pipelined:  # pipelined: at the boundary, under the engine's gate
                 self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-        if not (update.finite and math.isfinite(grad_norm)):
+            if not (stepped and pipelined):
+                self.optimizer.zero_grad(set_to_none=True)
+        if not stepped:
             why = f"non_finite: loss {update.loss} / gradient norm {grad_norm}; step not taken"
             return self._reject(rollout, [*reasons, why], {**timings, **metrics}, rejected)
-        if fresh:
+        if fresh and rollout.policy_version == self.version:
             self._old_logprobs = (rollout, dict(zip(rows, update.logprobs, strict=True)))
-            gap = [
-                abs(a - b)
-                for i, lp in zip(rows, update.logprobs, strict=True)
-                for a, b in zip(lp, rollout.temp_logprobs[i], strict=True)
-            ]
-            metrics.update(mismatch_mean=sum(gap) / len(gap), mismatch_max=max(gap))
-        metrics.update(
-            loss=update.loss,
-            kl=update.kl,
-            clip_fraction=update.clip_fraction,
-            ratio_outside_fraction=update.ratio_outside_fraction,
-            ratio_max=update.ratio_max,
-            grad_norm=grad_norm,
-            micro_batches=update.micro_batches,
-        )
-        if update.tis_weight_mean is not None:
-            metrics.update(
-                tis_weight_mean=update.tis_weight_mean,
-                tis_truncated_fraction=update.tis_truncated_fraction,
-            )
+            metrics.update(mismatch_metrics(rollout, rows, update.logprobs))
+        if pipelined or rollout.policy_version != self.version:
+            metrics.update(lag_metrics(rollout, rows, self.version))
+        metrics.update(update_metrics(update, grad_norm))
         timings["train_s"] = time.perf_counter() - start
+        if pipelined:  # one_step: the next batch's generation ends first
+            self.at_boundary()
+            timings["wait_s"] = time.perf_counter() - start - timings["train_s"]
         trained = dict(zip(rows, update.logprobs, strict=True))
         version = self._publish_next_version({**metrics, **timings}, timings)
         self._consecutive_failures = self._consecutive_filtered = 0
@@ -245,8 +231,9 @@ class GRPOTrainer:
 
     def _training_phase(self):
         """The engine's KV memory is released while the trainer computes (unless configured
-        otherwise): activations and optimizer state get it."""
-        if self.config.release_kv_during_training:
+        otherwise, or pipelined: the engine is generating): activations and optimizer state
+        get it."""
+        if self.config.release_kv_during_training and self.config.pipeline == "sync":
             return self.engine.kv_released()
         return contextlib.nullcontext()
 
@@ -266,13 +253,20 @@ class GRPOTrainer:
         return self._old_logprobs[1]
 
     def _publish_next_version(self, metrics: dict[str, float], timings) -> VersionRecord:
-        """version + 1, pushed to the engine; its ack must match the trainer's weights."""
+        """version + 1, pushed to the engine; its ack must match the trainer's weights.
+        Pipelined, the optimizer steps here, between two engine steps and with the update:
+        the engine may serve these very tensors."""
+        pipelined = self.config.pipeline != "sync"
         start = time.perf_counter()
         parent, self.version = self.version, self.version + 1
         self.step_index += 1
-        engine_dtype = self.engine.model.lm_head.weight.dtype
-        weights = published_weights(self.model, engine_dtype)
-        ack = self.engine.update_weights(weights, self.version)
+        with self.engine.paused():
+            if pipelined:
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+            weights = published_weights(self.model, self.engine.model.lm_head.weight.dtype)
+            mode = "in_flight" if self.config.pipeline == "in_flight" else "drain"
+            ack = self.engine.update_weights(weights, self.version, mode)
         expected = update_digest(weights)
         if ack.version != self.version or ack.checksum != expected:
             raise TrainingError(
@@ -316,18 +310,25 @@ class GRPOTrainer:
         if self.hooks.on_step:
             self.hooks.on_step(record)
 
-    @property
-    def stalled(self) -> bool:
-        """No batch has had reward variance for a while: nothing left to learn from."""
-        return self._consecutive_filtered > self.config.max_consecutive_rejections
+    def stop_reason(self) -> StopReason | None:
+        """Why the run stops before its next batch: stalled (no batch has had reward variance
+        for a while: nothing left to learn from) or asked to; None: it goes on."""
+        if self._consecutive_filtered > self.config.max_consecutive_rejections:
+            return StopReason.STALLED
+        if self.hooks.should_stop and self.hooks.should_stop():
+            return StopReason.STOPPED
+        return None
 
     def save(self, updates_done: int | None = None) -> Path:
-        """Checkpoint the current version; between two updates of one batch, with the rollout
-        the next update reuses, so a resumed run continues exactly."""
+        """Checkpoint the current version, with the rollout the next update uses when there is
+        one (pipelined: produced ahead; else between two updates of one batch), so a resumed
+        run continues exactly."""
         done = self.updates_done if updates_done is None else updates_done
         done %= self.config.updates_per_batch
         pending = None
-        if done and self.runner.last is not None:
+        if self.prefetched is not None:
+            pending = {"rollout": self.prefetched.to_json(), "prefetched": True}
+        elif done and self.runner.last is not None:
             kept = self._old_logprobs
             old = kept[1] if kept is not None and kept[0] is self.runner.last else {}
             pending = {"rollout": self.runner.last.to_json(), "old_logprobs": old}

@@ -29,6 +29,8 @@ class TrainSample:
     behaviour: list[float]  # the engine's temperature-only log-probs of `response`
     advantage: float
     old: list[float] | None = None  # the trainer's log-probs at the rollout's version, if known
+    # sampled (in part) by a version older than the trainer's: the decoupled loss applies
+    off_policy: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -44,6 +46,7 @@ class UpdateSettings:
     chunk_rows: int  # rows x vocabulary held at once by the log-softmax
     checkpointing: bool = False
     tis_cap: float = 0.0  # truncated importance sampling: 0 = off
+    decoupled_cap: float = 2.0  # off-policy samples: the cap of pi_proximal / pi_behaviour
     autocast: torch.dtype | None = None
 
 
@@ -58,6 +61,10 @@ class UpdateResult:
     logprobs: list[list[float]]  # the trainer's log-probs, before this update
     tis_weight_mean: float | None = None
     tis_truncated_fraction: float | None = None
+    # off-policy tokens' raw pi_proximal / pi_behaviour (before the cap); None: none trained
+    is_weight_mean: float | None = None
+    is_weight_max: float | None = None
+    is_truncated_fraction: float | None = None
 
     @property
     def finite(self) -> bool:
@@ -104,7 +111,8 @@ def accumulate_gradients(
     """Backward of the step's GRPO loss into `model`'s .grad, one micro-batch at a time."""
     normaliser = float(sum(len(s.response) for s in samples)) or 1.0
     totals = dict(loss=0.0, kl=0.0, clip_fraction=0.0, ratio_outside_fraction=0.0)
-    ratio_max, tis_sum, tis_truncated = 1.0, 0.0, 0.0
+    ratio_max = 1.0
+    weights = ImportanceStats()
     logprobs: list[list[float]] = [[] for _ in samples]
     micro_batches = pack_micro_batches([s.num_tokens for s in samples], settings.max_tokens)
     for indices in micro_batches:
@@ -124,16 +132,12 @@ def accumulate_gradients(
             ]
         )
         mask = _padded([torch.ones_like(row, dtype=torch.bool) for row in logp])
-        tis = None
-        if settings.tis_cap:
-            raw = torch.exp(torch.where(mask, old - behaviour, torch.zeros_like(old)))
-            tis = raw.clamp(max=settings.tis_cap)
-            tis_sum += float(tis[mask].sum())
-            tis_truncated += float((raw[mask] > settings.tis_cap).sum())
+        off_policy = torch.tensor([s.off_policy for s in part], device=behaviour.device)
+        denominator, tis = importance_terms(old, behaviour, mask, off_policy, settings, weights)
         advantages = torch.tensor([s.advantage for s in part], device=behaviour.device)
         out = grpo_loss(
             _padded(logp),
-            old if settings.tis_cap else behaviour,
+            denominator,
             advantages,
             mask,
             settings.clip_eps,
@@ -152,9 +156,61 @@ def accumulate_gradients(
         **totals, ratio_max=ratio_max, micro_batches=len(micro_batches), logprobs=logprobs
     )
     if settings.tis_cap:
-        result.tis_weight_mean = tis_sum / normaliser
-        result.tis_truncated_fraction = tis_truncated / normaliser
+        result.tis_weight_mean = weights.tis_sum / normaliser
+        result.tis_truncated_fraction = weights.tis_truncated / normaliser
+    if weights.off_tokens:
+        result.is_weight_mean = weights.off_sum / weights.off_tokens
+        result.is_weight_max = weights.off_max
+        result.is_truncated_fraction = weights.off_truncated / weights.off_tokens
     return result
+
+
+@dataclass
+class ImportanceStats:
+    """Sums over a step's tokens: the on-policy truncated IS weights (`tis_cap`) and the
+    off-policy tokens' raw pi_proximal / pi_behaviour."""
+
+    tis_sum: float = 0.0
+    tis_truncated: float = 0.0
+    off_tokens: int = 0
+    off_sum: float = 0.0
+    off_max: float = 0.0
+    off_truncated: float = 0.0
+
+
+def importance_terms(
+    old: torch.Tensor,
+    behaviour: torch.Tensor,
+    mask: torch.Tensor,
+    off_policy: torch.Tensor,
+    settings: UpdateSettings,
+    stats: ImportanceStats,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The ratio's denominator and the per-token weights of a micro-batch ([N, T]; rows of
+    `off_policy` [N] were sampled by an older version).
+
+    Off-policy rows get AReaL's decoupled PPO: the ratio to the proximal policy (`old`: the
+    trainer's own log-probs before this update) weighted by min(pi_proximal / pi_behaviour,
+    `decoupled_cap`). On-policy rows are as before: that same form with `tis_cap` (truncated
+    IS), else the ratio to the behaviour log-probs, unweighted. No weighted row: no weights.
+    """
+    on_tis = bool(settings.tis_cap)
+    if not on_tis and not bool(off_policy.any()):
+        return behaviour, None
+    rows = off_policy[:, None].expand_as(mask)
+    raw = torch.exp(torch.where(mask, old - behaviour, torch.zeros_like(old)))
+    cap = torch.where(rows, settings.decoupled_cap, settings.tis_cap or 1.0)
+    weighted = rows | on_tis
+    tis = torch.where(weighted, torch.minimum(raw, cap), torch.ones_like(raw))
+    on, off = mask & ~rows & weighted, mask & rows
+    stats.tis_sum += float(tis[on].sum())
+    stats.tis_truncated += float((raw[on] > cap[on]).sum())
+    if bool(off.any()):
+        stats.off_tokens += int(off.sum())
+        stats.off_sum += float(raw[off].sum())
+        stats.off_max = max(stats.off_max, float(raw[off].max()))
+        stats.off_truncated += float((raw[off] > settings.decoupled_cap).sum())
+    return torch.where(weighted, old, behaviour), tis
 
 
 def _score(model: CausalLM, part: Sequence[TrainSample], settings: UpdateSettings):
