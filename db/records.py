@@ -66,6 +66,10 @@ class SampleRecord:
     have one entry per response token. ``trainer_logprobs`` are the trainer's log-probs at
     training time, for a sample trained on. ``reward`` and ``advantage`` must be finite or None;
     ``reward_components`` (a job with several rewards): each reward's finite score by name.
+    ``token_versions`` (a weight update landed while it was generated): the version of its
+    tokens as runs ``[[version, count], ...]``, increasing versions, counts summing to the
+    response length, the first run's version being ``policy_version`` (its oldest token's);
+    None or one run: every token is of ``policy_version`` (stored as None).
     """
 
     prompt_index: int
@@ -87,6 +91,7 @@ class SampleRecord:
     cached_prompt_tokens: int = 0
     seed: int | None = None
     reward_components: Mapping[str, float] | None = None
+    token_versions: Sequence[Sequence[int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -238,6 +243,16 @@ class SampleDetail:
     seed: int | None
     trainer_logprobs: list[float] | None = None
     reward_components: dict[str, float] | None = None
+    token_versions: list[list[int]] | None = None  # None: every token is of policy_version
+
+    @property
+    def version_runs(self) -> list[list[int]]:
+        """``[[version, count], ...]`` of the response's tokens (one run, or none for an
+        empty response, when they are all of ``policy_version``)."""
+        if self.token_versions:
+            return [list(run) for run in self.token_versions]
+        length = len(self.response_token_ids)
+        return [[self.policy_version, length]] if length else []
 
 
 @dataclass(frozen=True)

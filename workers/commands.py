@@ -26,9 +26,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from workers.audit_lines import audit_line, coverage_line
+
 COMMANDS = ("worker", "db", "train", "submit", "jobs", "resume", "cancel", "audit", "export")
 DEFAULT_AUDIT_SAMPLES = 20
-MAX_LISTED_RANGES = 8  # of versions an audit could not check
 # Each role has its own node name (%h: this host), so two workers on one host both answer
 # `celery inspect`; a -n/--hostname passed on comes later and wins (e.g. gpu0@%h, gpu1@%h).
 WORKER_ARGS = ["--pool=threads", "--concurrency=1", "--queues=gpu", "--hostname=gpu@%h"]
@@ -240,48 +241,6 @@ def main(argv: list[str] | None = None) -> int:
     return run(args, extra)
 
 
-def _audit_line(result: dict[str, Any]) -> str:
-    diff = result.get("max_abs_diff")
-    shown = "-" if diff is None else f"{diff:.3g}"
-    where = f"v{result['version']}" if "version" in result else "-"
-    line = (
-        f"sample {result['sample_id']:>8}  {where:<6} {result.get('tokens', 0):>5} tokens  "
-        f"max |stored - recomputed| {shown:<9} {result['status']}"
-    )
-    return line + (f"  ({result['problem']})" if result.get("problem") else "")
-
-
-def _version_ranges(versions: list[int]) -> str:
-    """Sorted versions as runs, e.g. ``0-24, 26-49, 51`` (the first `MAX_LISTED_RANGES`)."""
-    runs: list[list[int]] = []
-    for version in versions:
-        if runs and version == runs[-1][1] + 1:
-            runs[-1][1] = version
-        else:
-            runs.append([version, version])
-    shown = [str(a) if a == b else f"{a}-{b}" for a, b in runs[:MAX_LISTED_RANGES]]
-    more = len(runs) - len(shown)
-    return ", ".join(shown) + (f" and {more} more ranges" if more else "")
-
-
-def _coverage(statuses: Counter[str], not_kept: dict[int, int]) -> str:
-    """What the audit checked, and what it could not check and why: the audited samples'
-    other statuses, and the samples of versions (``not_kept``: version -> samples) whose
-    weights are gone."""
-    checked = statuses["pass"] + statuses["fail"]
-    reasons = [
-        f"{count} {status}"
-        for status, count in sorted(statuses.items())
-        if status not in ("pass", "fail")
-    ]
-    unchecked = statuses.total() - checked + sum(not_kept.values())
-    if not_kept:
-        versions = _version_ranges(sorted(not_kept))
-        reasons.insert(0, f"weights not kept for versions {versions}")
-    line = f"{checked} checked ({statuses['pass']} pass, {statuses['fail']} fail), "
-    return line + f"{unchecked} not checkable" + (": " + "; ".join(reasons) if reasons else "")
-
-
 def run_audit(job_id: int, samples: int) -> int:
     """Audit ``samples`` stored samples of a job, drawn at random from the versions whose
     weights were kept, here; print one line per sample and the coverage. 1 if nothing could
@@ -311,9 +270,9 @@ def run_audit(job_id: int, samples: int) -> int:
     ids = repo.random_sample_ids(job_id, samples, drawn_from)
     results = audit_samples(repo, Settings.from_env(), ids)["samples"] if ids else []
     for result in results:
-        print(_audit_line(result), flush=True)
+        print(audit_line(result), flush=True)
     statuses = Counter(result["status"] for result in results)
-    print(_coverage(statuses, not_kept) + f" (tolerance {AUDIT_TOLERANCE:g} per token, fp32)")
+    print(coverage_line(statuses, not_kept) + f" (tolerance {AUDIT_TOLERANCE:g} per token, fp32)")
     checked = statuses["pass"] + statuses["fail"]
     return 1 if not checked or statuses["fail"] or statuses["error"] else 0
 

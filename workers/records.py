@@ -38,7 +38,7 @@ def sample_records(
             SampleRecord(
                 prompt_index=prompt_offset + group,
                 group_index=i % rollout.group_size,
-                policy_version=rollout.policy_version,
+                policy_version=rollout.sample_version(i),
                 prompt_text=rollout.prompts[group],
                 prompt_messages=rollout.messages[group],
                 reference_output=rollout.references[group],
@@ -55,6 +55,7 @@ def sample_records(
                 cached_prompt_tokens=rollout.cached_prompt_tokens[i],
                 seed=rollout.seeds[i],
                 reward_components=_components(rollout, i),
+                token_versions=_token_versions(rollout, i),
             )
         )
     return records
@@ -64,6 +65,12 @@ def _components(rollout: RawRollout, sample: int) -> dict[str, float] | None:
     """Sample ``sample``'s score of each of the job's rewards (None: one reward)."""
     parts = getattr(rollout, "reward_components", None)
     return {name: values[sample] for name, values in parts.items()} if parts else None
+
+
+def _token_versions(rollout: RawRollout, sample: int) -> list[list[int]] | None:
+    """Sample ``sample``'s version runs when several versions sampled it (None: one)."""
+    runs = rollout.token_versions[sample] if rollout.token_versions else None
+    return [list(run) for run in runs] if runs and len(runs) > 1 else None
 
 
 def untrainable(sample: SampleRecord) -> str | None:

@@ -5,9 +5,13 @@ response under two versions.
 Scores are the trainer's teacher-forced log-probs (`packed_response_logprobs`) of the stored
 response after its stored (rendered) prompt, at the job's sampling temperature (greedy scores
 at T = 1, as the engine records it), with the weights whose checksum the version recorded.
+A sample whose tokens several versions sampled (a weight update landed in flight) is replayed
+instead, run by run under each run's version with the K/V earlier versions left in the cache
+(`workers.replay`, Hugging Face `transformers`); its audit has one verdict per run.
 """
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from db import JobInfo, NotFound, Repository, SampleDetail, VersionNotFound
@@ -19,11 +23,14 @@ from workers.engines import (
     engine_cache,
     saved_version,
 )
+from workers.replay import Segment, load_reference, replay_logprobs, segments, tokenizer_of
 from workers.settings import Settings
 
 WEIGHTS_NOT_KEPT = "weights not kept"
 AUDIT_TOLERANCE = 1e-4  # DESIGN invariant 3: fp32 recomputation reproduces the stored log-probs
 MAX_AUDIT_SAMPLES = 200
+# what stops a version's weights from being scored (an engine's memory aside)
+_UNCHECKABLE = (WeightsNotKept, VersionNotFound, ChecksumMismatch)
 
 
 def scoring_temperature(job: JobInfo) -> float:
@@ -61,9 +68,10 @@ def score_response(
 
 
 def audit_sample(repo: Repository, settings: Settings, sample_id: int) -> dict[str, Any]:
-    """One sample's audit: the largest |stored - recomputed| log-prob under its stamped
-    version, with ``status`` pass / fail (against `AUDIT_TOLERANCE`), ``weights not kept``,
-    ``no tokens`` or ``error`` (with ``problem``)."""
+    """One sample's audit: the largest |stored - recomputed| log-prob under the version(s)
+    that sampled its tokens, with ``status`` pass / fail (against `AUDIT_TOLERANCE`),
+    ``weights not kept``, ``no tokens`` or ``error`` (with ``problem``); ``segments``, one per
+    run of tokens of one version, each with its own status; ``checks`` says what was checked."""
     result: dict[str, Any] = {"sample_id": sample_id, "tolerance": AUDIT_TOLERANCE}
     try:
         detail = repo.get_sample(sample_id)
@@ -74,15 +82,132 @@ def audit_sample(repo: Repository, settings: Settings, sample_id: int) -> dict[s
     result["tokens"] = len(detail.response_token_ids)
     if not detail.response_token_ids:
         return {**result, "status": "no tokens", "max_abs_diff": None}
+    parts = segments(detail.version_runs)
+    audit = _teacher_forced if len(parts) == 1 else _replayed
+    checked = audit(repo, settings, detail, parts, scoring_temperature(job))
+    return {**result, **_summary(checked), "checks": _checks(parts)}
+
+
+def _teacher_forced(
+    repo: Repository,
+    settings: Settings,
+    detail: SampleDetail,
+    parts: list[Segment],
+    temperature: float,
+) -> list[dict[str, Any]]:
+    """The one segment of a sample one version sampled, re-scored by the engine's model."""
     try:
-        scores = score_response(
-            repo, settings, detail, detail.policy_version, scoring_temperature(job)
+        scores = score_response(repo, settings, detail, parts[0].version, temperature)
+    except (*_UNCHECKABLE, EngineMemoryError) as exc:
+        return _unchecked(parts, exc)
+    return [_scored(parts[0], stored_logprobs(detail), scores)]
+
+
+def _replayed(
+    repo: Repository,
+    settings: Settings,
+    detail: SampleDetail,
+    parts: list[Segment],
+    temperature: float,
+) -> list[dict[str, Any]]:
+    """The segments of a sample several versions sampled, replayed in order
+    (`workers.replay`) up to the first whose weights cannot be had."""
+    from core_engine.prompts import encode_prompt
+
+    stored, checked = stored_logprobs(detail), []
+    try:
+        first = saved_version(repo, detail.job_id, parts[0].version).checkpoint_path
+        prompt = encode_prompt(tokenizer_of(first), detail.prompt_text)
+        model_of = partial(_reference_model, repo, settings, detail.job_id)
+        response = detail.response_token_ids
+        for scores in replay_logprobs(prompt, response, parts, model_of, temperature):
+            checked.append(_scored(parts[len(checked)], stored, scores))
+    except _UNCHECKABLE as exc:
+        checked += _unchecked(parts[len(checked) :], exc)
+    return checked
+
+
+def _reference_model(repo: Repository, settings: Settings, job_id: int, version: int) -> Any:
+    """The `transformers` model of the version's kept checkpoint, in the engine's dtype, once
+    its weights are checked against the version's recorded checksum."""
+    from core_engine.engine import resolve_device, resolve_dtype
+    from core_engine.weights import model_checksum
+
+    info = saved_version(repo, job_id, version)
+    device = resolve_device(settings.device)
+    model = load_reference(info.checkpoint_path, device, resolve_dtype("auto", device))
+    if info.weights_checksum is not None and model_checksum(model) != info.weights_checksum:
+        raise ChecksumMismatch(
+            f"the checkpoint of version {version} ({info.checkpoint_path}) does not match "
+            "its recorded checksum"
         )
-    except (WeightsNotKept, VersionNotFound, ChecksumMismatch, EngineMemoryError) as exc:
-        status = WEIGHTS_NOT_KEPT if isinstance(exc, WeightsNotKept) else "error"
-        return {**result, "status": status, "max_abs_diff": None, "problem": str(exc)}
-    diff = max(abs(a - b) for a, b in zip(stored_logprobs(detail), scores, strict=True))
-    return {**result, "max_abs_diff": diff, "status": "pass" if diff <= AUDIT_TOLERANCE else "fail"}
+    return model
+
+
+def _segment(part: Segment, status: str, diff: float | None = None) -> dict[str, Any]:
+    return {
+        "version": part.version,
+        "first_token": part.first,
+        "last_token": part.last,
+        "max_abs_diff": diff,
+        "status": status,
+    }
+
+
+def _scored(part: Segment, stored: list[float], scores: list[float]) -> dict[str, Any]:
+    """A segment's verdict from its recomputed ``scores``."""
+    mine = stored[part.first : part.last + 1]
+    diff = max(abs(a - b) for a, b in zip(mine, scores, strict=True))
+    return _segment(part, "pass" if diff <= AUDIT_TOLERANCE else "fail", diff)
+
+
+def _unchecked(parts: list[Segment], exc: Exception) -> list[dict[str, Any]]:
+    """The first of ``parts`` could not be scored (``exc``), nor, without its K/V, the rest."""
+    status = WEIGHTS_NOT_KEPT if isinstance(exc, WeightsNotKept) else "error"
+    needs = f"needs the K/V of version {parts[0].version}, which could not be recomputed"
+    return [
+        {**_segment(parts[0], status), "problem": str(exc)},
+        *({**_segment(part, "not checked"), "problem": needs} for part in parts[1:]),
+    ]
+
+
+def _summary(checked: list[dict[str, Any]]) -> dict[str, Any]:
+    """The sample's verdict: pass only if every segment passes."""
+    statuses = {segment["status"] for segment in checked}
+    diffs = [s["max_abs_diff"] for s in checked if s["max_abs_diff"] is not None]
+    if statuses == {"pass"} or "fail" in statuses:
+        status = "pass" if statuses == {"pass"} else "fail"
+    else:
+        status = WEIGHTS_NOT_KEPT if WEIGHTS_NOT_KEPT in statuses else "error"
+    summary = {"status": status, "max_abs_diff": max(diffs, default=None), "segments": checked}
+    problems = [s for s in checked if s.get("problem") and s["status"] != "not checked"]
+    if problems:
+        summary["problem"] = "; ".join(s["problem"] for s in problems)
+    return summary
+
+
+def _span(part: Segment) -> str:
+    return f"tokens {part.first}-{part.last}"
+
+
+def _checks(parts: list[Segment]) -> str:
+    """What the audit of these segments checks, in words."""
+    if len(parts) == 1:
+        return (
+            f"{_span(parts[0])} re-scored under version {parts[0].version} by teacher forcing "
+            "(one version sampled every token)"
+        )
+    each = ", ".join(
+        f"{_span(part)} re-scored under version {part.version}"
+        if i == 0
+        else f"{_span(part)} under version {part.version}"
+        for i, part in enumerate(parts)
+    )
+    return (
+        f"{each}, each with the K/V of earlier positions computed by the versions that "
+        f"computed them in the engine (prompt: v{parts[0].version}); assumes the request "
+        "was not preempted"
+    )
 
 
 def audit_samples(

@@ -3,6 +3,7 @@
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from db.arrays import encode_float32, encode_int32
@@ -40,6 +41,42 @@ def logprob_gap_max(sample: SampleRecord) -> float | None:
     behaviour = sample.temperature_logprobs or sample.behaviour_logprobs
     gap = max(abs(t - b) for t, b in zip(sample.trainer_logprobs, behaviour, strict=True))
     return gap if math.isfinite(gap) else None
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _token_version_runs(
+    sample: SampleRecord, batch: BatchRecord, where: str
+) -> list[list[int]] | None:
+    """The sample's checked ``token_versions`` as stored: None when every token is of its
+    ``policy_version`` (no runs, or one run)."""
+    runs = sample.token_versions
+    if runs is None:
+        return None
+    field = f"{where}.token_versions"
+    runs = [list(run) for run in runs]
+    if not all(len(run) == 2 and all(map(_is_count, run)) for run in runs):
+        raise InvalidValue(f"{field}: expected [[version, count], ...] of whole numbers")
+    versions = [version for version, _ in runs]
+    if runs and versions[0] != sample.policy_version:
+        raise InvalidValue(
+            f"{field}: the first run's version {versions[0]} is not the sample's "
+            f"policy_version {sample.policy_version} (its oldest token's)"
+        )
+    if any(later <= earlier for earlier, later in pairwise(versions)):
+        raise InvalidValue(f"{field}: versions must increase from one run to the next")
+    if versions and versions[-1] > batch.policy_version:
+        raise InvalidValue(
+            f"{field}: version {versions[-1]} is after the batch's {batch.policy_version}"
+        )
+    if any(count < 1 for _, count in runs):
+        raise InvalidValue(f"{field}: every run needs at least one token")
+    total, length = sum(count for _, count in runs), len(sample.response_token_ids)
+    if total != length:
+        raise InvalidValue(f"{field}: {total} tokens in runs for {length} response tokens")
+    return runs if len(runs) > 1 else None
 
 
 def _sample_row(sample: SampleRecord, batch: BatchRecord, where: str) -> dict[str, Any]:
@@ -97,6 +134,7 @@ def _sample_row(sample: SampleRecord, batch: BatchRecord, where: str) -> dict[st
         "reference_output": sample.reference_output,
         "prompt_messages": sample.prompt_messages,
         "reward_components": None if components is None else dict(components),
+        "token_versions": _token_version_runs(sample, batch, where),
         "response_token_ids": sample.response_token_ids,
         "behaviour_logprobs": sample.behaviour_logprobs,
         "temperature_logprobs": sample.temperature_logprobs,

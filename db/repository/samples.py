@@ -225,6 +225,7 @@ class SamplesMixin(RepositoryBase):
                 seed=sample.seed,
                 trainer_logprobs=sample.trainer_logprobs,
                 reward_components=sample.reward_components,
+                token_versions=sample.token_versions,
             )
 
     def random_sample_ids(self, job_id: int, count: int, versions: Collection[int]) -> list[int]:

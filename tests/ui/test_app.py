@@ -40,6 +40,7 @@ API_NAMES = {
     "samples_pick",
     "sample",
     "sample_picked",
+    "sample_colour",
     "rejected_batches",
     "rejected_pick",
     "batch_samples",

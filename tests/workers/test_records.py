@@ -1,11 +1,13 @@
 """Conversions from trainer results to storage records."""
 
 import math
+from dataclasses import replace
 
 from core_engine.rl.records import StepRecord, VersionRecord
 from core_engine.rl.rollout import RolloutResult
 from core_engine.task import ErrorCode, TaskError
 from db import BatchStatus
+from db.repository.batch_rows import check_batch
 from workers.records import policy_metrics, sample_records, trainer_batches
 
 
@@ -85,3 +87,18 @@ def test_policy_metrics_name_the_known_ones_and_keep_the_rest_as_extra():
     assert metrics.tokens_per_second == 100.0 and metrics.kl is None
     assert metrics.extra == {"clip_fraction": 0.2}
     assert (metrics.num_accepted, metrics.num_rejected) == (1, 2)
+
+
+def test_in_flight_samples_are_stamped_with_their_oldest_token_and_keep_their_runs():
+    """A weight update landed while samples 1 and 3 were generated; the batch's version is the
+    trainer's, never older than any token's."""
+    runs = [[[2, 1]], [[2, 1], [3, 1]], [[3, 1]], [[1, 2], [3, 1]]]
+    ids = ((5,), (6, 6), (7,), (8, 8, 8))
+    result = replace(rollout(response_ids=ids), policy_version=1, token_versions=runs)
+    records = sample_records(result)
+    assert [r.policy_version for r in records] == [2, 2, 3, 1]
+    assert [r.token_versions for r in records] == [None, [[2, 1], [3, 1]], None, [[1, 2], [3, 1]]]
+    [stored] = trainer_batches(7, 3, StepRecord(0, result, None, ["rejected for the test"]))
+    assert stored.policy_version == 3
+    check_batch(stored)  # storable: each sample's runs start at its version, none after 3
+    assert [r.token_versions for r in sample_records(rollout())] == [None] * 4  # old rollouts

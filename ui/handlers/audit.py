@@ -1,5 +1,6 @@
-"""Audit of one sample from the UI: a worker re-scores its response under the stamped
-version's kept weights (`workers.scoring`); the verdict comes back as Markdown."""
+"""Audit of one sample from the UI: a worker re-scores its response under the kept weights
+of the version(s) that sampled its tokens (`workers.scoring`); the verdict comes back as
+Markdown, with one line per run of tokens of one version when there are several."""
 
 from db import InvalidValue
 from ui.handlers.common import ask_worker, parse_id
@@ -7,8 +8,28 @@ from ui.render import inert
 from ui.services import Services
 
 
+def segment_line(segment: dict) -> str:
+    """One run of tokens of one version and how its re-scoring went."""
+    line = (
+        f"- tokens {segment['first_token']}-{segment['last_token']} · "
+        f"version {segment['version']} · **{inert(segment['status'])}**"
+    )
+    if segment["max_abs_diff"] is not None:
+        line += f" · max diff {segment['max_abs_diff']:.3g}"
+    return line + (f" · {inert(segment['problem'])}" if segment.get("problem") else "")
+
+
 def verdict(result: dict) -> str:
-    """One audit result as a sentence with a pass / fail / weights-not-kept verdict."""
+    """One audit result: a sentence with a pass / fail / weights-not-kept verdict, then, for
+    a sample several versions sampled, one line per version's run and what was checked."""
+    segments = result.get("segments", [])
+    if len(segments) <= 1:
+        return _sentence(result)
+    lines = [segment_line(segment) for segment in segments]
+    return "\n".join([_sentence(result), "", *lines, "", f"Checked: {inert(result['checks'])}"])
+
+
+def _sentence(result: dict) -> str:
     status = result["status"]
     where = f"sample #{result['sample_id']}"
     if "version" in result:
@@ -18,10 +39,17 @@ def verdict(result: dict) -> str:
         return (
             f"**{status.upper()}** · {where}: max |stored − recomputed| log-prob "
             f"{result['max_abs_diff']:.3g} {relation} tolerance {result['tolerance']:g} "
-            "(fp32, the stamped version's kept weights)"
+            f"(fp32, {_weights(result)})"
         )
     problem = f": {inert(result['problem'])}" if result.get("problem") else ""
     return f"**{inert(status.upper())}** · {where}{problem}"
+
+
+def _weights(result: dict) -> str:
+    several = len(result.get("segments", [])) > 1
+    return (
+        "each token's version's kept weights" if several else "the stamped version's kept weights"
+    )
 
 
 def audit_view(services: Services, sample_id: float | str | None) -> str:

@@ -26,6 +26,7 @@ from ui.handlers.jobs import batches_table, latest_batches
 from ui.handlers.reward_form import reward_weights
 from ui.render import fmt, inert, sample_html
 from ui.services import Services
+from ui.token_versions import LOGPROB, versions_html
 from ui.tokens import token_texts
 
 PAGE_SIZE = 50
@@ -264,9 +265,12 @@ def rejected_batches(services: Services, job_id: float | str | None) -> pd.DataF
     return batches_table(batches)
 
 
-def sample_detail(services: Services, sample_id: float | str | None) -> str:
+def sample_detail(
+    services: Services, sample_id: float | str | None, colour_by: str = LOGPROB
+) -> str:
     """One sample in full, as HTML: prompt messages, reference, coloured response tokens
-    (hover: token id and log-probs), reward, advantage, finish/error, version, cache, and
+    (hover: token id and log-probs), reward, advantage, finish/error, version, cache, the
+    versions of its tokens (coloured by version when ``colour_by`` is `VERSION`), and
     per-token training diagnostics of a trained sample."""
     try:
         chosen = parse_id(sample_id, "sample")
@@ -279,7 +283,11 @@ def sample_detail(services: Services, sample_id: float | str | None) -> str:
     texts = token_texts(detail.response_token_ids, _checkpoints(services, job, detail))
     clip_eps = job.config.get("clip_eps", DEFAULT_CLIP_EPS)
     weights = reward_weights(job.config.get("reward"))
-    return sample_html(detail, texts, weights) + diagnostics_html(detail, texts, clip_eps)
+    return (
+        sample_html(detail, texts, weights)
+        + versions_html(detail, texts, colour_by)
+        + diagnostics_html(detail, texts, clip_eps)
+    )
 
 
 def component_choices(services: Services, job_id: float | str | None) -> list[str]:
@@ -292,10 +300,12 @@ def component_choices(services: Services, job_id: float | str | None) -> list[st
     return [] if job is None else list(reward_weights(job.config.get("reward")))
 
 
-def open_sample(services: Services, sample_id: float | str | None) -> tuple[str, str]:
+def open_sample(
+    services: Services, sample_id: float | str | None, colour_by: str = LOGPROB
+) -> tuple[str, str]:
     """The sample in full (`sample_detail`) and an empty audit verdict: a verdict belongs to
     the sample it was run on, so it goes when another sample is opened."""
-    return sample_detail(services, sample_id), ""
+    return sample_detail(services, sample_id, colour_by), ""
 
 
 def _checkpoints(services: Services, job: JobInfo, detail: SampleDetail) -> list[Path]:

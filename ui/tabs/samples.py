@@ -15,12 +15,14 @@ from ui.handlers.samples import (
     component_choices,
     open_sample,
     rejected_batches,
+    sample_detail,
     samples_frame,
     search_samples,
     turn_page,
 )
 from ui.services import Services
 from ui.tabs.common import first_cell, job_picker, refresh_jobs
+from ui.token_versions import COLOUR_CHOICES, LOGPROB
 
 
 def _components(services: Services, job_id: Any) -> dict:
@@ -88,6 +90,13 @@ def build(services: Services, tab: gr.Tab) -> None:
         )
         open_button = gr.Button("Open sample", elem_id="sample-open")
         audit = gr.Button("Audit (re-score under its version)", elem_id="sample-audit-button")
+        colour_by = gr.Radio(
+            COLOUR_CHOICES,
+            value=LOGPROB,
+            label="Colour by",
+            info="version: which policy version sampled each token",
+            elem_id="sample-colour-by",
+        )
     audit_result = gr.Markdown(elem_id="sample-audit")
     detail = gr.HTML(elem_id="sample-detail")
 
@@ -121,8 +130,10 @@ def build(services: Services, tab: gr.Tab) -> None:
     rejected.select(first_cell, None, batch_id, api_name="rejected_pick").then(
         partial(batch_samples, services), [job, batch_id], page, api_name="batch_samples"
     )
+    chosen = [sample_id, colour_by]
     table.select(first_cell, None, sample_id, api_name="samples_pick").then(
-        show_detail, sample_id, [detail, audit_result], api_name="sample_picked"
+        show_detail, chosen, [detail, audit_result], api_name="sample_picked"
     )
-    open_button.click(show_detail, sample_id, [detail, audit_result], api_name="sample")
+    open_button.click(show_detail, chosen, [detail, audit_result], api_name="sample")
+    colour_by.change(partial(sample_detail, services), chosen, detail, api_name="sample_colour")
     audit.click(partial(audit_view, services), sample_id, audit_result, api_name="audit")

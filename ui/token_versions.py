@@ -1,0 +1,68 @@
+"""HTML of the policy version of each response token: a sample whose tokens several versions
+sampled (a weight update landed in flight) shows its runs, and its tokens coloured by version
+on request. Every stored string is escaped."""
+
+from html import escape
+
+from db import SampleDetail
+from ui.render import BLOCK_STYLE, TOKEN_STYLE, visible
+
+LOGPROB, VERSION = "log-prob", "version"
+COLOUR_CHOICES = [LOGPROB, VERSION]
+HUES = (210, 30, 120, 280, 0, 60, 180, 330)  # one per version of a sample, in order
+
+
+def runs_text(runs: list[list[int]]) -> str:
+    """``[[3, 12], [4, 4]]`` -> "tokens 0-11: v3, 12-15: v4"."""
+    parts, first = [], 0
+    for version, count in runs:
+        parts.append(f"{first}-{first + count - 1}: v{version}")
+        first += count
+    return "tokens " + ", ".join(parts) if parts else "no tokens"
+
+
+def version_colour(rank: int) -> str:
+    """The background of the ``rank``-th version (oldest first) of a sample's tokens."""
+    return f"hsl({HUES[rank % len(HUES)]}, 70%, 82%)"
+
+
+def _legend(runs: list[list[int]]) -> str:
+    swatches = "".join(
+        f'<span style="{TOKEN_STYLE};background:{version_colour(rank)}">v{version}</span> '
+        for rank, (version, _) in enumerate(runs)
+    )
+    return f'<div class="version-legend" style="font-size:0.85em;margin:4px 0">{swatches}</div>'
+
+
+def version_spans(detail: SampleDetail, texts: list[str] | None) -> str:
+    """One ``<span class="tok">`` per response token, coloured by the version that sampled it
+    (hover: token id, version, behaviour log-prob)."""
+    spans, i = [], 0
+    for rank, (version, count) in enumerate(detail.version_runs):
+        for _ in range(count):
+            token_id, logprob = detail.response_token_ids[i], detail.behaviour_logprobs[i]
+            title = f"token id {token_id} · version {version} · log-prob {logprob:.4f}"
+            text = texts[i] if texts is not None else f"⟨{token_id}⟩"
+            spans.append(
+                f'<span class="tok" data-token-id="{token_id}" data-version="{version}" '
+                f'style="{TOKEN_STYLE};background:{version_colour(rank)}" '
+                f'title="{escape(title)}">{visible(text)}</span>'
+            )
+            i += 1
+    return "".join(spans)
+
+
+def versions_html(detail: SampleDetail, texts: list[str] | None, colour_by: str) -> str:
+    """The sample's token versions: nothing for a sample one version sampled, coloured by
+    log-prob; else its runs and, when ``colour_by`` is `VERSION`, its tokens by version."""
+    runs = detail.version_runs
+    if colour_by != VERSION and len(runs) <= 1:
+        return ""
+    block = (
+        f'<div class="token-versions"><h4>Policy version per token</h4>'
+        f'<p class="version-runs">{escape(runs_text(runs))}</p>'
+    )
+    if colour_by == VERSION:
+        tokens = version_spans(detail, texts) or "∅ (no tokens)"
+        block += f'{_legend(runs)}<div class="tokens" style="{BLOCK_STYLE}">{tokens}</div>'
+    return block + "</div>"
