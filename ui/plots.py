@@ -23,6 +23,7 @@ class PlotSpec:
     series: tuple[str, ...]
     smooth: bool = True
     sparse: bool = False  # measured on some versions only: drawn through the known points
+    optional: bool = False  # only some jobs have it: hidden, not "no data yet", without data
 
     def names(self) -> list[str]:
         """The series as drawn: raw and EMA of each smoothed series, else the series."""
@@ -57,8 +58,49 @@ PLOTS = (
     PlotSpec("batches", "Rollout batches", "batches", ("accepted", "rejected"), smooth=False),
     # a series per reward of the job's list, found in its metrics (`with_components`)
     PlotSpec("reward-components", "Reward components", "mean score", (), smooth=False, sparse=True),
+    # a pipelined job's (or one trained on lagged samples): `PIPELINE_METRICS`
+    PlotSpec(
+        "policy-lag",
+        "Policy lag of the trained tokens",
+        "versions behind",
+        ("lag mean", "lag max"),
+        smooth=False,
+        optional=True,
+    ),
+    PlotSpec(
+        "importance",
+        "Importance weights of off-policy tokens (before truncation)",
+        "weight; fraction",
+        ("IS weight mean", "IS weight max", "truncated fraction"),
+        smooth=False,
+        optional=True,
+    ),
+    PlotSpec(
+        "pipeline-time",
+        "Trainer time per version",
+        "seconds",
+        ("generate", "train", "wait"),
+        smooth=False,
+        optional=True,
+    ),
 )
 COMPONENT_PREFIX, COMPONENT_SUFFIX = "reward/", "/mean"
+# The series of the pipeline plots: the trainer's metric (in a version's extra) of each
+PIPELINE_METRICS = {
+    "lag mean": "policy_lag_mean",
+    "lag max": "policy_lag_max",
+    "IS weight mean": "is_weight_mean",
+    "IS weight max": "is_weight_max",
+    "truncated fraction": "is_truncated_fraction",
+    "generate": "generate_s",
+    "train": "train_s",
+    "wait": "wait_s",
+}
+
+
+def pipeline_values(extra: dict[str, float]) -> dict[str, float | None]:
+    """A version's pipeline series (`PIPELINE_METRICS`) from its metrics' extra."""
+    return {name: extra.get(key) for name, key in PIPELINE_METRICS.items()}
 
 
 def components(extra: dict[str, float]) -> dict[str, float]:
@@ -114,3 +156,10 @@ def plot_frame(spec: PlotSpec, values: dict[int, dict[str, float | int | None]])
 def has_data(frame: pd.DataFrame) -> bool:
     """Whether a plot's frame has at least one known value to draw."""
     return bool(frame["value"].notna().any())
+
+
+def shown(spec: PlotSpec, frame: pd.DataFrame, hidden: set[str]) -> tuple[bool, bool]:
+    """(the plot, its "no data yet" note): whether each is shown; neither for a hidden plot,
+    nor the note of an optional one."""
+    drawn = has_data(frame) and spec.key not in hidden
+    return drawn, not drawn and spec.key not in hidden and not spec.optional

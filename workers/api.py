@@ -20,7 +20,7 @@ from core_engine.lora_settings import (
     LoraSettings,
 )
 from core_engine.rl.clip import clip_active
-from core_engine.rl.config import GRPOConfig, mode_defaults
+from core_engine.rl.config import PIPELINE_MODES, GRPOConfig, mode_defaults
 from core_engine.rl.data import DataError, count_jsonl
 from core_engine.rl.dataset_files import Columns, load_records
 from core_engine.rl.reward_mix import RewardSpec, parse_rewards
@@ -67,6 +67,7 @@ __all__ = [
     "LINEAR_MODULES",
     "MAX_DATA_BYTES",
     "MAX_TEXT_BYTES",
+    "PIPELINE_MODES",
     "REWARDS",
     "SAVABLE_MODULES",
     "TASKS",

@@ -7,39 +7,27 @@ evaluate: ``job_id`` (a training job) + ``version``, or ``model``; and `EvalSett
 compare: ``job_id`` and ``versions`` (two of its versions); and `EvalSettings` fields.
 Validation here imports no torch (the UI submits through `workers.api`).
 
-What a job may ask of a worker: its sizes here, the files it names in `workers.job_files`.
-Checked when a job is submitted (`workers.api`, the UI, ``rlwb submit``) and again by the
-worker before it runs a queued job, so a hand-made job row cannot bypass them.
+What a job may ask of a worker: its sizes (`check_sizes`, limits in `workers.sizes`), the files
+it names in `workers.job_files`. Checked when a job is submitted (`workers.api`, the UI,
+``rlwb submit``) and again by the worker before it runs a queued job, so a hand-made job row
+cannot bypass them.
 
 Numbers: each field's type and range is a row of one table (`core_engine.rl.limits`,
-`JOB_FIELDS`): an int field refuses floats, NaN and infinities. Sizes (environment, defaults):
-``RLWB_MAX_STEP_TOKENS`` prompts x group x max_tokens of one step (4,194,304),
-``RLWB_MAX_STEPS`` (1,000,000), ``RLWB_MAX_NEW_TOKENS`` per sample (32,768),
-``RLWB_MAX_EVAL_PROMPTS`` (100,000), and the footprint rule: one step's rollouts must fit in
-``RLWB_HOST_MEMORY`` bytes (default: the physical memory of the machine that checks, the
-worker's when it re-checks).
+`JOB_FIELDS`): an int field refuses floats, NaN and infinities.
 """
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.dataset_files import Columns
-from core_engine.rl.limits import (
-    GIB,
-    TRAINER_FIELDS,
-    Field,
-    describe_rollout_bytes,
-    field_problems,
-    real,
-    rollout_host_bytes,
-    whole,
-)
+from core_engine.rl.limits import TRAINER_FIELDS, Field, field_problems, real, whole
 from core_engine.rl.rewards import check_reward_spec
 from core_engine.task import SamplingParams
 from db import JobKind
+from workers.sizes import eval_size_problems, train_size_problems
+from workers.sizes import host_memory_bytes as host_memory_bytes  # re-exported for callers
 from workers.trackers import TRACKERS, is_installed
 
 DEMO_MODEL = "demo"  # the built-in demo policy, built by the worker on first use
@@ -197,58 +185,18 @@ def validate(kind: JobKind | str, config: dict[str, Any]) -> int | None:
         raise SpecError(str(exc)) from None
 
 
-_DEFAULTS = {
-    "RLWB_MAX_STEP_TOKENS": 4_194_304,
-    "RLWB_MAX_STEPS": 1_000_000,
-    "RLWB_MAX_NEW_TOKENS": 32_768,
-    "RLWB_MAX_EVAL_PROMPTS": 100_000,
-}
-
-
-def _limit(name: str) -> int:
-    return int(os.environ.get(name) or _DEFAULTS[name])
-
-
-def host_memory_bytes() -> int:
-    """What a worker's host can hold: ``RLWB_HOST_MEMORY`` (bytes), else this machine's
-    physical memory."""
-    configured = os.environ.get("RLWB_HOST_MEMORY")
-    if configured:
-        return int(configured)
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def check_sizes(kind: JobKind | str, config: dict[str, Any]) -> None:
     """`SpecError` when the job's fields are invalid (`validate`) or the job is larger than a
-    worker is set up to hold, the footprint of one step's rollouts included."""
+    worker is set up to hold (`workers.sizes`), the footprint of one step's rollouts included."""
     kind = JobKind(kind)
     validate(kind, config)  # types and ranges first: the sizes multiply numbers
     if kind is JobKind.TRAIN:
         trainer = train_config(config, "unused")
-        tokens, samples = trainer.max_tokens, trainer.batch_size * trainer.group_size
+        samples = trainer.batch_size * trainer.group_size
+        problems = train_size_problems(trainer.max_tokens, samples, trainer.steps)
     else:
         settings = (evaluate_spec if kind is JobKind.EVALUATE else compare_spec)(config).eval
-        tokens, samples = settings.max_tokens, settings.num_prompts
-    problems = []
-    if tokens > _limit("RLWB_MAX_NEW_TOKENS"):
-        problems.append(f"max_tokens {tokens} > {_limit('RLWB_MAX_NEW_TOKENS')}")
-    if kind is JobKind.TRAIN:
-        if samples * tokens > _limit("RLWB_MAX_STEP_TOKENS"):
-            problems.append(
-                f"batch_size x group_size x max_tokens = {samples * tokens} > "
-                f"{_limit('RLWB_MAX_STEP_TOKENS')} tokens per step"
-            )
-        if trainer.steps > _limit("RLWB_MAX_STEPS"):
-            problems.append(f"steps > {_limit('RLWB_MAX_STEPS')}")
-    elif samples > _limit("RLWB_MAX_EVAL_PROMPTS"):
-        problems.append(f"num_prompts > {_limit('RLWB_MAX_EVAL_PROMPTS')}")
-    # The footprint rule: a prompt is at least one token, so each sample holds 1 + max_tokens.
-    if rollout_host_bytes(samples, 1 + tokens) > (memory := host_memory_bytes()):
-        problems.append(
-            f"footprint: one step's rollouts need at least "
-            f"{describe_rollout_bytes(samples, 1 + tokens)}, more than the "
-            f"{memory / GIB:.1f} GiB a worker holds (RLWB_HOST_MEMORY)"
-        )
+        problems = eval_size_problems(settings.max_tokens, settings.num_prompts)
     if problems:
         raise SpecError("too large for the workers: " + "; ".join(problems))
 

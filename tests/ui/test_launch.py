@@ -80,6 +80,7 @@ def test_a_valid_form_enqueues_a_train_job(services, world):
         "clip_eps": 0.2,
         "kl_coef": 0.0,
         "kv_strategy": "paged",
+        "pipeline": "sync",
     }
     assert isinstance(config["steps"], int) and config["reward"] == "regex:7.*"
 

@@ -17,7 +17,14 @@ from db import (
     VersionMetrics,
 )
 from ui.handlers.common import parse_id
-from ui.plots import COMPONENT_PREFIX, PLOTS, components, plot_frame, with_components
+from ui.plots import (
+    COMPONENT_PREFIX,
+    PLOTS,
+    components,
+    pipeline_values,
+    plot_frame,
+    with_components,
+)
 from ui.progress import duration, eta_seconds
 from ui.render import fmt, inert
 from ui.services import Services
@@ -112,6 +119,7 @@ def _version_values(m: VersionMetrics) -> dict[str, float | int | None]:
         "accepted": m.num_accepted_batches,
         "rejected": m.num_rejected_batches,
         **{COMPONENT_PREFIX + name: value for name, value in components(extra).items()},
+        **pipeline_values(extra),
     }
 
 

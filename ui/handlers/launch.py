@@ -9,6 +9,7 @@ from ui.files import UploadRefused, find_checkpoints, find_data_files, save_uplo
 from ui.handlers.common import parse_number
 from ui.handlers.data_form import DATA_FIELDS, data_settings
 from ui.handlers.reward_form import REWARD_FIELDS, TASK_DEFAULT_REWARD, reward_config
+from ui.handlers.train_form import SYNC, job_number, lag_for_pipeline, lora_table
 from ui.render import inert
 from ui.services import Services
 from workers import api
@@ -36,6 +37,7 @@ FORM_FIELDS = (
     "kl_coef",
     "seed",
     "updates_per_batch",
+    "pipeline",
     "heldout_every",
     "heldout_prompts",
     "report_to",
@@ -123,25 +125,6 @@ def _without_paths(message: str, upload: Path, stored: Path | None) -> str:
     return message
 
 
-def _number(name: str, value: float | str | None, problems: list[str]) -> float | int | None:
-    """A required number of the form (a whole one for an int field of `api.JOB_FIELDS`), or
-    None and a problem; its range is the job's check (`api.validate_job`)."""
-    try:
-        number = parse_number(value, name)
-    except InvalidValue as exc:
-        problems.append(str(exc))
-        return None
-    if number is None:
-        problems.append(f"{name}: required")
-        return None
-    if api.JOB_FIELDS[name].kind is not int:
-        return number
-    if number != int(number):
-        problems.append(f"{name}: a whole number is required")
-        return None
-    return int(number)
-
-
 def _check_model(services: Services, model: str | None, problems: list[str]) -> None:
     if not model:
         problems.append("model: choose the demo policy or a checkpoint")
@@ -180,40 +163,6 @@ def _check_data(
     return {"data": str(Path(data))}
 
 
-def _lora(
-    enabled: bool,
-    rank: float | str | None,
-    alpha: float | str | None,
-    dropout: float | str | None,
-    targets: list[str] | None,
-    saved: list[str] | None,
-    problems: list[str],
-) -> dict[str, Any] | None:
-    """The job's ``lora`` table from the form (None: LoRA off, every weight trained); every
-    target module ticked is "all-linear". Its ranges and names are the job's check
-    (`LoraSettings`, through `api.validate_job`)."""
-    if not enabled:
-        return None
-    lora: dict[str, Any] = {}
-    for name, value in (("rank", rank), ("alpha", alpha), ("dropout", dropout)):
-        try:
-            number = parse_number(value, f"lora {name}")
-        except InvalidValue as exc:
-            problems.append(str(exc))
-            continue
-        if number is None:
-            problems.append(f"lora {name}: required")
-        elif name == "rank" and number == int(number):
-            lora[name] = int(number)
-        else:
-            lora[name] = number
-    targets = list(targets or [])
-    lora["target_modules"] = api.ALL_LINEAR if set(targets) == set(api.LINEAR_MODULES) else targets
-    if saved:
-        lora["modules_to_save"] = list(saved)
-    return lora
-
-
 def lr_for_mode(lora: bool, lr: float | str | None) -> float | str | None:
     """The learning rate the form shows when LoRA is switched on or off: the new mode's
     default (`api.mode_defaults`: 10x for LoRA) where it showed the other mode's, else as
@@ -246,6 +195,7 @@ def train_config(
     kl_coef: float | str | None,
     seed: float | str | None,
     updates_per_batch: float | str | None = 1,
+    pipeline: str = SYNC,
     heldout_every: float | str | None = None,
     heldout_prompts: float | str | None = None,
     report_to: list[str] | None = None,
@@ -287,14 +237,15 @@ def train_config(
     else:
         held = {"heldout_every": heldout_every, "heldout_prompts": heldout_prompts}
         config.update(data_settings({**more, **held}, problems))
-    config.update({name: _number(name, value, problems) for name, value in numbers.items()})
+    config.update({name: job_number(name, value, problems) for name, value in numbers.items()})
     if kv_strategy not in api.KV_STRATEGIES:
         problems.append(f"kv_strategy: choose one of {', '.join(api.KV_STRATEGIES)}")
     config["kv_strategy"] = kv_strategy
+    config["pipeline"] = pipeline  # checked with the trainer's rules (`api.validate_job`)
     if report_to:
         config["report_to"] = list(report_to)
     targets, saved = lora_target_modules, lora_modules_to_save
-    adapter = _lora(lora, lora_rank, lora_alpha, lora_dropout, targets, saved, problems)
+    adapter = lora_table(lora, lora_rank, lora_alpha, lora_dropout, targets, saved, problems)
     if adapter is not None:
         config["lora"] = adapter
     if not problems:
@@ -311,9 +262,11 @@ def train_config(
 
 def launch_job(services: Services, **form: Any) -> str:
     """Validate the form (the keyword arguments of `train_config`) and enqueue a training job;
-    returns a Markdown message: the new job, or every problem found (nothing is enqueued)."""
+    returns a Markdown message: the new job, or every problem found (nothing is enqueued). A
+    pipelined job asked with a max policy lag of 0 runs with 1 (`lag_for_pipeline`), said so."""
+    lag = lag_for_pipeline(form.get("pipeline"), form.get("max_policy_lag"))
     try:
-        config = train_config(services, **form)
+        config = train_config(services, **{**form, "max_policy_lag": lag})
         job = services.submit_job("train", config)
     except InvalidLaunch as exc:
         items = "\n".join(f"- {inert(problem)}" for problem in exc.problems)
@@ -323,6 +276,11 @@ def launch_job(services: Services, **form: Any) -> str:
     source = config.get("task") or config.get("data")
     what = f"train {inert(config['model'])} on {inert(source)}"
     message = f"Job **#{job.id}** is {job.status.value}: {what}."
+    if lag != form.get("max_policy_lag"):
+        message += (
+            f" Max policy lag raised to 1: pipeline {config['pipeline']} trains on samples "
+            "generated one version before the trainer's."
+        )
     return message + no_worker_warning(services)
 
 

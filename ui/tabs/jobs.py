@@ -17,7 +17,7 @@ from ui.handlers.jobs import (
     jobs_table,
     resume_job,
 )
-from ui.plots import PLOTS, X_FORMAT, Y_FORMAT, PlotSpec, has_data
+from ui.plots import PLOTS, X_FORMAT, Y_FORMAT, PlotSpec, shown
 from ui.services import Services
 from ui.tabs.common import first_cell
 
@@ -28,6 +28,8 @@ PLOT_ROWS = (
     ("length", "kl"),
     ("mismatch", "batches"),
     ("reward-components",),
+    ("policy-lag", "importance"),
+    ("pipeline-time",),
 )
 # job, kind, status, progress (a phase or an ETA is long), version, reward, tokens/s, created:
 # long cells wrap within these, so the table fits the page
@@ -58,9 +60,9 @@ def _page_updates(services: Services, job_id: Any) -> list[Any]:
     summary, config, frames, hidden = job_page(services, job_id)
     updates: list[Any] = [summary, config]
     for spec, frame in zip(PLOTS, frames, strict=True):
-        shown = has_data(frame) and spec.key not in hidden
-        updates.append(gr.update(value=frame, visible=shown))
-        updates.append(gr.update(visible=not shown and spec.key not in hidden))
+        plot, note = shown(spec, frame, hidden)
+        updates.append(gr.update(value=frame, visible=plot))
+        updates.append(gr.update(visible=note))
     return updates
 
 

@@ -18,6 +18,7 @@ from ui.handlers.launch import (
     upload_dataset,
 )
 from ui.handlers.reward_form import EXTRA_REWARDS
+from ui.handlers.train_form import PIPELINE_CHOICES, PIPELINE_INFO
 from ui.services import Services
 from workers import api
 
@@ -163,6 +164,13 @@ def build(services: Services) -> dict[str, gr.components.Component]:
             d["max_tokens"], label="Max tokens", precision=0, elem_id="launch-max-tokens"
         )
         max_policy_lag = gr.Number(d["max_policy_lag"], label="Max policy lag", precision=0)
+        pipeline = gr.Dropdown(
+            PIPELINE_CHOICES,
+            value=d["pipeline"],
+            label="Pipeline",
+            info=PIPELINE_INFO,
+            elem_id="launch-pipeline",
+        )
     with gr.Accordion("More", open=False), gr.Row():
         kv_strategy = gr.Dropdown(list(api.KV_STRATEGIES), value=d["kv_strategy"], label="KV cache")
         clip_eps = gr.Number(d["clip_eps"], label="Clip ε")
@@ -206,8 +214,8 @@ def build(services: Services) -> dict[str, gr.components.Component]:
 
     fields = (model, source, task, data, reward, steps, batch_size, group_size, lr, temperature)
     fields += (top_p, max_tokens, max_policy_lag, kv_strategy, clip_eps, kl_coef, seed)
-    fields += (updates_per_batch, heldout_every, heldout_prompts, report_to, lora, lora_rank)
-    fields += (lora_alpha, lora_dropout, lora_target_modules, lora_modules_to_save)
+    fields += (updates_per_batch, pipeline, heldout_every, heldout_prompts, report_to, lora)
+    fields += (lora_rank, lora_alpha, lora_dropout, lora_target_modules, lora_modules_to_save)
     fields += (prompt_column, answer_column, system_prompt, heldout_fraction, heldout_k, *more)
     form = dict(zip(FORM_FIELDS, fields, strict=True))
     launch.click(
