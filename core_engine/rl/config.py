@@ -130,6 +130,11 @@ class GRPOConfig:
         if problems:
             raise ValueError("invalid training config: " + "; ".join(problems))
 
+    def generates_in_process(self, device_type: str) -> bool:
+        """A pipelined full-weight job on a CPU generates in a child process over the shared
+        weights (`core_engine.rl.rollout_process`), with its own KV pool."""
+        return self.pipeline != "sync" and device_type == "cpu" and self.lora is None
+
     def _pipeline_problems(self, numbers: list[str]) -> list[str]:
         if self.pipeline not in PIPELINE_MODES:
             return [f"pipeline must be one of {', '.join(PIPELINE_MODES)}, got {self.pipeline!r}"]

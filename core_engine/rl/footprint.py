@@ -89,7 +89,8 @@ def training_footprint(config: GRPOConfig, hf_config: Any, device: torch.device)
     kv = 0
     keeps_kv = not config.release_kv_during_training or config.pipeline != "sync"
     if keeps_kv and device.type == "cpu":  # CUDA: sized from free; pipelined: it generates
-        kv = kv_budget_bytes(config.kv_cache_bytes, 1.0, device)
+        pools = 2 if config.generates_in_process(device.type) else 1  # + the child's engine
+        kv = pools * kv_budget_bytes(config.kv_cache_bytes, 1.0, device)
     per_trained = 8 + optimizer_state_bytes(config.optimizer_state_dtype)
     if config.lora is not None:
         adapter = count_adapter_parameters(hf_config, config.lora)

@@ -16,19 +16,29 @@ steps keeps the completed next rollout, as `one_step` does.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import torch
 
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.records import StopReason
-from core_engine.rl.rewards import RewardError
-from core_engine.rl.rollout import RolloutResult, RolloutRunner
+from core_engine.rl.rollout import Produced, RolloutResult, RolloutRunner, produce_rollout
 
-Produced = tuple[RolloutResult | RewardError, bool, dict[str, float]]
+
+class Boundary:
+    """What a trainer does around an optimizer step: `wait` before it, the weight change
+    inside `gate(new_version)`. Synchronous: nothing (the engine's own gate suffices)."""
+
+    def wait(self) -> None:
+        """Before the step (one_step: until the next batch is produced)."""
+
+    def gate(self, new_version: int) -> AbstractContextManager[None]:
+        """Around the weight change: no generation step runs meanwhile."""
+        return contextlib.nullcontext()
 
 
 class PipelinedTrainer(Protocol):
@@ -39,27 +49,17 @@ class PipelinedTrainer(Protocol):
     step_index: int
     batches_drawn: int
     prefetched: RolloutResult | None
-    at_boundary: Callable[[], None]
+    boundary: Boundary
+    version_digests: dict[int, str]
+    device: torch.device
+    model: Any
+    max_seq_len: int
+    version: int
 
     def batch_at(self, index: int) -> dict[str, list[str]]: ...
     def consume(self, result: Any, fresh: bool, timings: dict[str, float]) -> Any: ...
     def stop_reason(self) -> StopReason | None: ...
     def save(self) -> Any: ...
-
-
-def produce_rollout(
-    runner: RolloutRunner, batch: Mapping[str, Sequence[str]], seed: int
-) -> Produced:
-    """(rollout, is_fresh, timings), or the `RewardError` that rejects the batch in place of
-    the rollout."""
-    start = time.perf_counter()
-    try:
-        result, fresh = runner(batch, seed)
-    except RewardError as exc:
-        return exc, True, {}
-    reward_s = runner.reward_seconds if fresh else 0.0
-    generate_s = time.perf_counter() - start - reward_s
-    return result, fresh, {"generate_s": generate_s, "reward_s": reward_s}
 
 
 class RolloutProducer:
@@ -70,6 +70,7 @@ class RolloutProducer:
         self.threads = threads
         self._thread: threading.Thread | None = None
         self._outcome: Produced | BaseException | None = None
+        self.acks: list[tuple[int, str]] = []  # it serves the trainer's engine: none of its own
 
     @property
     def busy(self) -> bool:
@@ -83,6 +84,12 @@ class RolloutProducer:
             target=self._produce, args=(batch, seed), name="rollout-producer", daemon=True
         )
         self._thread.start()
+
+    def gate(self, new_version: int) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()  # the engine's gate (`paused`) is the one
+
+    def close(self) -> None:
+        self.join()
 
     def _produce(self, batch: Mapping[str, Sequence[str]], seed: int) -> None:
         torch.set_num_threads(self.threads)
@@ -117,25 +124,45 @@ def batch_seed(seed: int, index: int) -> int:
     return seed * 1_000_003 + index * 10_007
 
 
+class _PipelineBoundary(Boundary):
+    def __init__(self, trainer: PipelinedTrainer, producer: Any) -> None:
+        self.trainer, self.producer = trainer, producer
+
+    def wait(self) -> None:
+        if self.trainer.config.pipeline == "one_step":
+            self.producer.join()
+            self.trainer.prefetched = self.producer.finished_rollout()  # a checkpoint keeps it
+
+    def gate(self, new_version: int) -> AbstractContextManager[None]:
+        return self.producer.gate(new_version)
+
+
+def start_producer(trainer: PipelinedTrainer, threads: int) -> Any:
+    """A child process over the trainer's shared weights on a CPU (threads would take turns
+    on the interpreter lock), else a thread; LoRA keeps the thread (its adapter is injected
+    where the policy is loaded)."""
+    if trainer.config.generates_in_process(trainer.device.type):
+        from core_engine.rl.rollout_process import ProcessProducer
+
+        return ProcessProducer(
+            trainer.config, trainer.model, trainer.max_seq_len, trainer.version, threads
+        )
+    return RolloutProducer(trainer.runner, threads)
+
+
 def run_pipelined(trainer: PipelinedTrainer) -> StopReason:
     """`trainer.train()` in a pipeline mode: until `steps` optimizer steps, a stop or a stall.
     Generation and training each get half of the intra-op threads (at least one)."""
     own_threads = torch.get_num_threads()
     threads = max(1, own_threads // 2)
-    producer = RolloutProducer(trainer.runner, threads)
-    if trainer.config.pipeline == "one_step":
-
-        def boundary() -> None:
-            producer.join()
-            trainer.prefetched = producer.finished_rollout()  # what a checkpoint keeps
-
-        trainer.at_boundary = boundary
+    producer = start_producer(trainer, threads)
+    trainer.boundary = _PipelineBoundary(trainer, producer)
     torch.set_num_threads(threads)
     try:
         return _loop(trainer, producer)
     finally:
-        producer.join()  # no generation outlives the loop, also on an error
-        trainer.at_boundary = lambda: None
+        producer.close()  # no generation outlives the loop, also on an error
+        trainer.boundary = Boundary()
         torch.set_num_threads(own_threads)
 
 
@@ -158,7 +185,19 @@ def _loop(trainer: PipelinedTrainer, producer: RolloutProducer) -> StopReason:
         trainer.prefetched = None
         trainer.consume(*outcome)
         outcome = producer.take() if producer.busy else None
+        check_acks(producer.acks, trainer.version_digests)
         rollout = outcome[0] if outcome is not None else None
         trainer.prefetched = rollout if isinstance(rollout, RolloutResult) else None
     trainer.save()
     return reason
+
+
+def check_acks(acks: list[tuple[int, str]], digests: dict[int, str]) -> None:
+    """The versions a rollout process served must be the trainer's, checksum for checksum."""
+    for version, checksum in acks:
+        if digests.get(version) != checksum:
+            expected = str(digests.get(version))[:12]
+            raise RuntimeError(
+                f"weight sync failed: the rollout process served version {version} with "
+                f"checksum {checksum[:12]}, the trainer's is {expected}"
+            )

@@ -109,6 +109,8 @@ class RolloutGenerator:
         self.params = params
         self.group_size = group_size
         self.in_flight = in_flight
+        # asked before each engine step (a rollout process serves its trainer's version there)
+        self.before_step: Callable[[], bool] = lambda: False
 
     @staticmethod
     def _instruction_to_messages(instruction: str, input: str = "", output: str = "") -> list[dict]:
@@ -132,7 +134,9 @@ class RolloutGenerator:
         prompt_ids = [encode_prompt(self.tokenizer, text) for _, text, _ in prepared]
         g = self.group_size
         params = [replace(self.params, seed=seed + i * g) for i in range(len(prepared))]
-        results = self.engine.run_batch(prompt_ids, params, samples_per_prompt=g)
+        results = self.engine.run_batch(
+            prompt_ids, params, samples_per_prompt=g, cancelled=self.before_step
+        )
         runs = [r.token_versions or [[r.policy_version, 0]] for r in results]
         versions = {v for sample in runs for v, _ in sample if v >= 0}  # -1: never admitted
         if not self.in_flight:
@@ -229,3 +233,21 @@ class RolloutRunner:
         result = RolloutResult(**vars(raw), rewards=rewards, reward_components=parts)
         self._last = (key, result)
         return result, True
+
+
+Produced = tuple[RolloutResult | RewardError, bool, dict[str, float]]
+
+
+def produce_rollout(
+    runner: RolloutRunner, batch: Mapping[str, Sequence[str]], seed: int
+) -> Produced:
+    """(rollout, is_fresh, timings), or the `RewardError` that rejects the batch in place of
+    the rollout."""
+    start = time.perf_counter()
+    try:
+        result, fresh = runner(batch, seed)
+    except RewardError as exc:
+        return exc, True, {}
+    reward_s = runner.reward_seconds if fresh else 0.0
+    generate_s = time.perf_counter() - start - reward_s
+    return result, fresh, {"generate_s": generate_s, "reward_s": reward_s}

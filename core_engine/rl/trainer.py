@@ -14,7 +14,6 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from core_engine.rl.data import collate
 from core_engine.rl.footprint import check_room_for, return_large_frees_to_the_os
 from core_engine.rl.loss import group_advantages
 from core_engine.rl.optimizer import build_optimizer
-from core_engine.rl.pipeline import produce_rollout, run_pipelined
+from core_engine.rl.pipeline import Boundary, run_pipelined
 from core_engine.rl.policy_weights import kl_reference, load_policy, published_weights
 from core_engine.rl.records import StepRecord, StopReason, TrainerHooks, VersionRecord
 from core_engine.rl.rewards import RewardError
@@ -44,6 +43,7 @@ from core_engine.rl.rollout import (
     RolloutResult,
     check_policy_lag,
     longest_prompt,
+    produce_rollout,
 )
 from core_engine.rl.screen import screen_groups
 from core_engine.rl.step_metrics import (
@@ -103,7 +103,8 @@ class GRPOTrainer:
         self.runner = rollout_runner(config, self.engine, self.tokenizer, lambda: self.version)
         self._old_logprobs: tuple[RolloutResult, dict[int, list[float]]] | None = None
         self.prefetched: RolloutResult | None = None  # pipelined: the next batch's, produced
-        self.at_boundary: Callable[[], None] = lambda: None  # before a pipelined step
+        self.boundary = Boundary()  # pipelined: set by `run_pipelined`
+        self.version_digests: dict[int, str] = {}  # what a rollout process acknowledges
         pending = read_pending_rollout(resume) if resume else None
         if pending is not None and pending.get("prefetched"):
             self.prefetched = RolloutResult.from_json(pending["rollout"])
@@ -209,7 +210,7 @@ class GRPOTrainer:
         metrics.update(update_metrics(update, grad_norm))
         timings["train_s"] = time.perf_counter() - start
         if pipelined:  # one_step: the next batch's generation ends first
-            self.at_boundary()
+            self.boundary.wait()
             timings["wait_s"] = time.perf_counter() - start - timings["train_s"]
         trained = dict(zip(rows, update.logprobs, strict=True))
         version = self._publish_next_version({**metrics, **timings}, timings)
@@ -253,21 +254,20 @@ class GRPOTrainer:
         return self._old_logprobs[1]
 
     def _publish_next_version(self, metrics: dict[str, float], timings) -> VersionRecord:
-        """version + 1, pushed to the engine; its ack must match the trainer's weights.
-        Pipelined, the optimizer steps here, between two engine steps and with the update:
-        the engine may serve these very tensors."""
+        """version + 1, pushed to the engine (its ack must match the trainer's weights); when
+        pipelined, with the optimizer step, between two generation steps (they share tensors)."""
         pipelined = self.config.pipeline != "sync"
         start = time.perf_counter()
         parent, self.version = self.version, self.version + 1
         self.step_index += 1
-        with self.engine.paused():
+        with self.engine.paused(), self.boundary.gate(self.version):
             if pipelined:
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
             weights = published_weights(self.model, self.engine.model.lm_head.weight.dtype)
             mode = "in_flight" if self.config.pipeline == "in_flight" else "drain"
             ack = self.engine.update_weights(weights, self.version, mode)
-        expected = update_digest(weights)
+        expected = self.version_digests[self.version] = update_digest(weights)
         if ack.version != self.version or ack.checksum != expected:
             raise TrainingError(
                 f"weight sync failed: engine acknowledged version {ack.version} "

@@ -137,8 +137,8 @@ def test_a_weight_update_moves_only_the_adapter(base, tmp_path):
     trainer = make_trainer(base, tmp_path, lora=LORA, steps=2, drop_zero_variance_groups=False)
     sent = []
     real = trainer.engine.update_weights
-    trainer.engine.update_weights = lambda weights, version: (
-        sent.append(weights) or real(weights, version)
+    trainer.engine.update_weights = lambda weights, version, mode: (
+        sent.append(weights) or real(weights, version, mode)
     )
     trainer.train()
     adapter_bytes = sum(

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from core_engine.rl.checkpoint import latest_checkpoint, read_pending_rollout
+from core_engine.rl.pipeline import RolloutProducer, check_acks, start_producer
 from core_engine.rl.records import StopReason, TrainerHooks
+from core_engine.rl.rollout_process import ProcessProducer
 from core_engine.task import expand_runs
 
 from .test_rl_exactness import run, weights_of
@@ -133,3 +135,51 @@ def test_a_pipelined_run_trains_and_threads_are_restored(checkpoint, tmp_path):
     trainer.train()
     assert torch.get_num_threads() == before
     assert trainer.engine.is_idle()
+
+
+def test_lora_pipelines_generate_on_a_thread_within_the_bound(checkpoint, tmp_path):
+    """LoRA keeps the producer on a thread (the adapter lives where the policy is loaded): the
+    optimizer step and the update wait for the engine's step in progress, and the same rules
+    hold."""
+    records = []
+    trainer = make_trainer(
+        checkpoint,
+        tmp_path,
+        TrainerHooks(on_step=records.append),
+        steps=3,
+        pipeline="in_flight",
+        lora={"rank": 4},
+        **PIPELINED,
+    )
+    assert isinstance(start_producer(trainer, 1), RolloutProducer)
+    trainer.train()
+    assert trainer.version == trainer.engine.version == 3
+    for record in accepted(records):
+        for i in range(record.rollout.num_samples):
+            assert all(0 <= record.version.parent - v <= 1 for v in record.rollout.versions_of(i))
+
+
+def test_a_rollout_process_must_acknowledge_the_trainers_checksums():
+    check_acks([(3, "ab" * 32)], {3: "ab" * 32})
+    with pytest.raises(RuntimeError, match="served version 3 with checksum cdcdcdcdcdcd"):
+        check_acks([(3, "cd" * 32)], {3: "ab" * 32})
+    with pytest.raises(RuntimeError, match="the trainer's is None"):
+        check_acks([(4, "cd" * 32)], {3: "ab" * 32})
+
+
+def test_a_full_weight_cpu_pipeline_generates_in_its_own_process(checkpoint, tmp_path):
+    trainer = make_trainer(checkpoint, tmp_path, steps=1, pipeline="one_step", **PIPELINED)
+    producer = start_producer(trainer, 1)
+    try:
+        assert isinstance(producer, ProcessProducer)
+        producer.start(trainer.batch_at(0), 5)
+        rollout, fresh, _ = producer.take()
+        assert fresh and rollout.policy_version == 0 and rollout.num_samples == 16
+        assert producer.acks == []  # served version 0 from the start: no update
+        with producer.gate(1):
+            pass  # the trainer's version moves to 1 (its weights unchanged here)
+        producer.start(trainer.batch_at(1), 6)
+        rollout, _, _ = producer.take()
+        assert rollout.policy_version == 1 and [v for v, _ in producer.acks] == [1]
+    finally:
+        producer.close()

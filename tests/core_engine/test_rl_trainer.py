@@ -100,9 +100,9 @@ def test_errored_sample_rejects_the_batch_or_only_its_group(checkpoint, tmp_path
     trainer = make_trainer(checkpoint, tmp_path, max_tokens=500)  # context is 512 tokens
     original = trainer.engine.run_batch
 
-    def first_prompt_too_long(prompts, params, samples_per_prompt=1):
+    def first_prompt_too_long(prompts, params, samples_per_prompt=1, **options):
         prompts = [[1] * 600, *prompts[1:]]
-        return original(prompts, params, samples_per_prompt)
+        return original(prompts, params, samples_per_prompt, **options)
 
     trainer.engine.run_batch = first_prompt_too_long
     record = trainer.step()
@@ -111,8 +111,8 @@ def test_errored_sample_rejects_the_batch_or_only_its_group(checkpoint, tmp_path
     assert trainer.version == 0
 
     grouped = make_trainer(checkpoint, tmp_path / "g", reject_scope="group", max_tokens=3)
-    grouped.engine.run_batch = lambda p, params, samples_per_prompt=1: original.__func__(
-        grouped.engine, [[1] * 600, *p[1:]], params, samples_per_prompt
+    grouped.engine.run_batch = lambda p, params, samples_per_prompt=1, **options: (
+        original.__func__(grouped.engine, [[1] * 600, *p[1:]], params, samples_per_prompt)
     )
     record = grouped.step()
     assert "error/prompt_too_long" in record.reasons[0]

@@ -202,3 +202,26 @@ def test_evaluate_refuses_a_checkpoint_that_does_not_match_its_checksum(
     job = repo.create_job("evaluate", {"job_id": train.id, "version": 1, "task": "always7"})
     assert run_job(repo, job.id, settings).status == "failed"
     assert "does not match its recorded checksum" in repo.get_job(job.id).error
+
+
+@pytest.mark.parametrize("pipeline", ["one_step", "in_flight"])
+def test_a_pipelined_job_stamps_each_sample_with_its_oldest_token(
+    repo, settings, tiny_model, pipeline
+):
+    """Batches after the first are generated one version ahead of the step that trains them:
+    the batch row carries the trainer's version, each sample the version that produced it (its
+    oldest token's), and the version's metrics say how old the trained tokens were."""
+    config = train_config(tiny_model, steps=4, pipeline=pipeline, max_policy_lag=1)
+    job = repo.create_job("train", config, total_steps=4)
+    assert run_job(repo, job.id, settings).status == "succeeded"
+    batches = repo.list_batches(job.id)
+    assert [b.policy_version for b in batches] == [0, 1, 2, 3]
+    for batch in batches:
+        for sample in repo.list_samples(SampleFilter(job_id=job.id, batch_id=batch.id)).items:
+            detail = repo.get_sample(sample.id)
+            assert 0 <= batch.policy_version - detail.policy_version <= 1
+            assert all(0 <= batch.policy_version - v <= 1 for v, _ in detail.version_runs)
+    versions = repo.list_versions(job.id)[1:]
+    assert versions[0].metrics.extra["policy_lag_max"] == 0  # the first batch: generated first
+    assert all(v.metrics.extra["policy_lag_max"] == 1 for v in versions[1:])
+    assert all(v.metrics.extra["is_weight_max"] > 0 for v in versions[1:])

@@ -1,0 +1,298 @@
+"""Asynchronous RL measured side by side: optimizer steps per minute and held-out accuracy of
+the `one_step` and `in_flight` pipelines against the synchronous loop (and TRL's GRPOTrainer
+when it is installed), on the demo task.
+
+Every trainer starts from the shipped demo policy with the recipe of `grpo_demo.py` (3-digit
+addition, 16 prompts x G=8, lr 3e-4, temperature 1.0, clip 0.2, no KL, at most 6 tokens, fp32).
+They run in one process, interleaved in turns: each in turn trains for `--slice` seconds of its
+own clock (the machine's load is shared alike). A trainer's clock counts its `train()` time
+only: the greedy held-out evaluation (1,000 problems) every `--eval-every` versions, taken
+between two steps, and the start of a pipelined job's rollout process (once per job; printed)
+are left out. TRL (`transformers.generate` on the trained model) runs its turn inside the same
+rotation, each of its optimizer steps timed by a callback.
+
+Threads: the synchronous loop on one intra-op thread (as the workers run) and on two (both
+cores on one job); TRL on one; a pipeline on one for training plus one in its rollout process.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_pipeline.py --minutes 3 --json out.json
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_pipeline.py --wide --minutes 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from bench_grpo import GROUP, PROMPTS, Alternate, trl_missing, trl_trainer
+
+from core_engine.rl import pipeline
+from core_engine.rl.config import GRPOConfig
+from core_engine.rl.demo_policy import (
+    DEMO_ALPHABET,
+    SHIPPED_POLICY,
+    greedy_accuracy,
+    heldout_records,
+)
+from core_engine.rl.records import TrainerHooks
+from core_engine.rl.tasks import addition_records
+from core_engine.rl.trainer import GRPOTrainer
+from core_engine.toy import save_tiny_checkpoint
+
+# (name, pipeline mode, intra-op threads): the synchronous loop on one core and on both
+VARIANTS = (("sync", "sync", 1), ("sync x2", "sync", 2), ("one_step", "one_step", 2))
+VARIANTS += (("in_flight", "in_flight", 2),)
+STARTUP_S: list[float] = []  # each pipelined `train()` call's rollout process start
+TARGET_SPEEDUP, TARGET_TRL = 1.6, 3.0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--minutes", type=float, default=4.0, help="training time of each")
+    parser.add_argument("--slice", type=float, default=20.0, help="seconds per turn")
+    parser.add_argument("--eval-every", type=int, default=20, help="versions between evals")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-trl", action="store_true", help="leave TRL out")
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="throughput only, on a random 512-wide 6-layer model (compute-bound, ~20M "
+        "parameters) instead of the demo policy; no accuracy, no TRL",
+    )
+    parser.add_argument("--json", type=Path, help="write the results here")
+    return parser.parse_args(argv)
+
+
+class Timed:
+    """One of our trainers, run a slice at a time; its clock counts training only."""
+
+    def __init__(
+        self,
+        variant: tuple,
+        records: list[dict],
+        args: argparse.Namespace,
+        root: Path,
+        policy: Path,
+    ):
+        self.name, mode, self.threads = variant
+        config = GRPOConfig(
+            model=str(policy),
+            output_dir=str(root / self.name.replace(" ", "_")),
+            task="addition",
+            steps=1_000_000,
+            batch_size=PROMPTS,
+            group_size=GROUP,
+            lr=3e-4,
+            temperature=1.0,
+            clip_eps=0.2,
+            kl_coef=0.0,
+            max_tokens=6,
+            seed=args.seed,
+            resume=False,
+            pipeline=mode,
+            max_policy_lag=0 if mode == "sync" else 1,
+            # a random model's groups mostly agree: train on them anyway (same compute)
+            drop_zero_variance_groups=not args.wide,
+        )
+        self.eval_every = 10**9 if args.wide else args.eval_every
+        self.trainer = GRPOTrainer(config, records, TrainerHooks(should_stop=self._between))
+        self.seconds = 0.0  # training time
+        self.points: list[dict[str, float]] = []  # version, minutes, accuracy
+        self._deadline = 0.0
+        self._excluded = 0.0
+
+    def _between(self) -> bool:
+        """Between two steps: evaluate when due (not timed); stop at the slice's end."""
+        version = self.trainer.version
+        if version % self.eval_every == 0 and (
+            not self.points or self.points[-1]["version"] != version
+        ):
+            self.evaluate()
+        return time.perf_counter() - self._excluded >= self._deadline
+
+    def evaluate(self) -> None:
+        start = time.perf_counter()
+        accuracy = greedy_accuracy(self.trainer.engine, heldout_records())
+        minutes = (self.seconds + start - self._slice_start - self._excluded) / 60
+        self.points.append(
+            {"version": self.trainer.version, "minutes": minutes, "accuracy": accuracy}
+        )
+        self._excluded += time.perf_counter() - start
+
+    def run_slice(self, seconds: float) -> None:
+        torch.set_num_threads(self.threads)  # pipelined: halved, 1 + 1
+        self._excluded = 0.0
+        started = len(STARTUP_S)
+        self._slice_start = time.perf_counter()
+        self._deadline = self._slice_start + seconds
+        self.trainer.train()
+        self._excluded += sum(STARTUP_S[started:])  # paid once per job: not steady state
+        self.seconds += time.perf_counter() - self._slice_start - self._excluded
+
+    @property
+    def steps_per_min(self) -> float:
+        return 60 * self.trainer.version / max(self.seconds, 1e-9)
+
+
+class TRLTurns:
+    """TRL's training run, handing the rotation a turn after each of its slices."""
+
+    def __init__(self, records: list[dict], args: argparse.Namespace, root: Path) -> None:
+        args.warmup, args.steps = 0, 1_000_000
+        self.trainer = trl_trainer(SHIPPED_POLICY, records, args, root)
+        self.slice_s = args.slice
+        self.steps = 0
+        self.seconds = 0.0
+        self._in_slice = 0.0
+
+    def steps_per_min(self) -> float:
+        return 60 * self.steps / max(self.seconds, 1e-9)
+
+
+def rotate(ours: list[Timed], trl: TRLTurns | None, args: argparse.Namespace) -> None:
+    budget = args.minutes * 60
+
+    def our_turns() -> None:
+        for trainer in ours:
+            if trainer.seconds < budget:
+                trainer.run_slice(args.slice)
+
+    if trl is None:
+        while any(t.seconds < budget for t in ours):
+            our_turns()
+        return
+    clock = Alternate(lambda: None)
+
+    def after_trl_step() -> None:
+        trl.steps += 1
+        trl.seconds += clock.step_s[-1]
+        trl._in_slice += clock.step_s[-1]
+        if trl._in_slice >= args.slice or trl.seconds >= budget:
+            trl._in_slice = 0.0
+            our_turns()
+            if trl.seconds >= budget and all(t.seconds >= budget for t in ours):
+                trl.trainer.control.should_training_stop = True
+
+    clock.between = after_trl_step
+    trl.trainer.add_callback(clock)
+    trl.trainer.train()
+    while any(t.seconds < budget for t in ours):
+        our_turns()
+
+
+def accuracy_at(points: list[dict], minutes: float | None = None, version: int | None = None):
+    if version is not None:
+        return next((p["accuracy"] for p in points if p["version"] == version), None)
+    before = [p for p in points if p["minutes"] <= minutes + 1e-9]
+    return before[-1]["accuracy"] if before else None
+
+
+def report(ours: list[Timed], trl: TRLTurns | None) -> dict[str, Any]:
+    sync = ours[0]
+    results: dict[str, Any] = {"modes": {}}
+    common_version = min(t.points[-1]["version"] if t.points else 0 for t in ours)
+    common_version -= common_version % ours[0].eval_every
+    minutes = min(t.seconds for t in ours) / 60
+    print(
+        f"{'trainer':<10}{'steps':>7}{'minutes':>9}{'steps/min':>11}{'x sync':>8}"
+        f"{'acc@v' + str(common_version):>10}{f'acc@{minutes:.1f}min':>13}"
+    )
+    for t in ours:
+        row = {
+            "steps": t.trainer.version,
+            "minutes": t.seconds / 60,
+            "steps_per_min": t.steps_per_min,
+            "speedup_over_sync": t.steps_per_min / sync.steps_per_min,
+            "accuracy_at_equal_steps": accuracy_at(t.points, version=common_version),
+            "accuracy_at_equal_time": accuracy_at(t.points, minutes=minutes),
+            "points": t.points,
+        }
+        results["modes"][t.name] = row
+        print(
+            f"{t.name:<10}{row['steps']:>7}{row['minutes']:>9.2f}{row['steps_per_min']:>11.1f}"
+            f"{row['speedup_over_sync']:>8.2f}{100 * (row['accuracy_at_equal_steps'] or 0):>10.1f}"
+            f"{100 * (row['accuracy_at_equal_time'] or 0):>13.1f}"
+        )
+    if trl is not None:
+        results["trl"] = {
+            "steps": trl.steps,
+            "minutes": trl.seconds / 60,
+            "steps_per_min": trl.steps_per_min(),
+        }
+        print(
+            f"{'trl':<10}{trl.steps:>7}{trl.seconds / 60:>9.2f}{trl.steps_per_min():>11.1f}"
+            f"{trl.steps_per_min() / sync.steps_per_min:>8.2f}"
+        )
+        for t in ours:
+            results["modes"][t.name]["ratio_over_trl"] = t.steps_per_min / trl.steps_per_min()
+        print(
+            "over TRL: "
+            + ", ".join(f"{t.name} {t.steps_per_min / trl.steps_per_min():.2f}x" for t in ours)
+            + f" (goal >= {TARGET_TRL}x)"
+        )
+    print(
+        "over sync: "
+        + ", ".join(f"{t.name} {t.steps_per_min / sync.steps_per_min:.2f}x" for t in ours[1:])
+        + f" (goal >= {TARGET_SPEEDUP}x)"
+    )
+    return results
+
+
+def wide_policy(path: Path) -> Path:
+    """A random checkpoint with the demo's tokenizer, wide enough that matrix products, not
+    Python, take most of a step."""
+    shape = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=6)
+    heads = dict(num_attention_heads=8, num_key_value_heads=4, initializer_range=0.02)
+    return save_tiny_checkpoint(path, "llama", DEMO_ALPHABET, **shape, **heads)
+
+
+def _timed_start(start: Any) -> Any:
+    def timed(*args: Any) -> Any:
+        begin = time.perf_counter()
+        producer = start(*args)
+        STARTUP_S.append(time.perf_counter() - begin)
+        return producer
+
+    return timed
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    pipeline.start_producer = _timed_start(pipeline.start_producer)
+    print(
+        f"threads: sync 1 or 2, TRL 1, pipelined 1 + 1; {args.minutes} min, turns of {args.slice} s"
+    )
+    records = addition_records(5000, seed=1)
+    held_out = {r["input"] for r in heldout_records()}
+    records = [r for r in records if r["input"] not in held_out]
+    with tempfile.TemporaryDirectory() as tmp:
+        policy = wide_policy(Path(tmp) / "wide") if args.wide else SHIPPED_POLICY
+        ours = [Timed(variant, records, args, Path(tmp), policy) for variant in VARIANTS]
+        trl = None
+        if args.wide or args.no_trl:
+            pass
+        elif (reason := trl_missing()) is None:
+            trl = TRLTurns(records, args, Path(tmp))
+        else:
+            print(f"TRL left out: {reason}")
+        rotate(ours, trl, args)
+        for t in ours:
+            t.trainer.stats()
+        results = report(ours, trl)
+        if STARTUP_S:
+            start_s = results["rollout_process_start_s"] = sorted(STARTUP_S)[len(STARTUP_S) // 2]
+            print(f"rollout process start (once per job, left out): {start_s:.1f} s median")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
