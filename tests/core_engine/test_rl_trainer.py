@@ -111,9 +111,12 @@ def test_errored_sample_rejects_the_batch_or_only_its_group(checkpoint, tmp_path
     assert trainer.version == 0
 
     grouped = make_trainer(checkpoint, tmp_path / "g", reject_scope="group", max_tokens=3)
-    grouped.engine.run_batch = lambda p, params, samples_per_prompt=1, **options: (
-        original.__func__(grouped.engine, [[1] * 600, *p[1:]], params, samples_per_prompt)
-    )
+
+    def grouped_first_too_long(prompts, params, samples_per_prompt=1, **options):
+        prompts = [[1] * 600, *prompts[1:]]
+        return original.__func__(grouped.engine, prompts, params, samples_per_prompt, **options)
+
+    grouped.engine.run_batch = grouped_first_too_long
     record = grouped.step()
     assert "error/prompt_too_long" in record.reasons[0]
     if record.status == "accepted":  # the other groups trained; the bad one got no weight
