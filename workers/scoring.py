@@ -11,7 +11,7 @@ instead, run by run under each run's version with the K/V earlier versions left 
 """
 
 from collections.abc import Callable
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 from db import JobInfo, NotFound, Repository, SampleDetail, VersionNotFound
@@ -29,6 +29,7 @@ from workers.settings import Settings
 WEIGHTS_NOT_KEPT = "weights not kept"
 AUDIT_TOLERANCE = 1e-4  # DESIGN invariant 3: fp32 recomputation reproduces the stored log-probs
 MAX_AUDIT_SAMPLES = 200
+REPLAY_MODELS_KEPT = 2  # an in-flight sample's versions: v and v + 1
 # what stops a version's weights from being scored (an engine's memory aside)
 _UNCHECKABLE = (WeightsNotKept, VersionNotFound, ChecksumMismatch)
 
@@ -67,11 +68,18 @@ def score_response(
     return [float(v) for v in scores.float().cpu()]
 
 
-def audit_sample(repo: Repository, settings: Settings, sample_id: int) -> dict[str, Any]:
+def audit_sample(
+    repo: Repository,
+    settings: Settings,
+    sample_id: int,
+    reference_model: Callable[[int, int], Any] | None = None,
+) -> dict[str, Any]:
     """One sample's audit: the largest |stored - recomputed| log-prob under the version(s)
     that sampled its tokens, with ``status`` pass / fail (against `AUDIT_TOLERANCE`),
     ``weights not kept``, ``no tokens`` or ``error`` (with ``problem``); ``segments``, one per
-    run of tokens of one version, each with its own status; ``checks`` says what was checked."""
+    run of tokens of one version, each with its own status; ``checks`` says what was checked.
+    ``reference_model(job_id, version)`` gives a version's checked `transformers` model for a
+    sample several versions sampled (default: loaded for this sample alone)."""
     result: dict[str, Any] = {"sample_id": sample_id, "tolerance": AUDIT_TOLERANCE}
     try:
         detail = repo.get_sample(sample_id)
@@ -83,8 +91,12 @@ def audit_sample(repo: Repository, settings: Settings, sample_id: int) -> dict[s
     if not detail.response_token_ids:
         return {**result, "status": "no tokens", "max_abs_diff": None}
     parts = segments(detail.version_runs)
-    audit = _teacher_forced if len(parts) == 1 else _replayed
-    checked = audit(repo, settings, detail, parts, scoring_temperature(job))
+    temperature = scoring_temperature(job)
+    if len(parts) == 1:
+        checked = _teacher_forced(repo, settings, detail, parts, temperature)
+    else:
+        model_of = reference_model or partial(_reference_model, repo, settings)
+        checked = _replayed(repo, detail, parts, temperature, partial(model_of, detail.job_id))
     return {**result, **_summary(checked), "checks": _checks(parts)}
 
 
@@ -105,10 +117,10 @@ def _teacher_forced(
 
 def _replayed(
     repo: Repository,
-    settings: Settings,
     detail: SampleDetail,
     parts: list[Segment],
     temperature: float,
+    model_of: Callable[[int], Any],
 ) -> list[dict[str, Any]]:
     """The segments of a sample several versions sampled, replayed in order
     (`workers.replay`) up to the first whose weights cannot be had."""
@@ -118,7 +130,6 @@ def _replayed(
     try:
         first = saved_version(repo, detail.job_id, parts[0].version).checkpoint_path
         prompt = encode_prompt(tokenizer_of(first), detail.prompt_text)
-        model_of = partial(_reference_model, repo, settings, detail.job_id)
         response = detail.response_token_ids
         for scores in replay_logprobs(prompt, response, parts, model_of, temperature):
             checked.append(_scored(parts[len(checked)], stored, scores))
@@ -217,16 +228,20 @@ def audit_samples(
     cancelled: Callable[[], bool] = lambda: False,
 ) -> dict[str, Any]:
     """The audit of each sample (at most `MAX_AUDIT_SAMPLES`), or ``{"problem": ...}``, also
-    when ``cancelled()`` says so before a sample."""
+    when ``cancelled()`` says so before a sample. In-flight samples of one batch replay the same
+    two versions: the last `REPLAY_MODELS_KEPT` loaded models serve the next samples too."""
     if not isinstance(sample_ids, list) or not all(isinstance(i, int) for i in sample_ids):
         return {"problem": "sample ids: a list of whole numbers is required"}
     if not 1 <= len(sample_ids) <= MAX_AUDIT_SAMPLES:
         return {"problem": f"audit 1 to {MAX_AUDIT_SAMPLES} samples at a time"}
+    reference_model = lru_cache(maxsize=REPLAY_MODELS_KEPT)(
+        partial(_reference_model, repo, settings)
+    )
     audits = []
     for sample_id in sample_ids:
         if cancelled():
             return {"problem": f"cancelled after {len(audits)} of {len(sample_ids)} samples"}
-        audits.append(audit_sample(repo, settings, sample_id))
+        audits.append(audit_sample(repo, settings, sample_id, reference_model))
     return {"samples": audits}
 
 

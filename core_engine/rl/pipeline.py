@@ -1,5 +1,6 @@
-"""Generation overlapped with training: the rollout of the next batch is produced on its own
-thread (with its own intra-op threads) while the trainer computes on the current one.
+"""Generation overlapped with training: the rollout of the next batch is produced by a thread
+or, on a CPU, a child process (`rollout_process`), with its own intra-op threads, while the
+trainer computes on the current one.
 
 `one_step`: batch k+1 is generated under version v while the trainer computes batch k's
 gradients; at the boundary the trainer waits for it, then steps the optimizer and publishes
@@ -120,7 +121,7 @@ class RolloutProducer:
 
 
 def batch_seed(seed: int, index: int) -> int:
-    """The sampling seed of batch `index` (known before the trainer reaches it)."""
+    """The sampling seed of batch `index` (pipelined: known before the trainer reaches it)."""
     return seed * 1_000_003 + index * 10_007
 
 

@@ -35,7 +35,7 @@ from core_engine.rl.data import collate
 from core_engine.rl.footprint import check_room_for, return_large_frees_to_the_os
 from core_engine.rl.loss import group_advantages
 from core_engine.rl.optimizer import build_optimizer
-from core_engine.rl.pipeline import Boundary, run_pipelined
+from core_engine.rl.pipeline import Boundary, batch_seed, run_pipelined
 from core_engine.rl.policy_weights import kl_reference, load_policy, published_weights
 from core_engine.rl.records import StepRecord, StopReason, TrainerHooks, VersionRecord
 from core_engine.rl.rewards import RewardError
@@ -147,7 +147,7 @@ class GRPOTrainer:
     def step(self, batch: dict[str, list[str]] | None = None) -> StepRecord:
         """One rollout batch: either an optimizer step (version + 1) or a recorded rejection."""
         batch = batch or self.next_batch()
-        seed = self.config.seed * 1_000_003 + self.step_index * 10_007
+        seed = batch_seed(self.config.seed, self.step_index)  # sync: indexed by step
         return self.consume(*produce_rollout(self.runner, batch, seed))
 
     def consume(
