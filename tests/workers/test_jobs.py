@@ -223,5 +223,11 @@ def test_a_pipelined_job_stamps_each_sample_with_its_oldest_token(
             assert all(0 <= batch.policy_version - v <= 1 for v, _ in detail.version_runs)
     versions = repo.list_versions(job.id)[1:]
     assert versions[0].metrics.extra["policy_lag_max"] == 0  # the first batch: generated first
-    assert all(v.metrics.extra["policy_lag_max"] == 1 for v in versions[1:])
-    assert all(v.metrics.extra["is_weight_max"] > 0 for v in versions[1:])
+    lags = [v.metrics.extra["policy_lag_max"] for v in versions[1:]]
+    # in flight, a batch whose first token came after the update is trained at lag 0 (timing)
+    assert all(lag == 1 for lag in lags) if pipeline == "one_step" else set(lags) <= {0, 1}
+    assert all(
+        v.metrics.extra["is_weight_max"] > 0
+        for v in versions[1:]
+        if v.metrics.extra["policy_lag_max"] == 1
+    )
