@@ -72,6 +72,7 @@ def broker_settings(settings: Settings) -> dict[str, Any]:
         folder.mkdir(parents=True, exist_ok=True)
     return {
         "broker_url": "filesystem://localhost/",
+        "broker_transport": "workers.embedded_broker:Transport",
         "broker_transport_options": {
             "data_folder_in": str(messages),
             "data_folder_out": str(messages),

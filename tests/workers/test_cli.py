@@ -158,7 +158,10 @@ def test_up_shows_both_workers_and_the_running_job(broker, tmp_path, tiny_model)
     argv = [sys.executable, "-m", "ui", "up", "--port", str(port)]
     with running(argv, env, tmp_path, log) as up:
         client = ui_client(port, up)
-        wait_for(lambda: log.read_text().count(" ready.") == 2, 90, "both workers to start")
+        try:
+            wait_for(lambda: log.read_text().count(" ready.") == 2, 90, "both workers to start")
+        except AssertionError as timeout:
+            raise AssertionError(log.read_text()[-4000:]) from timeout
         config = train_config(tiny_model, steps=10_000, reward=SLOW_REWARD)
         job_id = subprocess.run(
             [sys.executable, "-c", SUBMIT, json.dumps(config)],
