@@ -12,7 +12,6 @@ import torch
 
 from core_engine.cache import TaskCacheManager
 from core_engine.model import AttentionMetadata, CausalLM
-from core_engine.model.kernels import engine_kernels
 from core_engine.runtime.graph import GraphDecodeRunner, graphs_supported
 from core_engine.runtime.sample import SampleOutput, sample
 from core_engine.task import Task
@@ -97,16 +96,14 @@ class Executor:
     @torch.inference_mode()
     def forward_prefill(self, tasks: Sequence[Task]) -> torch.Tensor:
         """Logits [len(tasks), vocab] at each task's last token."""
-        with engine_kernels():
-            return self.model.forward_engine(*self._with_cache(self.prepare_prefill(tasks)))
+        return self.model.forward_engine(*self._with_cache(self.prepare_prefill(tasks)))
 
     @torch.inference_mode()
     def forward_decode(self, tasks: Sequence[Task]) -> torch.Tensor:
         if self.graph is not None and self.graph.can_run(len(tasks)):
             ids, positions, meta, _ = self.prepare_decode(tasks)
             return self.graph.run(ids, positions, meta)
-        with engine_kernels():
-            return self.model.forward_engine(*self._with_cache(self.prepare_decode(tasks)))
+        return self.model.forward_engine(*self._with_cache(self.prepare_decode(tasks)))
 
     def execute_decode(self, tasks: Sequence[Task], return_logprobs: bool = True) -> SampleOutput:
         return self.sample(tasks, self.forward_decode(tasks), return_logprobs)

@@ -1,14 +1,17 @@
-"""The engine's oneDNN matmul: used by engine forwards alone (per thread), for products large
-enough, with results equal to `F.linear`'s up to rounding, and the engine still equal to
+"""The decoder's oneDNN matmul: for fp32 CPU products large enough, forward and backward,
+with results and gradients equal to `F.linear`'s up to rounding, and the engine still equal to
 Hugging Face (greedy tokens, teacher-forced log-probs)."""
-
-import threading
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from core_engine.model.kernels import MIN_MULTIPLY_ADDS, Linear, engine_kernels, onednn_available
+from core_engine.model.kernels import (
+    MIN_MULTIPLY_ADDS,
+    MIN_WEIGHT_GRADIENT_ROWS,
+    Linear,
+    onednn_available,
+)
 from core_engine.task import SamplingParams
 
 from .reference import hf_greedy, hf_logprobs, make_engine, make_pair
@@ -23,36 +26,55 @@ def ops_run(fn) -> set[str]:
     return {event.key for event in profile.key_averages()}
 
 
-def test_engine_products_use_onednn_and_agree_with_f_linear():
+def test_large_products_use_onednn_and_agree_with_f_linear():
     torch.manual_seed(0)
     layer = Linear(256, 1024)
     x = torch.randn(16, 256)  # 4M multiply-adds
     with torch.inference_mode():
         reference = F.linear(x, layer.weight, layer.bias)
-        with engine_kernels():
-            assert ONEDNN_OP in ops_run(lambda: layer(x))
-            out = layer(x)
+        assert ONEDNN_OP in ops_run(lambda: layer(x))
+        out = layer(x)
         small = torch.randn(1, 256)  # 262k: below the threshold, F.linear
         assert MIN_MULTIPLY_ADDS > 1 * 256 * 1024
-        with engine_kernels():
-            assert ONEDNN_OP not in ops_run(lambda: layer(small))
+        assert ONEDNN_OP not in ops_run(lambda: layer(small))
+        double = Linear(256, 1024).double()
+        assert ONEDNN_OP not in ops_run(lambda: double(x.double()))  # fp32 only
     assert torch.allclose(out, reference, rtol=1e-5, atol=1e-5)
-    assert ONEDNN_OP not in ops_run(lambda: layer(x))  # outside the engine: F.linear
 
 
-def test_the_switch_is_per_thread_and_training_keeps_autograd():
-    layer = Linear(256, 1024)
-    x = torch.randn(16, 256, requires_grad=True)
-    seen = {}
+@pytest.mark.parametrize("rows", [MIN_WEIGHT_GRADIENT_ROWS // 4, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_training_products_and_their_gradients_equal_float64_autograd(rows, bias):
+    """Forward and both backward products through oneDNN (the weight gradient by `mm` when
+    it sums over few rows), a 3-d input, and the expanded gradient of a sum: all equal to
+    float64 autograd of `F.linear`."""
+    torch.manual_seed(rows)
+    layer = Linear(384, 512, bias=bias)
+    x = torch.randn(2, rows, 384, requires_grad=True)
+    weights = torch.randn(2, rows, 512)
+    ops = ops_run(lambda: ((layer(x) * weights).sum() + layer(x).sum()).backward())
+    assert ONEDNN_OP in ops
+    assert ("aten::mm" in ops) == (2 * rows < MIN_WEIGHT_GRADIENT_ROWS)
 
-    def other_thread():
-        seen["ops"] = ops_run(lambda: layer(x).sum().backward())
+    x64 = x.detach().double().requires_grad_()
+    w64 = layer.weight.detach().double().requires_grad_()
+    b64 = layer.bias.detach().double().requires_grad_() if bias else None
+    ((F.linear(x64, w64, b64) * weights.double()).sum() + F.linear(x64, w64, b64).sum()).backward()
+    for ours, truth in [(x.grad, x64.grad), (layer.weight.grad, w64.grad)] + (
+        [(layer.bias.grad, b64.grad)] if bias else []
+    ):
+        assert ours.dtype == torch.float32
+        torch.testing.assert_close(ours.double(), truth, rtol=1e-5, atol=1e-4)
 
-    with engine_kernels():
-        worker = threading.Thread(target=other_thread)
-        worker.start()
-        worker.join()
-    assert ONEDNN_OP not in seen["ops"] and x.grad is not None
+
+def test_a_frozen_weight_gets_no_gradient_and_the_input_does():
+    layer = Linear(256, 1024).requires_grad_(False)  # a LoRA base layer
+    x = torch.randn(64, 256, requires_grad=True)
+    layer(x).pow(2).sum().backward()
+    assert layer.weight.grad is None and x.grad is not None
+    x64 = x.detach().double().requires_grad_()
+    F.linear(x64, layer.weight.double(), layer.bias.double()).pow(2).sum().backward()
+    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-5, atol=1e-4)
 
 
 def test_a_mid_size_engine_equals_hugging_face_through_onednn():
