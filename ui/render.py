@@ -146,15 +146,32 @@ def _facts(detail: SampleDetail, weights: dict[str, float] | None = None) -> str
     return f'<table class="facts">{cells}</table>'
 
 
+def response_block(heading: str, legend: str, tokens: str) -> str:
+    """A response's token spans under their heading and colour legend."""
+    return (
+        f"<h4>{heading}</h4>{legend}"
+        f'<div class="tokens" style="{BLOCK_STYLE}">{tokens or "∅ (no tokens)"}</div>'
+    )
+
+
 def sample_html(
-    detail: SampleDetail, texts: list[str] | None, weights: dict[str, float] | None = None
+    detail: SampleDetail,
+    texts: list[str] | None,
+    weights: dict[str, float] | None = None,
+    response: str | None = None,
 ) -> str:
     """The whole sample: facts (its reward components with the job's `weights`), prompt
-    messages, reference, and the coloured response."""
+    messages, reference, and the response: ``response`` (a `response_block`), else its
+    tokens coloured by behaviour log-prob."""
     reference = detail.reference_output
-    tokens = token_spans(
-        detail.response_token_ids, detail.behaviour_logprobs, texts, detail.temperature_logprobs
-    )
+    if response is None:
+        tokens = token_spans(
+            detail.response_token_ids,
+            detail.behaviour_logprobs,
+            texts,
+            detail.temperature_logprobs,
+        )
+        response = response_block("Response (behaviour log-prob per token)", _legend(), tokens)
     return (
         f'<div class="sample-detail" data-sample-id="{detail.id}">'
         f"{_facts(detail, weights)}"
@@ -162,8 +179,7 @@ def sample_html(
         "<h4>Reference output</h4>"
         f'<div class="reference" style="{BLOCK_STYLE}">'
         f"{'—' if reference is None else escape(reference)}</div>"
-        f"<h4>Response (behaviour log-prob per token)</h4>{_legend()}"
-        f'<div class="tokens" style="{BLOCK_STYLE}">{tokens or "∅ (no tokens)"}</div>'
+        f"{response}"
         f'<details><summary>response text</summary><div style="{BLOCK_STYLE}">'
         f"{escape(detail.response_text)}</div></details></div>"
     )

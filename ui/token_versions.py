@@ -1,11 +1,11 @@
 """HTML of the policy version of each response token: a sample whose tokens several versions
-sampled (a weight update landed in flight) shows its runs, and its tokens coloured by version
-on request. Every stored string is escaped."""
+sampled (a weight update landed in flight) shows its runs, and on request its response is
+coloured by version instead of by log-prob. Every stored string is escaped."""
 
 from html import escape
 
 from db import SampleDetail
-from ui.render import BLOCK_STYLE, TOKEN_STYLE, visible
+from ui.render import TOKEN_STYLE, response_block, visible
 
 LOGPROB, VERSION = "log-prob", "version"
 COLOUR_CHOICES = [LOGPROB, VERSION]
@@ -52,17 +52,20 @@ def version_spans(detail: SampleDetail, texts: list[str] | None) -> str:
     return "".join(spans)
 
 
-def versions_html(detail: SampleDetail, texts: list[str] | None, colour_by: str) -> str:
-    """The sample's token versions: nothing for a sample one version sampled, coloured by
-    log-prob; else its runs and, when ``colour_by`` is `VERSION`, its tokens by version."""
+def version_response(detail: SampleDetail, texts: list[str] | None) -> str:
+    """The response's tokens coloured by version, with the versions' legend."""
+    legend = _legend(detail.version_runs)
+    tokens = version_spans(detail, texts)
+    return response_block("Response (policy version per token)", legend, tokens)
+
+
+def versions_html(detail: SampleDetail, colour_by: str) -> str:
+    """The runs of the sample's token versions: shown when several versions sampled it or
+    its response is coloured by version."""
     runs = detail.version_runs
     if colour_by != VERSION and len(runs) <= 1:
         return ""
-    block = (
+    return (
         f'<div class="token-versions"><h4>Policy version per token</h4>'
-        f'<p class="version-runs">{escape(runs_text(runs))}</p>'
+        f'<p class="version-runs">{escape(runs_text(runs))}</p></div>'
     )
-    if colour_by == VERSION:
-        tokens = version_spans(detail, texts) or "∅ (no tokens)"
-        block += f'{_legend(runs)}<div class="tokens" style="{BLOCK_STYLE}">{tokens}</div>'
-    return block + "</div>"

@@ -59,7 +59,11 @@ def test_an_in_flight_sample_shows_its_runs_and_its_tokens_by_version(services, 
     assert _versions(by_version) == ["1", "1"] + ["2"] * (tokens - 2)
     assert f"background:{version_colour(0)}" in by_version
     assert f"background:{version_colour(1)}" in by_version
-    block = by_version.split('class="token-versions"')[1]
+    # recoloured in place: the response's spans carry versions instead of log-probs
+    assert "Response (policy version per token)" in by_version
+    assert "Response (behaviour log-prob per token)" not in by_version
+    assert by_version.count("data-logprob=") == by_logprob.count("data-logprob=") - tokens
+    block = by_version.split("Response (policy version per token)")[1].split("</div>")[1]
     assert "<b>" not in block and ">&lt;</span>" in block and ">&amp;</span>" in block
     assert open_sample(services, in_flight, VERSION) == (by_version, "")
 

@@ -26,7 +26,7 @@ from ui.handlers.jobs import batches_table, latest_batches
 from ui.handlers.reward_form import reward_weights
 from ui.render import fmt, inert, sample_html
 from ui.services import Services
-from ui.token_versions import LOGPROB, versions_html
+from ui.token_versions import LOGPROB, VERSION, version_response, versions_html
 from ui.tokens import token_texts
 
 PAGE_SIZE = 50
@@ -270,8 +270,8 @@ def sample_detail(
 ) -> str:
     """One sample in full, as HTML: prompt messages, reference, coloured response tokens
     (hover: token id and log-probs), reward, advantage, finish/error, version, cache, the
-    versions of its tokens (coloured by version when ``colour_by`` is `VERSION`), and
-    per-token training diagnostics of a trained sample."""
+    versions of its tokens (the response coloured by version instead of log-prob when
+    ``colour_by`` is `VERSION`), and per-token training diagnostics of a trained sample."""
     try:
         chosen = parse_id(sample_id, "sample")
         if chosen is None:
@@ -283,9 +283,10 @@ def sample_detail(
     texts = token_texts(detail.response_token_ids, _checkpoints(services, job, detail))
     clip_eps = job.config.get("clip_eps", DEFAULT_CLIP_EPS)
     weights = reward_weights(job.config.get("reward"))
+    response = version_response(detail, texts) if colour_by == VERSION else None
     return (
-        sample_html(detail, texts, weights)
-        + versions_html(detail, texts, colour_by)
+        sample_html(detail, texts, weights, response)
+        + versions_html(detail, colour_by)
         + diagnostics_html(detail, texts, clip_eps)
     )
 
