@@ -196,7 +196,7 @@ def recover_stale(app: Celery, repo: Repository, timeout_s: float) -> list[int]:
 def _task_id(payload: bytes | str) -> str | None:
     try:
         message = json.loads(payload)
-    except ValueError:  # an embedded message file still being written
+    except ValueError:  # not a message (the embedded broker renames whole files into place)
         return None
     if isinstance(message, list):  # an unacked entry: [message, exchange, routing_key]
         message = message[0]

@@ -1,7 +1,9 @@
 """The embedded broker's exchange tables under processes that bind at the same moment (as
 ``rlwb up``'s two workers do on a fresh data dir): no binding is lost, no reader sees a partial
-table, and an unbind removes only its own entry."""
+table, and an unbind removes only its own entry. Its message files appear whole to a consumer
+polling the folder."""
 
+import json
 import subprocess
 import sys
 import time
@@ -25,6 +27,19 @@ with Connection("filesystem://localhost/", transport=sys.argv[3],
     while not (folder / "go").exists():
         pass
     Queue(name, Exchange("celery.pidbox", type="fanout"), channel=channel).declare()
+"""
+
+PUT = """
+import sys
+from pathlib import Path
+from kombu import Connection
+folder = Path(sys.argv[1])
+options = {"data_folder_in": str(folder), "data_folder_out": str(folder)}
+with Connection("filesystem://localhost/", transport=sys.argv[2],
+                transport_options=options) as connection:
+    channel = connection.default_channel
+    for i in range(int(sys.argv[3])):
+        channel._put("big", {"i": i, "body": "x" * 4_000_000})
 """
 
 
@@ -77,3 +92,21 @@ def test_a_broadcast_reaches_every_queue_and_an_unbind_only_its_own(tmp_path):
         assert queues[0].get(no_ack=True).payload == {"ping": 1}
         assert queues[2].get(no_ack=True).payload == {"ping": 1}
         assert not list((tmp_path / "control").glob(".*.tmp"))
+
+
+def test_a_consumer_polling_the_folder_never_reads_a_message_half_written(tmp_path):
+    """A process puts 4 MB messages; this one reads every ``*.big.msg`` file it finds, as a
+    consumer would, while they are being put: each one it can open parses whole."""
+    count = 12
+    writer = subprocess.Popen([sys.executable, "-c", PUT, str(tmp_path), TRANSPORT, str(count)])
+    whole, torn = set(), 0
+    deadline = time.monotonic() + 120
+    while writer.poll() is None or len(whole) < count:
+        assert time.monotonic() < deadline, f"read {sorted(whole)} of {count}"
+        for path in tmp_path.glob("*.big.msg"):
+            try:
+                whole.add(json.loads(path.read_bytes())["i"])
+            except ValueError:
+                torn += 1
+        assert writer.poll() in (None, 0)
+    assert torn == 0 and whole == set(range(count))
