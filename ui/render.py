@@ -72,13 +72,21 @@ def token_spans(
         title = f"token id {token_id} · {label} {logprob:.4f} (p {math.exp(logprob):.3f})"
         if temperature_logprobs is not None:
             title += f" · temperature-only log-prob {temperature_logprobs[i]:.4f}"
-        text = texts[i] if texts is not None else f"⟨{token_id}⟩"
-        spans.append(
-            f'<span class="tok" data-token-id="{token_id}" data-logprob="{logprob:.6g}" '
-            f'style="{TOKEN_STYLE};background:{logprob_colour(logprob)}" '
-            f'title="{escape(title)}">{visible(text)}</span>'
-        )
+        text = texts[i] if texts is not None else None
+        data = f'data-logprob="{logprob:.6g}"'
+        spans.append(token_span(token_id, text, data, logprob_colour(logprob), title))
     return "".join(spans)
+
+
+def token_span(token_id: int, text: str | None, data: str, background: str, title: str) -> str:
+    """One ``<span class="tok">``: the token's text (without one, its id), its ``data``
+    attribute, background and hover ``title``."""
+    shown = text if text is not None else f"⟨{token_id}⟩"
+    return (
+        f'<span class="tok" data-token-id="{token_id}" {data} '
+        f'style="{TOKEN_STYLE};background:{background}" '
+        f'title="{escape(title)}">{visible(shown)}</span>'
+    )
 
 
 def _legend() -> str:

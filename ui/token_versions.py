@@ -5,7 +5,7 @@ coloured by version instead of by log-prob. Every stored string is escaped."""
 from html import escape
 
 from db import SampleDetail
-from ui.render import TOKEN_STYLE, response_block, visible
+from ui.render import TOKEN_STYLE, response_block, token_span
 
 LOGPROB, VERSION = "log-prob", "version"
 COLOUR_CHOICES = [LOGPROB, VERSION]
@@ -42,12 +42,9 @@ def version_spans(detail: SampleDetail, texts: list[str] | None) -> str:
         for _ in range(count):
             token_id, logprob = detail.response_token_ids[i], detail.behaviour_logprobs[i]
             title = f"token id {token_id} · version {version} · log-prob {logprob:.4f}"
-            text = texts[i] if texts is not None else f"⟨{token_id}⟩"
-            spans.append(
-                f'<span class="tok" data-token-id="{token_id}" data-version="{version}" '
-                f'style="{TOKEN_STYLE};background:{version_colour(rank)}" '
-                f'title="{escape(title)}">{visible(text)}</span>'
-            )
+            text = texts[i] if texts is not None else None
+            data = f'data-version="{version}"'
+            spans.append(token_span(token_id, text, data, version_colour(rank), title))
             i += 1
     return "".join(spans)
 

@@ -186,8 +186,10 @@ def _summary(checked: list[dict[str, Any]]) -> dict[str, Any]:
     """The sample's verdict: pass only if every segment passes."""
     statuses = {segment["status"] for segment in checked}
     diffs = [s["max_abs_diff"] for s in checked if s["max_abs_diff"] is not None]
-    if statuses == {"pass"} or "fail" in statuses:
-        status = "pass" if statuses == {"pass"} else "fail"
+    if "fail" in statuses:
+        status = "fail"
+    elif statuses == {"pass"}:
+        status = "pass"
     else:
         status = WEIGHTS_NOT_KEPT if WEIGHTS_NOT_KEPT in statuses else "error"
     summary = {"status": status, "max_abs_diff": max(diffs, default=None), "segments": checked}

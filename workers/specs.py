@@ -27,7 +27,6 @@ from core_engine.rl.rewards import check_reward_spec
 from core_engine.task import SamplingParams
 from db import JobKind
 from workers.sizes import eval_size_problems, train_size_problems
-from workers.sizes import host_memory_bytes as host_memory_bytes  # re-exported for callers
 from workers.trackers import TRACKERS, is_installed
 
 DEMO_MODEL = "demo"  # the built-in demo policy, built by the worker on first use

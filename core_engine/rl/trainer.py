@@ -256,18 +256,18 @@ class GRPOTrainer:
     def _publish_next_version(self, metrics: dict[str, float], timings) -> VersionRecord:
         """version + 1, pushed to the engine (its ack must match the trainer's weights); when
         pipelined, with the optimizer step, between two generation steps (they share tensors)."""
-        pipelined = self.config.pipeline != "sync"
         start = time.perf_counter()
         parent, self.version = self.version, self.version + 1
         self.step_index += 1
         with self.engine.paused(), self.boundary.gate(self.version):
-            if pipelined:
+            if self.config.pipeline != "sync":
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
             weights = published_weights(self.model, self.engine.model.lm_head.weight.dtype)
             mode = "in_flight" if self.config.pipeline == "in_flight" else "drain"
             ack = self.engine.update_weights(weights, self.version, mode)
         expected = self.version_digests[self.version] = update_digest(weights)
+        self.version_digests.pop(self.version - 4, None)  # acks name the last version or two
         if ack.version != self.version or ack.checksum != expected:
             raise TrainingError(
                 f"weight sync failed: engine acknowledged version {ack.version} "

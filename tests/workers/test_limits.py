@@ -12,7 +12,8 @@ from db import JobStatus
 from tests.workers.helpers import train_config
 from workers import api
 from workers.jobs import run_job
-from workers.specs import SpecError, host_memory_bytes
+from workers.sizes import host_memory_bytes
+from workers.specs import SpecError
 
 
 @pytest.mark.parametrize(

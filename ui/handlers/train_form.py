@@ -15,7 +15,7 @@ _PIPELINE_LABELS = {
 }
 # (label, value) of each pipeline mode (`GRPOConfig.pipeline`, whose check is the job's)
 PIPELINE_CHOICES = [(f"{mode}: {_PIPELINE_LABELS[mode]}", mode) for mode in api.PIPELINE_MODES]
-PIPELINED = {mode for _, mode in PIPELINE_CHOICES} - {SYNC}
+PIPELINED = set(api.PIPELINE_MODES) - {SYNC}
 PIPELINE_INFO = (
     "overlap generation with training: faster, on samples up to one version old "
     "(importance-weighted); needs max policy lag >= 1 and one update per batch"
