@@ -13,17 +13,14 @@ The adapter's tensors and their checksum are `core_engine.weights.adapter_weight
 
 from __future__ import annotations
 
-import contextlib
 import copy
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from peft import LoraConfig, inject_adapter_in_model
 from peft.tuners.lora import LoraLayer
-from peft.tuners.tuners_utils import BaseTunerLayer, cast_adapter_dtype
-from peft.utils.other import AuxiliaryTrainingWrapper
+from peft.tuners.tuners_utils import cast_adapter_dtype
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -107,19 +104,16 @@ def base_checksum(model: nn.Module) -> str:
     return weights_checksum(base_weights(model))
 
 
-@contextlib.contextmanager
-def adapters_disabled(model: nn.Module) -> Iterator[None]:
-    """The base alone for the duration (e.g. the KL reference, which is the starting policy
-    since B starts at zero); a model without an adapter is left as it is."""
-    kinds = (BaseTunerLayer, AuxiliaryTrainingWrapper)  # LoRA layers, modules_to_save
-    layers = [m for m in model.modules() if isinstance(m, kinds)]
-    for layer in layers:
-        layer.enable_adapters(False)
-    try:
-        yield
-    finally:
-        for layer in layers:
-            layer.enable_adapters(True)
+def base_view(model: CausalLM) -> CausalLM:
+    """The base alone as a module tree of its own over `model`'s frozen base tensors (no copy):
+    the KL reference, which is the starting policy since B starts at zero. Scoring it changes
+    nothing in `model`, which an engine may be serving meanwhile."""
+    with torch.device("meta"):
+        view = CausalLM(model.config)
+    view.load_state_dict(base_weights(model), strict=False, assign=True)
+    view.tie_weights()
+    view.reset_rope()
+    return view.eval().requires_grad_(False)
 
 
 def is_adapter_dir(path: str | Path) -> bool:

@@ -149,6 +149,8 @@ class BatchingPolicy:
         task.status = TaskStatus.RUNNING
         if task.policy_version is None:
             task.policy_version = version
+        if task.output_ids:  # resumed after a preemption: its K/V is recomputed now
+            task.resumed_at.append(len(task.output_ids))
         task.kv_version = version
         task.admit_time = task.admit_time or time.perf_counter()
         self.running.append(task)

@@ -1,12 +1,10 @@
-"""Policy versions: the weight-update acknowledgement, the update gate and the weight check."""
+"""Policy versions: the weight-update acknowledgement, the update barrier and the weight check."""
 
 from __future__ import annotations
 
-import contextlib
 import operator
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -26,33 +24,6 @@ class WeightUpdateAck:
     checksum: str
     seconds: float  # the whole update: validation, barrier, copy, invalidation, checksum
     control_seconds: float  # the barrier, invalidation and version switch alone
-
-
-class UpdateGate:
-    """Gives weight updates priority over the next batch or loop step (the engine lock itself
-    is not fair): generation waits on `wait()` while any update is pending."""
-
-    def __init__(self) -> None:
-        self._idle = threading.Event()
-        self._idle.set()
-        self._pending = 0
-        self._guard = threading.Lock()
-
-    def wait(self) -> None:
-        self._idle.wait()
-
-    @contextlib.contextmanager
-    def pending(self) -> Iterator[None]:
-        with self._guard:
-            self._pending += 1
-            self._idle.clear()
-        try:
-            yield
-        finally:
-            with self._guard:
-                self._pending -= 1
-                if self._pending == 0:
-                    self._idle.set()
 
 
 UPDATE_MODES = ("drain", "abort", "in_flight")
@@ -85,7 +56,8 @@ def copy_weights(served: Mapping[str, torch.Tensor], weights: Mapping[str, torch
     start = time.perf_counter()
     with torch.no_grad():
         for name, tensor in served.items():
-            tensor.copy_(weights[name])
+            if weights[name].data_ptr() != tensor.data_ptr():  # the served tensor itself: no copy
+                tensor.copy_(weights[name])
     return time.perf_counter() - start
 
 

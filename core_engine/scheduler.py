@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -27,7 +26,6 @@ from core_engine.metrics import EngineMetrics
 from core_engine.model import CausalLM
 from core_engine.outcomes import decode_text, stop_reason
 from core_engine.policy import (
-    UpdateGate,
     WeightUpdateAck,
     barrier,
     check_mode,
@@ -45,6 +43,7 @@ from core_engine.task import (
     Task,
     TaskError,
 )
+from core_engine.weight_sync import StepGate, WeightSource
 from core_engine.weights import update_digest
 
 log = logging.getLogger(__name__)
@@ -52,7 +51,10 @@ Listener = Callable[[Sequence[EngineEvent]], None]
 
 
 class InferenceScheduler:
-    """Every mutation of queues, pool and version happens under `self.lock`."""
+    """Every mutation of queues, pool and version happens under `self.lock`, the engine's
+    gate (`core_engine.weight_sync.StepGate`): each step holds it, a weight update takes it
+    ahead of the next step. `weight_source` (None: weights change only by `update_weights`
+    from this process) is polled first thing in each step: a child process's channel."""
 
     def __init__(
         self,
@@ -83,8 +85,8 @@ class InferenceScheduler:
         )
         self.metrics = EngineMetrics()
         self.eos_token_ids = frozenset(config.eos_token_ids)
-        self.lock = threading.RLock()
-        self.updates = UpdateGate()
+        self.lock = StepGate()
+        self.weight_source: WeightSource | None = None
         self._listeners: list[Listener] = []
         self._outbox: list[EngineEvent] = []
 
@@ -101,12 +103,10 @@ class InferenceScheduler:
         (prompt-major: prompt 0's samples first), `abort/cancelled` once `cancelled()` is true
         (asked before each step). Only a malformed call raises, queueing nothing (`make_tasks`).
         A pending weight update lands between two steps (see `update_weights`' modes)."""
-        self.updates.wait()
         tasks = self.make_tasks(prompts, params, samples_per_prompt, return_logprobs)
         try:
             self.enqueue(tasks)
             while not all(t.finished for t in tasks) and not cancelled():
-                self.updates.wait()
                 self.step()
             for task in tasks:  # the unfinished ones were cancelled
                 self.abort(task, ErrorCode.CANCELLED, "the request was cancelled")
@@ -159,6 +159,12 @@ class InferenceScheduler:
         """Run one prefill or decode step; returns its events. An exception inside fails that
         step's tasks with `error/internal`; the engine stays usable. With `admit_fresh=False`
         only preempted requests are (re)admitted: the weight-update drain."""
+        if self.weight_source is None:
+            return self._locked_step(admit_fresh)
+        with self.weight_source.serving(self):
+            return self._locked_step(admit_fresh)
+
+    def _locked_step(self, admit_fresh: bool) -> list[EngineEvent]:
         with self.lock:
             in_step: list[Task] = []
             try:
@@ -278,11 +284,11 @@ class InferenceScheduler:
         """
         start = time.perf_counter()
         check_mode(mode)
-        with self.paused():
+        with self.lock.writing():
             version = next_version(version, self.version)
             served = served_update(self.model, weights)
             control_start = time.perf_counter()
-            aborted = barrier(self.batching, mode, self.abort, self.step)
+            aborted = barrier(self.batching, mode, self.abort, self._locked_step)
             copy_seconds = copy_weights(served, weights)
             invalidated = self.pool.strategy.invalidate()
             self.version = version
@@ -291,12 +297,6 @@ class InferenceScheduler:
         return WeightUpdateAck(
             version, invalidated, aborted, checksum, time.perf_counter() - start, control
         )
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """No step runs for the duration (e.g. an optimizer step on served weights + update)."""
-        with self.updates.pending(), self.lock:
-            yield
 
     @contextlib.contextmanager
     def kv_released(self) -> Iterator[None]:

@@ -154,7 +154,6 @@ class ServingLoop:
                 inbox, self._inbox = list(self._inbox), deque()
                 cancels, self._cancels = self._cancels, set()
             try:
-                engine.updates.wait()
                 with engine.lock:
                     engine.enqueue(inbox)
                     self._apply_cancels(cancels)

@@ -176,6 +176,9 @@ class Task:
     num_cached_prompt_tokens: int = 0
     num_computed_tokens: int = 0
     num_preemptions: int = 0
+    # output indexes at which it resumed after a preemption: the K/V of every earlier position
+    # was recomputed there, by the version that samples that token
+    resumed_at: list[int] = field(default_factory=list)
     policy_version: int | None = None  # the version of its first token (set at admission)
     kv_version: int | None = None  # oldest version whose K/V it holds (None: holds none)
     generator: torch.Generator | None = None
@@ -246,6 +249,7 @@ class GenerationResult:
     # [[version, count], ...]: consecutive output tokens sampled by each version (one run
     # unless a weight update landed in flight)
     token_versions: list[list[int]] = field(default_factory=list)
+    resumed_at: list[int] = field(default_factory=list)  # `Task.resumed_at`
 
     @property
     def ok(self) -> bool:
@@ -279,6 +283,7 @@ class GenerationResult:
             time_to_first_token_s=ttft,
             decode_tokens_per_s=decode_rate,
             token_versions=version_runs(task.output_versions),
+            resumed_at=list(task.resumed_at),
         )
 
 

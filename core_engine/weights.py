@@ -55,6 +55,16 @@ def served_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     return adapter_weights(model) or canonical_weights(model)
 
 
+def published_weights(model: nn.Module, engine_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """What a new version of `model` sends to an engine computing in `engine_dtype`: the
+    adapter's tensors (PEFT keys), else every weight converted to that dtype (the tensors
+    themselves when they already have it)."""
+    adapter = adapter_weights(model)
+    if adapter:
+        return adapter
+    return {k: v.detach().to(engine_dtype) for k, v in canonical_weights(model).items()}
+
+
 def save_weights(model: nn.Module, directory: Path) -> None:
     """The model's canonical weights (tied copies once) as ``directory/model.safetensors``,
     which `load_model` and Hugging Face read back."""

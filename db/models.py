@@ -202,6 +202,7 @@ class Sample(Base):
     # [[version, count], ...] of the response's tokens when several versions sampled them (a
     # weight update landed in flight); None: every token is of ``policy_version``
     token_versions: Mapped[list[list[int]] | None] = mapped_column(JSON)
+    resumed_at: Mapped[list[int] | None] = mapped_column(JSON)
     response_token_ids: Mapped[list[int]] = mapped_column(Int32Array)
     behaviour_logprobs: Mapped[list[float]] = mapped_column(Float32Array)
     temperature_logprobs: Mapped[list[float] | None] = mapped_column(Float32Array)

@@ -69,7 +69,9 @@ class SampleRecord:
     ``token_versions`` (a weight update landed while it was generated): the version of its
     tokens as runs ``[[version, count], ...]``, increasing versions, counts summing to the
     response length, the first run's version being ``policy_version`` (its oldest token's);
-    None or one run: every token is of ``policy_version`` (stored as None).
+    None or one run: every token is of ``policy_version`` (stored as None). ``resumed_at``: the
+    response indexes at which it resumed after a preemption (the K/V of every earlier position
+    recomputed there by that token's version), increasing, each in 1 .. its length.
     """
 
     prompt_index: int
@@ -92,6 +94,7 @@ class SampleRecord:
     seed: int | None = None
     reward_components: Mapping[str, float] | None = None
     token_versions: Sequence[Sequence[int]] | None = None
+    resumed_at: Sequence[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -244,6 +247,7 @@ class SampleDetail:
     trainer_logprobs: list[float] | None = None
     reward_components: dict[str, float] | None = None
     token_versions: list[list[int]] | None = None  # None: every token is of policy_version
+    resumed_at: list[int] | None = None  # None: never preempted after its first token
 
     @property
     def version_runs(self) -> list[list[int]]:

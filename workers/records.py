@@ -56,6 +56,7 @@ def sample_records(
                 seed=rollout.seeds[i],
                 reward_components=_components(rollout, i),
                 token_versions=_token_versions(rollout, i),
+                resumed_at=(rollout.resumed_at[i] or None) if rollout.resumed_at else None,
             )
         )
     return records

@@ -7,11 +7,14 @@ position P + j - 1 (the previous token), with the weights of the version that sa
 writing the K/V of what it feeds and reusing the cached K/V of every earlier position as it
 was computed. So a run of version u over tokens a..b-1 feeds positions P + a - 1 .. P + b - 2
 (0 .. P + b - 2 when a = 0) under u, and the replay does exactly that, run after run. A
-preempted request is recomputed under one version: the replay assumes none was.
+request preempted and resumed at response token r had the K/V of every earlier position
+recomputed then, by the version that samples token r: the replay starts a fresh cache there and
+feeds positions 0 .. P + r - 1 under that version (`Segment.recomputed`).
 """
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -20,18 +23,23 @@ from torch import nn
 
 @dataclass(frozen=True)
 class Segment:
-    """Response tokens ``first`` .. ``last`` (inclusive), sampled by ``version``."""
+    """Response tokens ``first`` .. ``last`` (inclusive), sampled by ``version``; with
+    ``recomputed``, the request resumed at ``first`` after a preemption."""
 
     version: int
     first: int
     last: int
+    recomputed: bool = False
 
 
-def segments(runs: Sequence[Sequence[int]]) -> list[Segment]:
-    """``[[version, count], ...]`` -> the segments they cover, in order."""
+def segments(runs: Sequence[Sequence[int]], resumed_at: Sequence[int] = ()) -> list[Segment]:
+    """``[[version, count], ...]`` -> the segments they cover, in order, also split where the
+    request resumed after a preemption (``resumed_at``)."""
     found, first = [], 0
     for version, count in runs:
-        found.append(Segment(version, first, first + count - 1))
+        bounds = [first, *(r for r in resumed_at if first < r < first + count), first + count]
+        for start, stop in pairwise(bounds):
+            found.append(Segment(version, start, stop - 1, start in resumed_at))
         first += count
     return found
 
@@ -79,7 +87,9 @@ def replay_logprobs(
     for part in parts:
         model = model_of(part.version)
         device = next(model.parameters()).device
-        start = 0 if part.first == 0 else len(prompt) + part.first - 1
+        if part.recomputed:  # every earlier position's K/V recomputed by this version
+            cache = DynamicCache()
+        start = 0 if part.first == 0 or part.recomputed else len(prompt) + part.first - 1
         stop = len(prompt) + part.last  # exclusive: the last fed position predicts ``last``
         fed = torch.tensor([sequence[start:stop]], device=device)
         positions = torch.arange(start, stop, device=device)[None]

@@ -90,9 +90,10 @@ def audit_sample(
     result["tokens"] = len(detail.response_token_ids)
     if not detail.response_token_ids:
         return {**result, "status": "no tokens", "max_abs_diff": None}
-    parts = segments(detail.version_runs)
+    parts = segments(detail.version_runs, detail.resumed_at or ())
     temperature = scoring_temperature(job)
-    if len(parts) == 1:
+    if len({part.version for part in parts}) == 1:  # one version computed all of its K/V
+        parts = segments(detail.version_runs)
         checked = _teacher_forced(repo, settings, detail, parts, temperature)
     else:
         model_of = reference_model or partial(_reference_model, repo, settings)
@@ -214,12 +215,12 @@ def _checks(parts: list[Segment]) -> str:
         f"{_span(part)} re-scored under version {part.version}"
         if i == 0
         else f"{_span(part)} under version {part.version}"
+        + (" (resumed after a preemption: all earlier K/V recomputed)" if part.recomputed else "")
         for i, part in enumerate(parts)
     )
     return (
         f"{each}, each with the K/V of earlier positions computed by the versions that "
-        f"computed them in the engine (prompt: v{parts[0].version}); assumes the request "
-        "was not preempted"
+        f"computed them in the engine (prompt: v{parts[0].version})"
     )
 
 

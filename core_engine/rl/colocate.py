@@ -10,6 +10,7 @@ import torch
 from core_engine.engine import load_engine
 from core_engine.model import CausalLM
 from core_engine.rl.config import GRPOConfig
+from core_engine.rl.objective import Importance
 from core_engine.rl.reward_mix import RewardMix
 from core_engine.rl.rollout import RolloutGenerator, RolloutRunner
 from core_engine.rl.tasks import default_reward
@@ -17,7 +18,6 @@ from core_engine.rl.update import UpdateSettings
 from core_engine.scheduler import EngineConfig, InferenceScheduler
 from core_engine.task import SamplingParams
 
-DEFAULT_TIS_CAP = 2.0
 # The engine shares the device with the trainer's weights, gradients and optimizer state
 # (allocated at the first step, after the engine is sized): TRL's colocation default.
 COLOCATED_GPU_MEMORY_UTILIZATION = 0.3
@@ -63,14 +63,13 @@ def rollout_runner(
 
 
 def update_settings(config: GRPOConfig, engine: InferenceScheduler) -> UpdateSettings:
-    """Truncated importance sampling is on (cap 2.0) unless the engine computes in fp32 like
-    the trainer; on CUDA a low-precision engine's dtype is also the trainer's autocast, except
-    with LoRA, whose base already is in the engine's dtype and whose adapter computes in fp32."""
+    """The importance correction covers every token (`correct_on_policy`) unless the engine
+    computes in fp32 like the trainer; on CUDA a low-precision engine's dtype is also the
+    trainer's autocast, except with LoRA, whose base already is in the engine's dtype and whose
+    adapter computes in fp32."""
     engine_dtype = engine.model.lm_head.weight.dtype
     low_precision = engine_dtype != torch.float32
-    tis_cap = config.tis_cap
-    if tis_cap is None:
-        tis_cap = DEFAULT_TIS_CAP if low_precision else 0.0
+    on_policy = config.correct_on_policy
     on_cuda = engine.model.lm_head.weight.device.type == "cuda"
     return UpdateSettings(
         temperature=config.temperature,
@@ -79,7 +78,10 @@ def update_settings(config: GRPOConfig, engine: InferenceScheduler) -> UpdateSet
         max_tokens=config.max_tokens_per_micro_batch,
         chunk_rows=config.logit_chunk_rows,
         checkpointing=config.gradient_checkpointing,
-        tis_cap=tis_cap,
-        decoupled_cap=tis_cap or DEFAULT_TIS_CAP,
+        importance=Importance(
+            config.importance_mode,
+            config.importance_cap,
+            low_precision if on_policy is None else on_policy,
+        ),
         autocast=engine_dtype if on_cuda and low_precision and config.lora is None else None,
     )

@@ -21,6 +21,8 @@ DEVICE_TYPES = ("cpu", "cuda")
 # generated under the version being trained (lag 1); or also across the weight update, which
 # lands between two decode steps of running sequences (per-token versions, lag <= 1).
 PIPELINE_MODES = ("sync", "one_step", "in_flight")
+# How a token's pi_prox / pi_behaviour weight meets its cap (`core_engine.rl.objective`).
+IMPORTANCE_MODES = ("truncate", "mask")
 DEFAULT_LR = 3e-4
 DEFAULT_LORA_LR = 3e-3  # 10x DEFAULT_LR: LoRA's rate is ~10x full fine-tuning's (Schulman 2025)
 DEFAULT_KEEP_LAST = 3
@@ -80,7 +82,13 @@ class GRPOConfig:
     resume: bool = True
     device: str = "cpu"  # trainer and engine
     engine_dtype: str = "auto"  # float32 | bfloat16 | float16 | auto (bf16 on CUDA, else fp32)
-    tis_cap: float | None = None  # truncated IS cap; None: 2.0 when the engine dtype is not fp32
+    # The importance correction (`core_engine.rl.objective`): "truncate" (TIS, as TRL) or
+    # "mask" (AReaL's decoupled PPO) of pi_prox / pi_behaviour at `importance_cap`, on tokens
+    # an older version sampled and, with `correct_on_policy` (None: when the engine computes
+    # in a lower precision than the trainer), on every token.
+    importance_mode: str = "truncate"
+    importance_cap: float = 2.0
+    correct_on_policy: bool | None = None
     max_tokens_per_micro_batch: int = 8192  # prompt + response tokens per training forward
     logit_chunk_rows: int = 256  # rows x vocabulary the log-softmax holds at once
     gradient_checkpointing: bool = False
@@ -111,6 +119,10 @@ class GRPOConfig:
             problems.append("reject_scope must be 'batch' or 'group'")
         if self.optimizer_state_dtype not in OPTIMIZER_STATE_DTYPES:
             problems.append(f"optimizer_state_dtype must be one of {list(OPTIMIZER_STATE_DTYPES)}")
+        if self.importance_mode not in IMPORTANCE_MODES:
+            problems.append(f"importance_mode must be one of {', '.join(IMPORTANCE_MODES)}")
+        if self.correct_on_policy not in (None, True, False):
+            problems.append("correct_on_policy must be true, false or absent (automatic)")
         if self.engine_dtype not in ENGINE_DTYPES:
             problems.append(f"engine_dtype must be one of {sorted(ENGINE_DTYPES)}")
         if not numbers and self.max_tokens >= self.max_tokens_per_micro_batch:
@@ -167,6 +179,7 @@ class GRPOConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GRPOConfig:
+        values = _renamed(values)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -179,3 +192,17 @@ class GRPOConfig:
         text = read_text(path, MAX_TEXT_BYTES)
         values = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
         return cls.from_dict(values)
+
+
+def _renamed(values: dict[str, Any]) -> dict[str, Any]:
+    """A job stored before the importance settings: `tis_cap` (0: off, else the cap of an
+    on-policy correction) becomes `correct_on_policy` and `importance_cap`."""
+    if "tis_cap" not in values:
+        return values
+    values = dict(values)
+    cap = values.pop("tis_cap")
+    if cap is not None:
+        values.setdefault("correct_on_policy", bool(cap))
+        if cap:
+            values.setdefault("importance_cap", cap)
+    return values

@@ -89,7 +89,7 @@ TRAINER_FIELDS: dict[str, Field] = {
     "engine_batch_size": whole(1, 2**16),
     "seed": whole(SEED_MIN, SEED_MAX),
     "resume": FLAG,
-    "tis_cap": real(0, 1e6, optional=True),
+    "importance_cap": real(0, 1e6, above_low=True),
     "max_tokens_per_micro_batch": whole(1, 2**24),
     "logit_chunk_rows": whole(1, 2**20),
     "gradient_checkpointing": FLAG,

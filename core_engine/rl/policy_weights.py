@@ -14,12 +14,11 @@ from pathlib import Path
 
 import torch
 
-from core_engine.adapters import add_adapter, base_checksum, read_adapter
+from core_engine.adapters import add_adapter, base_checksum, base_view, read_adapter
 from core_engine.engine import resolve_dtype
 from core_engine.model import CausalLM, load_model
 from core_engine.rl.checkpoint import read_trainer_state
 from core_engine.rl.config import GRPOConfig
-from core_engine.weights import adapter_weights, canonical_weights
 
 
 class BaseChangedError(ValueError):
@@ -46,24 +45,16 @@ def load_policy(
     add_adapter(model, config.lora)
     if resume is not None:
         read_adapter(model, resume)
-    return model, checksum
-
-
-def published_weights(model: CausalLM, engine_dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """What a new version sends to the engine: the adapter's tensors (PEFT keys), else every
-    weight converted to the engine's dtype."""
-    adapter = adapter_weights(model)
-    if adapter:
-        return adapter
-    return {k: v.detach().to(engine_dtype) for k, v in canonical_weights(model).items()}
+    return model.eval(), checksum  # PEFT's new modules start in training mode
 
 
 def kl_reference(config: GRPOConfig, model: CausalLM, device: torch.device) -> CausalLM | None:
-    """The KL anchor, the starting policy (also when resuming): with LoRA the policy itself,
-    scored with its adapter disabled (B starts at zero, so the base is the starting policy);
-    else a second fp32 copy of `config.model`."""
+    """The KL anchor, the starting policy (also when resuming): with LoRA a module tree of its
+    own over the policy's frozen base tensors (`base_view`: B starts at zero, so the base is
+    the starting policy; the served modules are never switched); else a second fp32 copy of
+    `config.model`."""
     if not config.kl_coef:
         return None
     if config.lora is not None:
-        return model
+        return base_view(model)
     return load_model(config.model, torch.float32, device).eval()

@@ -15,6 +15,10 @@ from core_engine.scheduler import InferenceScheduler
 from core_engine.task import ErrorCode, SamplingParams, TaskError, expand_runs
 
 
+class MixedVersionsError(RuntimeError):
+    """A batch that must be one version's was generated across a weight update."""
+
+
 class StaleRolloutError(RuntimeError):
     """A rollout's policy version is outside the allowed lag (or from the future)."""
 
@@ -41,6 +45,9 @@ class RawRollout:
     # per sample, [[version, count], ...] of its tokens (`GenerationResult.token_versions`);
     # empty: every token of the batch is of `policy_version` (a rollout saved before these)
     token_versions: list[list[list[int]]] = field(default_factory=list)
+    # per sample, the output indexes where it resumed after a preemption
+    # (`GenerationResult.resumed_at`); empty: none recorded
+    resumed_at: list[list[int]] = field(default_factory=list)
 
     @property
     def num_samples(self) -> int:
@@ -109,8 +116,6 @@ class RolloutGenerator:
         self.params = params
         self.group_size = group_size
         self.in_flight = in_flight
-        # asked before each engine step (a rollout process serves its trainer's version there)
-        self.before_step: Callable[[], bool] = lambda: False
 
     @staticmethod
     def _instruction_to_messages(instruction: str, input: str = "", output: str = "") -> list[dict]:
@@ -134,13 +139,14 @@ class RolloutGenerator:
         prompt_ids = [encode_prompt(self.tokenizer, text) for _, text, _ in prepared]
         g = self.group_size
         params = [replace(self.params, seed=seed + i * g) for i in range(len(prepared))]
-        results = self.engine.run_batch(
-            prompt_ids, params, samples_per_prompt=g, cancelled=self.before_step
-        )
+        results = self.engine.run_batch(prompt_ids, params, samples_per_prompt=g)
         runs = [r.token_versions or [[r.policy_version, 0]] for r in results]
         versions = {v for sample in runs for v, _ in sample if v >= 0}  # -1: never admitted
-        if not self.in_flight:
-            assert len(versions) == 1, f"one batch spans policy versions {versions}"
+        if not self.in_flight and len(versions) > 1:
+            raise MixedVersionsError(
+                f"one batch spans policy versions {sorted(versions)} outside in-flight mode: "
+                "a weight update landed during it"
+            )
         return RawRollout(
             prompts=[text for _, text, _ in prepared],
             messages=[messages for messages, _, _ in prepared],
@@ -160,6 +166,7 @@ class RolloutGenerator:
             group_size=g,
             temperature=self.params.temperature,
             token_versions=[r.token_versions for r in results],
+            resumed_at=[r.resumed_at for r in results],
         )
 
 

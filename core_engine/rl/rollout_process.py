@@ -2,25 +2,21 @@
 
 Python threads share one interpreter lock: at the demo's size the engine's per-token Python and
 the trainer's forward take turns on it, and a thread pipeline gains nothing (measured in
-`benchmarks/bench_pipeline.py`). A spawned process has its own. The child serves the trainer's
-parameters themselves (`share_memory`), so nothing is copied at an update; what keeps every
-token attributable is the generation gate, a lock the child holds for each engine step and
-releases between two:
-
-- the trainer changes the weights only while it holds the gate, and sets the shared version
-  number before it lets go (`GRPOTrainer._publish_next_version`);
-- before each step the child takes the gate and, if the number moved, updates its engine to it
-  (`update_weights(mode="in_flight")` over the same tensors: the version switch, the prefix
-  invalidation and the acknowledged checksum), so a token is stamped with the version of the
-  weights that computed it. The acknowledgements come back with the rollout and must equal the
-  trainer's checksums of those versions.
+`benchmarks/bench_pipeline.py`). A spawned process has its own. The child's engine reads the
+trainer's parameters themselves (`share_memory`; a lower-precision engine keeps its own copy,
+converted from them at each new version), and the weight channel between the two is a
+`core_engine.weight_sync.ProcessGate`: the trainer writes only while holding it, the child's
+engine takes it for each step and serves a new version first thing in the step. The child's
+acknowledgements come back with each rollout and are verified before the rollout is used or
+checkpointed (`sources.PrefetchSource`). A child that dies fails the job within seconds; the
+child ends when its parent does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing.connection
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -32,65 +28,16 @@ from core_engine.rl.colocate import colocated_engine, rollout_runner
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.rewards import RewardError
 from core_engine.rl.rollout import Produced, RolloutResult, produce_rollout
+from core_engine.rl.sources import BatchCancelled
 from core_engine.scheduler import InferenceScheduler
-from core_engine.weights import canonical_weights
+from core_engine.weight_sync import GATE_POLL_S, ChildWeights, ProcessChannel, ProcessGate
+from core_engine.weights import canonical_weights, published_weights
 
 STARTUP_TIMEOUT_S = 600.0
 
 
-class GenerationGate:
-    """The lock between the trainer's weight changes and the child's engine steps, fair to the
-    trainer: while it waits, the child does not take the lock back between two steps."""
-
-    def __init__(self, context: Any, version: int) -> None:
-        self.lock = context.Lock()
-        self.wanted = context.Event()  # the trainer waits for the lock
-        self.free = context.Event()  # the trainer is done with it
-        self.free.set()
-        self.version = context.Value("q", version)
-
-    @contextlib.contextmanager
-    def held_by_trainer(self, new_version: int) -> Iterator[None]:
-        """No engine step runs in the child for the duration; `new_version` is published to
-        it when the block ends (the weights are then that version's)."""
-        self.free.clear()
-        self.wanted.set()
-        with self.lock:
-            self.wanted.clear()
-            try:
-                yield
-            finally:
-                self.version.value = new_version
-                self.free.set()
-
-
-class _ChildSync:
-    """The child's side of the gate: held during each engine step, released between two."""
-
-    def __init__(self, gate: GenerationGate, engine: InferenceScheduler) -> None:
-        self.gate, self.engine = gate, engine
-        self.held = False
-        self.acks: list[tuple[int, str]] = []
-
-    def before_step(self) -> bool:
-        """Take the gate (after the trainer, if it waits) and serve its version; never
-        cancels the batch."""
-        self.release()
-        if self.gate.wanted.is_set():
-            self.gate.free.wait()
-        self.gate.lock.acquire()
-        self.held = True
-        target = self.gate.version.value
-        if target > self.engine.version:
-            served = canonical_weights(self.engine.model)
-            ack = self.engine.update_weights(served, target, mode="in_flight")
-            self.acks.append((ack.version, ack.checksum))
-        return False
-
-    def release(self) -> None:
-        if self.held:
-            self.gate.lock.release()
-            self.held = False
+class RolloutProcessError(RuntimeError):
+    """The rollout process failed, died or never started."""
 
 
 def _shared_model(checkpoint: str, weights: Mapping[str, torch.Tensor]) -> CausalLM:
@@ -109,7 +56,7 @@ def _serve(
     weights: dict[str, torch.Tensor],
     max_seq_len: int,
     threads: int,
-    gate: GenerationGate,
+    gate: ProcessGate,
 ) -> None:
     """The child: build the engine over the shared weights, then produce a rollout per
     request until told to stop (or the trainer is gone)."""
@@ -118,9 +65,10 @@ def _serve(
         tokenizer = AutoTokenizer.from_pretrained(config.model, local_files_only=True)
         model = _shared_model(config.model, weights)
         engine = colocated_engine(config, model, tokenizer, max_seq_len, gate.version.value)
+        dtype = engine.model.lm_head.weight.dtype
+        served = ChildWeights(gate, lambda: published_weights(model, dtype))
+        engine.weight_source = served
         runner = rollout_runner(config, engine, tokenizer, lambda: engine.version)
-        sync = _ChildSync(gate, engine)
-        runner.generator.before_step = sync.before_step
     except Exception as exc:
         conn.send(("error", f"the rollout process could not start: {type(exc).__name__}: {exc}"))
         return
@@ -134,20 +82,17 @@ def _serve(
             return
         batch, seed = request
         try:
-            sync.before_step()  # serve the trainer's version from the first token
             result, fresh, timings = produce_rollout(runner, batch, seed)
         except Exception as exc:
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
             continue
-        finally:
-            sync.release()
+        acks, served.acks = served.acks, []
         if isinstance(result, RewardError):
             rollout = getattr(result, "rollout", None)
             payload = (str(result), None if rollout is None else _raw_json(rollout))
-            conn.send(("reward_error", (payload, sync.acks)))
+            conn.send(("reward_error", (payload, acks)))
         else:
-            conn.send(("rollout", (result.to_json(), fresh, timings, sync.acks)))
-        sync.acks = []
+            conn.send(("rollout", (result.to_json(), fresh, timings, acks)))
 
 
 def _raw_json(rollout: Any) -> dict[str, Any]:
@@ -155,74 +100,83 @@ def _raw_json(rollout: Any) -> dict[str, Any]:
 
 
 class ProcessProducer:
-    """`pipeline.RolloutProducer`'s interface, producing in a spawned process. `acks` holds
-    the (version, checksum) updates the child acknowledged for the last taken rollout."""
+    """`sources.ThreadProducer`'s interface, producing in a spawned process; `channel` is the
+    trainer's side of the weight channel to it."""
 
     def __init__(
-        self, config: GRPOConfig, model: CausalLM, max_seq_len: int, version: int, threads: int
+        self,
+        config: GRPOConfig,
+        model: CausalLM,
+        engine: InferenceScheduler,
+        max_seq_len: int,
+        threads: int,
+        cancelled: Callable[[], bool] = lambda: False,
     ) -> None:
+        """`engine` is the trainer's own (updated by the same channel); the child serves
+        `engine`'s version of `model` from its first step."""
         context = torch.multiprocessing.get_context("spawn")
         model.share_memory()
-        self.gate_lock = GenerationGate(context, version)
+        gate = ProcessGate(context, engine.version)
         self._conn, child = context.Pipe()
         weights = {name: t.detach() for name, t in canonical_weights(model).items()}
         self._process = context.Process(
             target=_serve,
-            args=(child, config, weights, max_seq_len, threads, self.gate_lock),
+            args=(child, config, weights, max_seq_len, threads, gate),
             name="rollout-process",
             daemon=True,
         )
         self._process.start()
         child.close()
+        self.channel = ProcessChannel(engine, model, gate, self.alive, cancelled)
         self._busy = False
-        self._outcome: Any = None
-        self.acks: list[tuple[int, str]] = []
-        kind, problem = self._receive(STARTUP_TIMEOUT_S)
+        kind, problem = self._receive(STARTUP_TIMEOUT_S, lambda: False)
         if kind != "ready":
             self.close()
-            raise RuntimeError(problem)
+            raise RolloutProcessError(problem)
+
+    def alive(self) -> bool:
+        return self._process.is_alive()
 
     @property
     def busy(self) -> bool:
         return self._busy
 
-    def gate(self, new_version: int) -> contextlib.AbstractContextManager[None]:
-        return self.gate_lock.held_by_trainer(new_version)
-
     def start(self, batch: Mapping[str, Sequence[str]], seed: int) -> None:
-        assert not self._busy, "one batch at a time"
+        if self._busy:
+            raise RuntimeError("a rollout producer makes one batch at a time")
         self._conn.send((dict(batch), seed))
-        self._busy, self._outcome = True, None
+        self._busy = True
 
-    def join(self) -> None:
-        if self._busy and self._outcome is None:
-            self._outcome = self._receive(None)
-
-    def finished_rollout(self) -> RolloutResult | None:
-        if not self._busy or self._outcome is None or self._outcome[0] != "rollout":
-            return None
-        return RolloutResult.from_json(self._outcome[1][0])
-
-    def take(self) -> Produced:
-        self.join()
-        (kind, payload), self._busy, self._outcome = self._outcome, False, None
+    def take(self, cancelled: Callable[[], bool]) -> tuple[Produced, list[tuple[int, str]]]:
+        """The started batch's outcome and the (version, checksum) updates the child
+        acknowledged while producing it."""
+        (kind, payload), self._busy = self._receive(None, cancelled), False
         if kind == "error":
-            raise RuntimeError(f"rollout process: {payload}")
+            raise RolloutProcessError(f"rollout process: {payload}")
         if kind == "reward_error":
-            (message, raw), self.acks = payload
+            (message, raw), acks = payload
             error = RewardError(message)
             error.rollout = None if raw is None else RolloutResult.from_json(raw)
-            return error, True, {}
-        values, fresh, timings, self.acks = payload
-        return RolloutResult.from_json(values), fresh, timings
+            return (error, True, {}), acks
+        values, fresh, timings, acks = payload
+        return (RolloutResult.from_json(values), fresh, timings), acks
 
-    def _receive(self, timeout: float | None) -> tuple[str, Any]:
-        if not self._conn.poll(timeout) and timeout is not None:
-            return "error", f"no answer from the rollout process in {timeout:.0f} s"
+    def _receive(self, timeout: float | None, cancelled: Callable[[], bool]) -> tuple[str, Any]:
+        """The child's next message; a child that ends or stays silent past `timeout` is an
+        error; a cancel stops the wait (`sources.BatchCancelled`)."""
+        waited = 0.0
+        while not self._conn.poll(GATE_POLL_S):
+            waited += GATE_POLL_S
+            if not self.alive() and not self._conn.poll():
+                return "error", f"the rollout process died (exit code {self._process.exitcode})"
+            if cancelled():
+                raise BatchCancelled("cancelled while the rollout process generated a batch")
+            if timeout is not None and waited > timeout:
+                return "error", f"no answer from the rollout process in {timeout:.0f} s"
         try:
             return self._conn.recv()
         except EOFError:
-            return "error", f"the rollout process ended (exit code {self._process.exitcode})"
+            return "error", f"the rollout process died (exit code {self._process.exitcode})"
 
     def close(self) -> None:
         """Stop the child (after the batch it is producing, if any)."""

@@ -43,14 +43,7 @@ def update_metrics(update: UpdateResult, grad_norm: float) -> dict[str, float]:
         "grad_norm": grad_norm,
         "micro_batches": update.micro_batches,
     }
-    optional = (
-        "tis_weight_mean",
-        "tis_truncated_fraction",
-        "is_weight_mean",
-        "is_weight_max",
-        "is_truncated_fraction",
-    )
-    metrics.update({k: getattr(update, k) for k in optional if getattr(update, k) is not None})
+    metrics.update(update.importance_metrics())
     return metrics
 
 

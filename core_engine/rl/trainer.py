@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import random
 import time
 from pathlib import Path
 from typing import Any
@@ -31,21 +30,25 @@ from core_engine.rl.checkpoint import (
 )
 from core_engine.rl.colocate import colocated_engine, rollout_runner, update_settings
 from core_engine.rl.config import GRPOConfig
-from core_engine.rl.data import collate
 from core_engine.rl.footprint import check_room_for, return_large_frees_to_the_os
-from core_engine.rl.loss import group_advantages
+from core_engine.rl.objective import group_advantages
 from core_engine.rl.optimizer import build_optimizer
-from core_engine.rl.pipeline import Boundary, batch_seed, run_pipelined
-from core_engine.rl.policy_weights import kl_reference, load_policy, published_weights
+from core_engine.rl.policy_weights import kl_reference, load_policy
 from core_engine.rl.records import StepRecord, StopReason, TrainerHooks, VersionRecord
 from core_engine.rl.rewards import RewardError
 from core_engine.rl.rollout import (
     RolloutResult,
     check_policy_lag,
     longest_prompt,
-    produce_rollout,
 )
 from core_engine.rl.screen import screen_groups
+from core_engine.rl.sources import (
+    BatchCancelled,
+    BatchPlan,
+    PrefetchSource,
+    SyncSource,
+    ThreadProducer,
+)
 from core_engine.rl.step_metrics import (
     lag_metrics,
     mismatch_metrics,
@@ -54,7 +57,7 @@ from core_engine.rl.step_metrics import (
     update_metrics,
 )
 from core_engine.rl.update import TrainSample, UpdateResult, accumulate_gradients, training_mode
-from core_engine.weights import update_digest, weights_checksum
+from core_engine.weight_sync import GateWaitCancelled, LocalChannel, WeightSyncError
 
 
 class TrainingError(RuntimeError):
@@ -69,15 +72,12 @@ class GRPOTrainer:
         hooks: TrainerHooks | None = None,
     ) -> None:
         self.config = config
-        self.records = records
         self.hooks = hooks or TrainerHooks()
         self.output_dir = Path(config.output_dir)
         self.device = resolve_device(config.device)
         resume = latest_checkpoint(self.output_dir) if config.resume else None
         state = read_trainer_state(resume) if resume else {"version": 0, "step": 0}
         self.version, self.step_index = state["version"], state["step"]
-        self.batches_drawn = state.get("batches_drawn", 0)
-        self.updates_done = state.get("updates_done", 0)  # of the current batch
         torch.manual_seed(config.seed + self.version)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model, local_files_only=True)
         self.max_seq_len = longest_prompt(self.tokenizer, records) + config.max_tokens
@@ -101,54 +101,67 @@ class GRPOTrainer:
         )
         self.update_settings = update_settings(config, self.engine)
         self.runner = rollout_runner(config, self.engine, self.tokenizer, lambda: self.version)
-        self._old_logprobs: tuple[RolloutResult, dict[int, list[float]]] | None = None
-        self.prefetched: RolloutResult | None = None  # pipelined: the next batch's, produced
-        self.boundary = Boundary()  # pipelined: set by `run_pipelined`
-        self.version_digests: dict[int, str] = {}  # what a rollout process acknowledges
-        pending = read_pending_rollout(resume) if resume else None
-        if pending is not None and pending.get("prefetched"):
-            self.prefetched = RolloutResult.from_json(pending["rollout"])
-        elif pending is not None:
-            rollout = RolloutResult.from_json(pending["rollout"])
-            self.runner.keep(self.batch_at(self.batches_drawn - 1), rollout)
-            old = {int(k): v for k, v in pending["old_logprobs"].items()}
-            self._old_logprobs = (rollout, old)
+        self.plan = BatchPlan(records, config.batch_size, config.seed)
+        state["pending"] = read_pending_rollout(resume) if resume else None
+        self.source = self._source(state)
         self._consecutive_failures = self._consecutive_filtered = 0
+
+    def _source(self, state: dict[str, Any]) -> SyncSource | PrefetchSource:
+        """Where batches come from (`core_engine.rl.sources`): on demand, or one ahead on a
+        thread (the trainer's engine) or, for a full-weight CPU job, a child process."""
+        config = self.config
+        if config.pipeline == "sync":
+            channel = LocalChannel(self.engine, self.model, "drain")
+            return SyncSource(config, self.plan, self.runner, channel, state)
+        mode = "in_flight" if config.pipeline == "in_flight" else "drain"
+
+        def make_producer(threads: int) -> Any:
+            if config.generates_in_process(self.device.type):
+                from core_engine.rl.rollout_process import ProcessProducer
+
+                return ProcessProducer(
+                    config, self.model, self.engine, self.max_seq_len, threads, self._cancelled
+                )
+            channel = LocalChannel(self.engine, self.model, mode)
+            return ThreadProducer(self.runner, channel, threads)
+
+        return PrefetchSource(config, self.plan, make_producer, state, self._cancelled)
+
+    def _cancelled(self) -> bool:
+        return bool(self.hooks.should_stop and self.hooks.should_stop())
 
     # ----------------------------------------------------------------- the loop
     def train(self) -> StopReason:
-        """Run until `config.steps` optimizer steps are done, `should_stop`, or stalled. Each
-        batch of prompts serves `updates_per_batch` steps; after the first, its rollout is
-        reused while within `max_policy_lag` versions (`rollout_fresh` = 0), else generated
-        again. A stop between two updates of a batch resumes inside that batch."""
-        if self.config.pipeline != "sync":
-            return run_pipelined(self)
+        """Run until `config.steps` optimizer steps are done, `should_stop`, or stalled: one
+        loop for every pipeline mode, each batch from the source. A stop between two updates
+        of a batch resumes inside that batch; a cancel that arrives while the trainer waits
+        (for a batch, or for the generation gate) stops the run there."""
         reason = StopReason.DONE
-        while self.step_index < self.config.steps:
-            if (reason := self.stop_reason() or reason) is not StopReason.DONE:
-                break
-            if self.updates_done == 0:
-                self.batches_drawn += 1
-            self.step(self.batch_at(self.batches_drawn - 1))
-            self.updates_done = (self.updates_done + 1) % self.config.updates_per_batch
+        self.source.open()
+        try:
+            while self.step_index < self.config.steps:
+                if (reason := self.stop_reason() or reason) is not StopReason.DONE:
+                    break
+                self.consume(*self.source.next(self.step_index))
+            self.source.settle()
+        except (BatchCancelled, GateWaitCancelled):
+            reason = StopReason.STOPPED
+        finally:
+            self.source.close()
         self.save()
         return reason
 
-    def batch_at(self, index: int) -> dict[str, list[str]]:
-        """Batch `index` of the prompt sequence: a seeded draw, so a resumed run continues it."""
-        order = random.Random(self.config.seed * 1_000_003 + index)
-        return collate(order.sample(self.records, min(self.config.batch_size, len(self.records))))
-
     def next_batch(self) -> dict[str, list[str]]:
         """The next batch of prompts, drawn for a step taken outside `train`."""
-        self.batches_drawn += 1
-        return self.batch_at(self.batches_drawn - 1)
+        self.source.batches_drawn += 1
+        return self.plan.at(self.source.batches_drawn - 1)
 
     def step(self, batch: dict[str, list[str]] | None = None) -> StepRecord:
-        """One rollout batch: either an optimizer step (version + 1) or a recorded rejection."""
-        batch = batch or self.next_batch()
-        seed = batch_seed(self.config.seed, self.step_index)  # sync: indexed by step
-        return self.consume(*produce_rollout(self.runner, batch, seed))
+        """One synchronous rollout batch (the next one, or `batch`): either an optimizer step
+        (version + 1) or a recorded rejection."""
+        if not isinstance(self.source, SyncSource):
+            raise RuntimeError(f"step() is synchronous; a {self.config.pipeline} run uses train()")
+        return self.consume(*self.source.next(self.step_index, batch))
 
     def consume(
         self, result: RolloutResult | RewardError, fresh: bool, timings: dict[str, float]
@@ -178,9 +191,11 @@ class GRPOTrainer:
         start = time.perf_counter()
         # Only trainable samples are scored: the others have no weight in the loss. The
         # train/infer mismatch is therefore measured on the samples trained on.
-        old = self._known_old_logprobs(rollout, fresh)
+        # pi_prox: the trainer's log-probs at the rollout's version when known (a reused
+        # rollout), else this update's own forward; a token is off-policy when a version other
+        # than pi_prox's sampled it
+        old = self.source.known_proximal(rollout, fresh)
         flat_advantages = advantages.view(-1)
-        pipelined = cfg.pipeline != "sync"
         samples = [
             TrainSample(
                 rollout.prompt_ids[rollout.group_of(i)],
@@ -188,33 +203,27 @@ class GRPOTrainer:
                 rollout.temp_logprobs[i],
                 float(flat_advantages[i]),
                 old.get(i),
-                off_policy=pipelined and max(token_lags(rollout, i, self.version), default=0) > 0,
+                token_lags(rollout, i, rollout.policy_version if i in old else self.version),
             )
             for i in rows
         ]
         with self._training_phase():
             update, grad_norm = self._backward(samples)
             stepped = update.finite and math.isfinite(grad_norm)
-            if stepped and not pipelined:  # pipelined: at the boundary, under the engine's gate
-                self.optimizer.step()
-            if not (stepped and pipelined):
+            if not stepped:
                 self.optimizer.zero_grad(set_to_none=True)
-        if not stepped:
-            why = f"non_finite: loss {update.loss} / gradient norm {grad_norm}; step not taken"
-            return self._reject(rollout, [*reasons, why], {**timings, **metrics}, rejected)
-        if fresh and rollout.policy_version == self.version:
-            self._old_logprobs = (rollout, dict(zip(rows, update.logprobs, strict=True)))
-            metrics.update(mismatch_metrics(rollout, rows, update.logprobs))
-        if pipelined or rollout.policy_version != self.version:
-            metrics.update(lag_metrics(rollout, rows, self.version))
-        metrics.update(update_metrics(update, grad_norm))
-        timings["train_s"] = time.perf_counter() - start
-        if pipelined:  # one_step: the next batch's generation ends first
-            self.boundary.wait()
-            timings["wait_s"] = time.perf_counter() - start - timings["train_s"]
-        trained = dict(zip(rows, update.logprobs, strict=True))
-        version = self._publish_next_version({**metrics, **timings}, timings)
+                why = f"non_finite: loss {update.loss} / gradient norm {grad_norm}; step not taken"
+                return self._reject(rollout, [*reasons, why], {**timings, **metrics}, rejected)
+            if fresh and rollout.policy_version == self.version:
+                self.source.keep_proximal(rollout, dict(zip(rows, update.logprobs, strict=True)))
+                metrics.update(mismatch_metrics(rollout, rows, update.logprobs))
+            if cfg.pipeline != "sync" or rollout.policy_version != self.version:
+                metrics.update(lag_metrics(rollout, rows, self.version))
+            metrics.update(update_metrics(update, grad_norm))
+            timings["train_s"] = time.perf_counter() - start
+            version = self._publish_next_version(metrics, timings)
         self._consecutive_failures = self._consecutive_filtered = 0
+        trained = dict(zip(rows, update.logprobs, strict=True))
         record = StepRecord(
             step=self.step_index - 1,
             rollout=rollout,
@@ -239,48 +248,40 @@ class GRPOTrainer:
         return contextlib.nullcontext()
 
     def _backward(self, samples: list[TrainSample]) -> tuple[UpdateResult, float]:
-        """The step's gradients (accumulated over micro-batches) and their clipped norm."""
+        """The step's gradients (accumulated over micro-batches) and their clipped norm. The
+        policy is in training mode for its forwards only when no engine serves it meanwhile
+        (pipelined: never; its modules are the engine's)."""
         self.optimizer.zero_grad(set_to_none=True)
-        with training_mode(self.model):
+        served = self.config.pipeline != "sync"
+        with contextlib.nullcontext() if served else training_mode(self.model):
             update = accumulate_gradients(self.model, samples, self.update_settings, self.reference)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
         return update, float(norm)
 
-    def _known_old_logprobs(self, rollout: RolloutResult, fresh: bool) -> dict[int, list[float]]:
-        """The trainer's log-probs at the rollout's version, kept from its first update (none
-        for a fresh rollout: they come from this update's own forward)."""
-        if fresh or self._old_logprobs is None or self._old_logprobs[0] is not rollout:
-            return {}
-        return self._old_logprobs[1]
-
     def _publish_next_version(self, metrics: dict[str, float], timings) -> VersionRecord:
-        """version + 1, pushed to the engine (its ack must match the trainer's weights); when
-        pipelined, with the optimizer step, between two generation steps (they share tensors)."""
+        """version + 1: the optimizer step written through the source's weight channel (the
+        only place weights change), whose acknowledgement must match the trainer's weights.
+        `one_step`: the next batch's generation ends first."""
         start = time.perf_counter()
-        parent, self.version = self.version, self.version + 1
-        self.step_index += 1
-        with self.engine.paused(), self.boundary.gate(self.version):
-            if self.config.pipeline != "sync":
+        self.source.before_update()
+        timings["wait_s"] = time.perf_counter() - start
+        start = time.perf_counter()
+        channel = self.source.channel
+        try:
+            with channel.writing(self.version + 1):
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
-            weights = published_weights(self.model, self.engine.model.lm_head.weight.dtype)
-            mode = "in_flight" if self.config.pipeline == "in_flight" else "drain"
-            ack = self.engine.update_weights(weights, self.version, mode)
-        expected = self.version_digests[self.version] = update_digest(weights)
-        self.version_digests.pop(self.version - 4, None)  # acks name the last version or two
-        if ack.version != self.version or ack.checksum != expected:
-            raise TrainingError(
-                f"weight sync failed: engine acknowledged version {ack.version} "
-                f"checksum {ack.checksum[:12]}, trainer has {self.version} {expected[:12]}"
-            )
-        # The checksum of record: on a CPU the digest already is the full SHA-256.
-        checksum = expected if self.device.type == "cpu" else weights_checksum(weights)
+        except WeightSyncError as exc:
+            raise TrainingError(str(exc)) from exc
+        parent, self.version = self.version, self.version + 1
+        self.step_index += 1
+        checksum = channel.checksum_of_record(self.version)
         timings["sync_s"] = time.perf_counter() - start
         checkpoint = None
         every = self.config.checkpoint_every
         if every and self.version % every == 0:
-            checkpoint = str(self.save(updates_done=self.updates_done + 1))
-        return VersionRecord(self.version, parent, checksum, dict(metrics), checkpoint)
+            checkpoint = str(self.save())
+        return VersionRecord(self.version, parent, checksum, {**metrics, **timings}, checkpoint)
 
     def _reject(self, rollout, reasons, metrics, rejected=None, failure=True) -> StepRecord:
         """Record a batch that is never trained on. Too many failed batches in a row stop the
@@ -319,20 +320,12 @@ class GRPOTrainer:
             return StopReason.STOPPED
         return None
 
-    def save(self, updates_done: int | None = None) -> Path:
-        """Checkpoint the current version, with the rollout the next update uses when there is
-        one (pipelined: produced ahead; else between two updates of one batch), so a resumed
-        run continues exactly."""
-        done = self.updates_done if updates_done is None else updates_done
-        done %= self.config.updates_per_batch
-        pending = None
-        if self.prefetched is not None:
-            pending = {"rollout": self.prefetched.to_json(), "prefetched": True}
-        elif done and self.runner.last is not None:
-            kept = self._old_logprobs
-            old = kept[1] if kept is not None and kept[0] is self.runner.last else {}
-            pending = {"rollout": self.runner.last.to_json(), "old_logprobs": old}
-        state = {"batches_drawn": self.batches_drawn, "updates_done": done}
+    def save(self) -> Path:
+        """Checkpoint the current version with its source's state: the rollout the next update
+        uses when there is one (pipelined: produced ahead and verified; else between two
+        updates of one batch), so a resumed run continues exactly."""
+        state = self.source.state()
+        pending = state.pop("pending", None)
         state["base_checksum"] = self.base_checksum  # LoRA's, verified on resume
         return save_checkpoint(
             self.output_dir,

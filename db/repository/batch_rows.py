@@ -47,6 +47,19 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _resumed_at(sample: SampleRecord, where: str) -> list[int] | None:
+    """The sample's checked ``resumed_at``: increasing indexes inside its response."""
+    if not sample.resumed_at:
+        return None
+    indexes = list(sample.resumed_at)
+    length = len(sample.response_token_ids)
+    if not all(_is_count(i) and 1 <= i <= length for i in indexes):
+        raise InvalidValue(f"{where}.resumed_at: expected indexes in 1..{length}")
+    if any(later <= earlier for earlier, later in pairwise(indexes)):
+        raise InvalidValue(f"{where}.resumed_at: indexes must increase")
+    return indexes
+
+
 def _token_version_runs(
     sample: SampleRecord, batch: BatchRecord, where: str
 ) -> list[list[int]] | None:
@@ -135,6 +148,7 @@ def _sample_row(sample: SampleRecord, batch: BatchRecord, where: str) -> dict[st
         "prompt_messages": sample.prompt_messages,
         "reward_components": None if components is None else dict(components),
         "token_versions": _token_version_runs(sample, batch, where),
+        "resumed_at": _resumed_at(sample, where),
         "response_token_ids": sample.response_token_ids,
         "behaviour_logprobs": sample.behaviour_logprobs,
         "temperature_logprobs": sample.temperature_logprobs,

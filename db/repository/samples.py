@@ -226,6 +226,7 @@ class SamplesMixin(RepositoryBase):
                 trainer_logprobs=sample.trainer_logprobs,
                 reward_components=sample.reward_components,
                 token_versions=sample.token_versions,
+                resumed_at=sample.resumed_at,
             )
 
     def random_sample_ids(self, job_id: int, count: int, versions: Collection[int]) -> list[int]:

@@ -155,8 +155,8 @@ def test_preempted_in_flight_sequences_publish_nothing_stale(versions):
 
 
 def test_an_update_from_another_thread_lands_between_steps(versions):
-    """The trainer's side: `paused()` waits for the step in progress, the update lands, the
-    running batch goes on; every token's version is the engine's at its step."""
+    """The trainer's side: the update waits for the step in progress (the engine's gate), lands,
+    and the running batch goes on; every token's version is the engine's at its step."""
     model, weights, _ = versions
     engine = make_engine(model, page_size=2)
     params = SamplingParams(temperature=0.8, max_tokens=40, ignore_eos=True, seed=3)
@@ -167,8 +167,7 @@ def test_an_update_from_another_thread_lands_between_steps(versions):
     worker.start()
     started.wait(timeout=30)
     for version in (1, 2):
-        with engine.paused():
-            ack = engine.update_weights(weights[version], version, mode="in_flight")
+        ack = engine.update_weights(weights[version], version, mode="in_flight")
         assert ack.version == version
     worker.join(timeout=60)
     for result in results:
@@ -176,4 +175,35 @@ def test_an_update_from_another_thread_lands_between_steps(versions):
         assert len(per_token) == len(result.output_ids) == 40
         assert per_token == sorted(per_token) and per_token[0] == 0
     assert engine.version == 2
+    assert_idle(engine)
+
+
+def test_a_preempted_in_flight_sequence_records_where_it_resumed(versions):
+    """A sequence preempted after an update resumes with every earlier position's K/V
+    recomputed by the current version; the engine records where (`resumed_at`), and a replay
+    that starts a fresh cache there (`workers.replay`) reproduces every stored log-prob, where
+    one that ignores it does not."""
+    from workers.replay import replay_logprobs, segments
+
+    model, weights, hf = versions
+    engine = make_engine(model, page_size=2, num_pages=14, max_batch_size=8)
+    prompts = [PROMPTS[i % 3] + [i + 1] * 6 for i in range(4)]
+    params = SamplingParams(temperature=0.8, max_tokens=16, ignore_eos=True, seed=5)
+    results = run_with_updates(engine, weights, at_steps=(2,), params=params, prompts=prompts)
+    resumed = [r for r in results if r.resumed_at and len(r.token_versions) > 1]
+    assert resumed, "no in-flight sequence was preempted and resumed"
+    for result in resumed:
+        assert all(0 < i <= len(result.output_ids) for i in result.resumed_at)
+        stored = torch.tensor(result.output_temp_logprobs)
+
+        def replayed(parts):
+            scores = replay_logprobs(
+                result.prompt_ids, result.output_ids, parts, hf.__getitem__, 0.8
+            )
+            return torch.tensor([v for part in scores for v in part])
+
+        parts = segments(result.token_versions, result.resumed_at)
+        assert torch.allclose(replayed(parts), stored, atol=TOLERANCE)
+        unaware = segments(result.token_versions)
+        assert (replayed(unaware) - stored).abs().max() > TOLERANCE
     assert_idle(engine)

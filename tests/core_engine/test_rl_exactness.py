@@ -6,7 +6,7 @@ import torch
 
 from core_engine.rl import update as update_module
 from core_engine.rl.checkpoint import latest_checkpoint, read_trainer_state
-from core_engine.rl.loss import grpo_loss
+from core_engine.rl.objective import policy_loss
 from core_engine.rl.records import StopReason, TrainerHooks
 from core_engine.rl.trainer import TrainingError
 from core_engine.weights import canonical_weights, weights_checksum
@@ -103,7 +103,9 @@ def test_masked_positions_cannot_make_the_loss_nan():
     logp = torch.tensor([[-0.5, 1e4]], requires_grad=True)
     behaviour = torch.tensor([[-0.7, -1e4]])
     mask = torch.tensor([[True, False]])
-    out = grpo_loss(logp, behaviour, torch.tensor([1.0]), mask, kl_coef=0.1, ref_logp=-logp)
+    out = policy_loss(
+        logp, behaviour, behaviour, torch.tensor([1.0]), mask, kl_coef=0.1, ref_logp=-logp
+    )
     out.loss.backward()
     assert torch.isfinite(out.loss) and torch.isfinite(logp.grad).all()
     assert logp.grad[0, 1] == 0
@@ -113,11 +115,11 @@ def test_clip_fraction_counts_active_clips_and_the_other_statistic_is_named_apar
     logp = torch.log(torch.tensor([[0.5, 0.5, 0.5]]))
     behaviour = torch.log(torch.tensor([[0.25, 1.0, 0.5]]))  # ratios 2, 0.5, 1
     mask = torch.ones(1, 3, dtype=torch.bool)
-    positive = grpo_loss(logp, behaviour, torch.tensor([1.0]), mask)
+    positive = policy_loss(logp, behaviour, behaviour, torch.tensor([1.0]), mask)
     # A > 0: only the high ratio is clipped; the low one is outside the range, not clipped.
     assert positive.clip_fraction == pytest.approx(1 / 3)
     assert positive.ratio_outside_fraction == pytest.approx(2 / 3)
-    negative = grpo_loss(logp, behaviour, torch.tensor([-1.0]), mask)
+    negative = policy_loss(logp, behaviour, behaviour, torch.tensor([-1.0]), mask)
     assert negative.clip_fraction == pytest.approx(1 / 3)
 
 

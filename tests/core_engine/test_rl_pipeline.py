@@ -2,16 +2,19 @@
 trained token is bounded, the off-policy samples get the decoupled loss, a stopped run resumes
 without training a batch twice or losing one, and `one_step` resumes bit for bit."""
 
+import collections
+import contextlib
 import itertools
+import threading
 
 import pytest
 import torch
 
 from core_engine.rl.checkpoint import latest_checkpoint, read_pending_rollout
-from core_engine.rl.pipeline import RolloutProducer, check_acks, start_producer
 from core_engine.rl.records import StopReason, TrainerHooks
-from core_engine.rl.rollout_process import ProcessProducer
+from core_engine.rl.sources import ThreadProducer
 from core_engine.task import expand_runs
+from core_engine.weight_sync import LocalChannel, WeightSyncError
 
 from .test_rl_exactness import run, weights_of
 from .test_rl_trainer import make_trainer
@@ -67,22 +70,43 @@ def test_every_trained_token_is_within_the_lag_bound(checkpoint, tmp_path, pipel
             assert record.metrics["is_weight_max"] > 0 and "is_truncated_fraction" in record.metrics
 
 
-def test_one_step_overlaps_generation_with_training(checkpoint, tmp_path):
-    """The next batch is generated during the step: the trainer's wait at the boundary is
-    shorter than the generation it would otherwise have done after the step."""
-    records = []
+def test_one_step_hides_generation_behind_training(checkpoint, tmp_path, monkeypatch):
+    """Batch k+1 is generated while the trainer computes on batch k: here its engine steps
+    wait until batch k's backward has begun, which only a pipeline that overlaps the two can
+    satisfy (a loop that generated it before training would wait in vain and fail below).
+    The trainer then only waits at the boundary for what is left of the generation."""
+    backward_began = [threading.Event() for _ in range(4)]
+    started = []
+    start = ThreadProducer.start
+
+    def counted_start(self, *args):
+        started.append(len(started))
+        return start(self, *args)
+
+    monkeypatch.setattr(ThreadProducer, "start", counted_start)
     trainer = make_trainer(
-        checkpoint,
-        tmp_path,
-        TrainerHooks(on_step=records.append),
-        steps=4,
-        pipeline="one_step",
-        **PIPELINED,
+        checkpoint, tmp_path, steps=4, pipeline="one_step", lora={"rank": 4}, **PIPELINED
     )
+    backward = trainer._backward
+
+    def marked_backward(samples):
+        backward_began[trainer.step_index].set()
+        return backward(samples)
+
+    trainer._backward = marked_backward
+    engine_step, overlapped = trainer.engine.step, []
+
+    def gated_step(*args, **kwargs):
+        batch = started[-1]
+        producing = threading.current_thread().name == "rollout-producer"
+        if producing and batch > 0 and all(overlapped):  # after a failure: no more waits
+            overlapped.append(backward_began[batch - 1].wait(timeout=30))  # a hang guard
+        return engine_step(*args, **kwargs)
+
+    trainer.engine.step = gated_step
     trainer.train()
-    for record in accepted(records)[1:]:
-        assert record.metrics["wait_s"] >= 0.0
-        assert "train_s" in record.metrics
+    assert trainer.version == 4 and len(started) == 4
+    assert overlapped and all(overlapped)
 
 
 def test_a_stopped_one_step_run_resumes_exactly(checkpoint, tmp_path):
@@ -127,7 +151,7 @@ def test_an_in_flight_batch_cut_by_a_crash_is_generated_again(checkpoint, tmp_pa
         steps=6,
         **overrides,
     )
-    assert resumed.batches_drawn == len(records)  # the batch in flight is drawn again
+    assert resumed.source.batches_drawn == len(records)  # the batch in flight is drawn again
     resumed.train()
     prompts = [tuple(r.rollout.prompts) for r in accepted(records) + accepted(resumed_records)]
     assert len(prompts) == 6 and len(set(prompts)) == 6
@@ -156,35 +180,131 @@ def test_lora_pipelines_generate_on_a_thread_within_the_bound(checkpoint, tmp_pa
         lora={"rank": 4},
         **PIPELINED,
     )
-    assert isinstance(start_producer(trainer, 1), RolloutProducer)
     trainer.train()
+    assert isinstance(trainer.source.producer, ThreadProducer)
     assert trainer.version == trainer.engine.version == 3
     for record in accepted(records):
         for i in range(record.rollout.num_samples):
             assert all(0 <= record.version.parent - v <= 1 for v in record.rollout.versions_of(i))
 
 
-def test_a_rollout_process_must_acknowledge_the_trainers_checksums():
-    check_acks([(3, "ab" * 32)], {3: "ab" * 32})
-    with pytest.raises(RuntimeError, match="served version 3 with checksum cdcdcdcdcdcd"):
-        check_acks([(3, "cd" * 32)], {3: "ab" * 32})
-    with pytest.raises(RuntimeError, match="the trainer's is None"):
-        check_acks([(4, "cd" * 32)], {3: "ab" * 32})
+def test_acknowledgements_must_be_the_trainers_digests(checkpoint, tmp_path):
+    trainer = make_trainer(checkpoint, tmp_path)
+    channel = LocalChannel(trainer.engine, trainer.model)
+    channel.digests[3] = "ab" * 32
+    channel.check_acks([(3, "ab" * 32)])
+    with pytest.raises(WeightSyncError, match="version 3 with checksum cdcdcdcdcdcd"):
+        channel.check_acks([(3, "cd" * 32)])
+    with pytest.raises(WeightSyncError, match="the trainer wrote None"):
+        channel.check_acks([(4, "cd" * 32)])
 
 
-def test_a_full_weight_cpu_pipeline_generates_in_its_own_process(checkpoint, tmp_path):
-    trainer = make_trainer(checkpoint, tmp_path, steps=1, pipeline="one_step", **PIPELINED)
-    producer = start_producer(trainer, 1)
-    try:
-        assert isinstance(producer, ProcessProducer)
-        producer.start(trainer.batch_at(0), 5)
-        rollout, fresh, _ = producer.take()
-        assert fresh and rollout.policy_version == 0 and rollout.num_samples == 16
-        assert producer.acks == []  # served version 0 from the start: no update
-        with producer.gate(1):
-            pass  # the trainer's version moves to 1 (its weights unchanged here)
-        producer.start(trainer.batch_at(1), 6)
-        rollout, _, _ = producer.take()
-        assert rollout.policy_version == 1 and [v for v, _ in producer.acks] == [1]
-    finally:
-        producer.close()
+def test_an_in_flight_update_lands_mid_sequence(checkpoint, tmp_path, monkeypatch):
+    """The update to version k+1 lands between two decode steps of batch k+1 (here its second
+    engine step waits until the trainer writes): its samples span two versions, each token
+    stamped with its own at the engine, and the trainer trains their tokens at lags 1 and 0
+    within one sample."""
+    writing = {v: threading.Event() for v in range(1, 5)}
+    real_writing = LocalChannel.writing
+
+    @contextlib.contextmanager
+    def marked_writing(self, version):
+        with real_writing(self, version):
+            writing[version].set()
+            yield
+
+    monkeypatch.setattr(LocalChannel, "writing", marked_writing)
+    started = []
+    start = ThreadProducer.start
+    monkeypatch.setattr(
+        ThreadProducer, "start", lambda self, *a: (started.append(len(started)), start(self, *a))[1]
+    )
+    records = []
+    trainer = make_trainer(
+        checkpoint,
+        tmp_path,
+        TrainerHooks(on_step=records.append),
+        steps=3,
+        pipeline="in_flight",
+        lora={"rank": 4},
+        **PIPELINED,
+    )
+    engine_step, steps_of_batch, landed = trainer.engine.step, collections.Counter(), []
+
+    def gated_step(*args, **kwargs):
+        batch = started[-1]  # batch k+1 is generated while step k trains, then writes k+1
+        if threading.current_thread().name == "rollout-producer" and batch > 0:
+            steps_of_batch[batch] += 1
+            if steps_of_batch[batch] == 2:
+                landed.append(writing[batch].wait(timeout=60))  # a hang guard
+        return engine_step(*args, **kwargs)
+
+    trainer.engine.step = gated_step
+    trainer.train()
+    assert landed and all(landed)
+    spanning = 0
+    for record in accepted(records)[1:]:
+        rollout = record.rollout
+        runs = [rollout.token_versions[i] for i in range(rollout.num_samples)]
+        spanning += sum(len(r) == 2 for r in runs)
+        trained_at = record.version.parent
+        assert all([v for v, _ in r] == [trained_at - 1, trained_at] for r in runs if len(r) == 2)
+        assert record.metrics["policy_lag/0"] > 0 and record.metrics["policy_lag/1"] > 0
+    assert spanning > 0
+
+
+def test_lora_pipeline_with_kl_never_serves_the_base_or_train_mode(checkpoint, tmp_path):
+    """The KL reference is a module tree of its own over the frozen base, and the trainer
+    never switches the served modules' mode: every engine step of a pipelined LoRA job with
+    a KL term runs the adapter, in eval mode, while the trainer scores the reference."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    trainer = make_trainer(
+        checkpoint,
+        tmp_path,
+        steps=4,
+        pipeline="in_flight",
+        lora={"rank": 4},
+        kl_coef=0.1,
+        **PIPELINED,
+    )
+    layers = [m for m in trainer.model.modules() if isinstance(m, BaseTunerLayer)]
+    assert layers and trainer.reference is not trainer.model
+    engine_step, states = trainer.engine.step, []
+
+    def observed_step(*args, **kwargs):
+        with trainer.engine.lock:  # the state the step computes under
+            states.append(
+                (
+                    any(layer.disable_adapters for layer in layers),
+                    any(m.training for m in trainer.model.modules()),
+                )
+            )
+            return engine_step(*args, **kwargs)
+
+    trainer.engine.step = observed_step
+    trainer.train()
+    assert trainer.version == 4 and len(states) > 8
+    assert not any(disabled for disabled, _ in states)
+    assert not any(training for _, training in states)
+
+
+def test_a_bf16_engine_cpu_pipeline_serves_every_version(checkpoint, tmp_path):
+    """The child's bf16 engine converts the trainer's shared fp32 weights at each version (it
+    once served a stale copy and failed the weight sync after version 2): every version is
+    acknowledged with the trainer's digest of its bf16 image."""
+    records = []
+    trainer = make_trainer(
+        checkpoint,
+        tmp_path,
+        TrainerHooks(on_step=records.append),
+        steps=4,
+        pipeline="one_step",
+        engine_dtype="bfloat16",
+        **PIPELINED,
+    )
+    assert trainer.train() is StopReason.DONE
+    assert trainer.version == trainer.engine.version == 4
+    assert [r.version.version for r in accepted(records)] == [1, 2, 3, 4]
+    for name, served in trainer.engine.model.state_dict().items():
+        assert torch.equal(served, trainer.model.state_dict()[name].to(served.dtype)), name

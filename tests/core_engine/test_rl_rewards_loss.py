@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from core_engine.rl.loss import group_advantages, grpo_loss
+from core_engine.rl.objective import group_advantages, policy_loss
 from core_engine.rl.rewards import RewardError, resolve_reward, score
 
 
@@ -51,7 +51,7 @@ def test_loss_is_token_averaged_and_clipped():
     behaviour = torch.log(torch.tensor([[0.5, 0.25], [0.9, 0.1]]))
     adv = torch.tensor([1.0, -2.0])
     mask = torch.tensor([[True, True], [True, False]])
-    out = grpo_loss(logp, behaviour, adv, mask, clip_eps=0.2)
+    out = policy_loss(logp, behaviour, behaviour, adv, mask, clip_eps=0.2)
     # ratios: row0 = [1, 2 -> clipped 1.2]; row1 = [1]; token mean of -(r * A)
     expected = -(1.0 * 1 + 1.2 * 1 + 1.0 * -2) / 3
     assert out.loss.item() == pytest.approx(expected, abs=1e-6)
@@ -61,8 +61,9 @@ def test_loss_is_token_averaged_and_clipped():
 def test_k3_kl_to_reference():
     logp = torch.log(torch.tensor([[0.5]]))
     ref = torch.log(torch.tensor([[0.25]]))
-    out = grpo_loss(
+    out = policy_loss(
         logp,
+        logp.detach(),
         logp.detach(),
         torch.zeros(1),
         torch.ones(1, 1, dtype=torch.bool),
@@ -78,5 +79,6 @@ def test_k3_kl_to_reference():
 def test_masked_tokens_get_no_gradient():
     logp = torch.zeros(2, 3, requires_grad=True)
     mask = torch.tensor([[True, False, False], [False, False, False]])
-    grpo_loss(logp, torch.zeros(2, 3), torch.tensor([1.0, 5.0]), mask).loss.backward()
+    zeros = torch.zeros(2, 3)
+    policy_loss(logp, zeros, zeros, torch.tensor([1.0, 5.0]), mask).loss.backward()
     assert logp.grad[0, 0] != 0 and torch.count_nonzero(logp.grad) == 1

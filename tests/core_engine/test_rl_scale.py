@@ -164,7 +164,7 @@ def test_retention_keeps_the_last_and_every_nth_and_optimizer_state_only_for_the
 def test_engine_shares_the_trainers_weights_when_the_dtypes_match(checkpoint, tmp_path):
     trainer = make_trainer(checkpoint, tmp_path)
     assert trainer.engine.model is trainer.model
-    assert trainer.update_settings.tis_cap == 0.0
+    assert not trainer.update_settings.importance.correct_on_policy
 
 
 def test_bf16_engine_with_fp32_trainer_records_mismatch_and_truncated_is(checkpoint, tmp_path):
@@ -180,7 +180,8 @@ def test_bf16_engine_with_fp32_trainer_records_mismatch_and_truncated_is(checkpo
     trainer.train()
     assert trainer.engine.model.lm_head.weight.dtype == torch.bfloat16
     assert trainer.model.lm_head.weight.dtype == torch.float32
-    assert trainer.update_settings.tis_cap == 2.0
+    assert trainer.update_settings.importance.correct_on_policy
+    assert trainer.update_settings.importance.cap == 2.0
     accepted = [r for r in records if r.version is not None]
     assert trainer.version == 2 and accepted
     for record in accepted:
@@ -190,8 +191,10 @@ def test_bf16_engine_with_fp32_trainer_records_mismatch_and_truncated_is(checkpo
     # The engine serves the bf16 image of the trainer's fp32 weights.
     for name, served in trainer.engine.model.state_dict().items():
         assert torch.equal(served, trainer.model.state_dict()[name].to(served.dtype)), name
-    off = make_trainer(checkpoint, tmp_path / "off", engine_dtype="bfloat16", tis_cap=0)
-    assert off.update_settings.tis_cap == 0
+    off = make_trainer(
+        checkpoint, tmp_path / "off", engine_dtype="bfloat16", correct_on_policy=False
+    )
+    assert not off.update_settings.importance.correct_on_policy
 
 
 def test_one_end_of_sequence_rule_with_two_eos_ids(tmp_path):

@@ -156,7 +156,7 @@ def test_resume_continues_at_the_saved_version(checkpoint, tmp_path):
         assert torch.equal(fields["exp_avg_sq"], restored[index]["exp_avg_sq"])
         assert torch.equal(fields["step"], restored[index]["step"])
     straight = make_trainer(checkpoint, tmp_path / "straight", steps=5)
-    for _ in range(resumed.batches_drawn):
+    for _ in range(resumed.source.batches_drawn):
         straight.next_batch()
     assert resumed.next_batch() == straight.next_batch()  # the prompt sequence continues
     resumed.train()

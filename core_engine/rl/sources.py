@@ -1,0 +1,258 @@
+"""Rollout sources: what produces the trainer's next batch, and the one weight channel it writes
+new versions through. The trainer has one loop for every mode (`GRPOTrainer.train`): take a
+batch from its source, compute, write the next version through `source.channel`, go on.
+
+- `SyncSource` (`pipeline = "sync"`): generated on demand, when the trainer asks; a batch's
+  rollout is reused by its further updates (`updates_per_batch`) within `max_policy_lag`.
+- `PrefetchSource` (`one_step`, `in_flight`): the next batch is produced one ahead, by a thread
+  (`ThreadProducer`, on the trainer's engine) or, for a full-weight CPU job, a child process
+  over the trainer's shared weights (`rollout_process.ProcessProducer`), while the trainer
+  computes on the current one. `one_step`: before writing version v+1 the trainer waits for the
+  next batch (`before_update`), so every sample is whole under v and trained at lag 1.
+  `in_flight`: it does not wait; the update lands between two decode steps of the next batch,
+  whose sequences go on under v+1 (per-token versions, lag <= 1).
+
+A source owns its checkpointable state: how many batches were drawn and, when it holds one, the
+complete next rollout, whose acknowledgements were verified against the trainer's digests
+before it is kept (`pending`), so an unverified batch is never checkpointed. A half-generated
+in-flight batch is not kept: a resumed run generates it again (its samples were recorded
+nowhere: samples are recorded when trained).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from core_engine.rl.config import GRPOConfig
+from core_engine.rl.data import collate
+from core_engine.rl.rollout import Produced, RolloutResult, RolloutRunner, produce_rollout
+from core_engine.weight_sync import LocalChannel
+
+Batch = dict[str, list[str]]
+JOIN_POLL_S = 0.2  # how often a wait for a batch re-checks a cancel
+
+
+def batch_seed(seed: int, index: int) -> int:
+    """The sampling seed of batch `index` (pipelined: known before the trainer reaches it)."""
+    return seed * 1_000_003 + index * 10_007
+
+
+class BatchPlan:
+    """The seeded sequence of prompt batches: batch `index` is the same draw in every run, so a
+    resumed run continues it."""
+
+    def __init__(self, records: Sequence[Mapping[str, str]], batch_size: int, seed: int) -> None:
+        self.records, self.batch_size, self.seed = list(records), batch_size, seed
+
+    def at(self, index: int) -> Batch:
+        order = random.Random(self.seed * 1_000_003 + index)
+        return collate(order.sample(self.records, min(self.batch_size, len(self.records))))
+
+
+class SyncSource:
+    """Batches generated on demand by the trainer's engine."""
+
+    def __init__(
+        self,
+        config: GRPOConfig,
+        plan: BatchPlan,
+        runner: RolloutRunner,
+        channel: LocalChannel,
+        state: Mapping[str, Any],
+    ) -> None:
+        self.config, self.plan, self.runner, self.channel = config, plan, runner, channel
+        self.batches_drawn = state.get("batches_drawn", 0)
+        self.updates_done = state.get("updates_done", 0)  # of the current batch
+        # the trainer's log-probs of the reused rollout at its version, from its first update
+        self.proximal: tuple[RolloutResult, dict[int, list[float]]] | None = None
+        pending = state.get("pending")
+        if pending is not None and not pending.get("prefetched"):
+            rollout = RolloutResult.from_json(pending["rollout"])
+            self.runner.keep(self.plan.at(self.batches_drawn - 1), rollout)
+            self.proximal = (rollout, {int(k): v for k, v in pending["old_logprobs"].items()})
+
+    def open(self) -> None:
+        """Nothing runs between two batches."""
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+    def next(self, step_index: int, batch: Batch | None = None) -> Produced:
+        """The rollout of the next update: a new batch of prompts (or `batch`), or the current
+        one's again while it has updates left."""
+        if batch is None:
+            if self.updates_done == 0:
+                self.batches_drawn += 1
+            batch = self.plan.at(self.batches_drawn - 1)
+            self.updates_done = (self.updates_done + 1) % self.config.updates_per_batch
+        return produce_rollout(self.runner, batch, batch_seed(self.config.seed, step_index))
+
+    def before_update(self) -> None:
+        """Nothing is being generated."""
+
+    def settle(self) -> None:
+        """Nothing is being generated."""
+
+    def known_proximal(self, rollout: RolloutResult, fresh: bool) -> dict[int, list[float]]:
+        """The trainer's log-probs at a reused rollout's version (none for a fresh rollout:
+        they come from its update's own forward)."""
+        if fresh or self.proximal is None or self.proximal[0] is not rollout:
+            return {}
+        return self.proximal[1]
+
+    def keep_proximal(self, rollout: RolloutResult, logprobs: dict[int, list[float]]) -> None:
+        self.proximal = (rollout, logprobs)
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the counters and, between two updates of one batch, the
+        rollout the next update reuses with the trainer's log-probs at its version."""
+        state: dict[str, Any] = {
+            "batches_drawn": self.batches_drawn,
+            "updates_done": self.updates_done,
+        }
+        if self.updates_done and self.runner.last is not None:
+            kept = self.proximal
+            old = kept[1] if kept is not None and kept[0] is self.runner.last else {}
+            state["pending"] = {"rollout": self.runner.last.to_json(), "old_logprobs": old}
+        return state
+
+
+class ThreadProducer:
+    """One batch's rollout at a time, on a thread with `threads` intra-op threads, on the
+    trainer's own engine (whose channel is the trainer's `LocalChannel`)."""
+
+    def __init__(self, runner: RolloutRunner, channel: LocalChannel, threads: int) -> None:
+        self.runner, self.channel, self.threads = runner, channel, threads
+        self._thread: threading.Thread | None = None
+        self._outcome: Produced | BaseException | None = None
+
+    @property
+    def busy(self) -> bool:
+        """A batch was started and its outcome not taken yet."""
+        return self._thread is not None
+
+    def start(self, batch: Batch, seed: int) -> None:
+        if self._thread is not None:
+            raise RuntimeError("a rollout producer makes one batch at a time")
+        self._outcome = None
+        self._thread = threading.Thread(
+            target=self._produce, args=(batch, seed), name="rollout-producer", daemon=True
+        )
+        self._thread.start()
+
+    def _produce(self, batch: Batch, seed: int) -> None:
+        torch.set_num_threads(self.threads)
+        try:
+            self._outcome = produce_rollout(self.runner, batch, seed)
+        except BaseException as exc:  # re-raised on the trainer's thread by `take`
+            self._outcome = exc
+
+    def take(self, cancelled: Callable[[], bool]) -> tuple[Produced, list[tuple[int, str]]]:
+        """The started batch's outcome once produced, and the acknowledgements it carries
+        (none: its engine's updates were checked when written)."""
+        assert self._thread is not None
+        while self._thread.is_alive():
+            self._thread.join(JOIN_POLL_S)
+            if cancelled():  # the batch is abandoned; its thread ends with it
+                raise BatchCancelled("cancelled while a rollout batch was generated")
+        outcome, self._thread, self._outcome = self._outcome, None, None
+        if isinstance(outcome, BaseException):
+            raise outcome
+        assert outcome is not None
+        return outcome, []
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
+class BatchCancelled(RuntimeError):
+    """A cancel arrived while the trainer waited for a batch."""
+
+
+class PrefetchSource:
+    """The next batch produced one ahead by `make_producer(threads)` (module docstring)."""
+
+    def __init__(
+        self,
+        config: GRPOConfig,
+        plan: BatchPlan,
+        make_producer: Callable[[int], Any],
+        state: Mapping[str, Any],
+        cancelled: Callable[[], bool],
+    ) -> None:
+        self.config, self.plan, self.make_producer = config, plan, make_producer
+        self.cancelled = cancelled
+        self.batches_drawn = state.get("batches_drawn", 0)
+        self.producer: Any = None
+        self.channel: Any = None
+        self._ready: Produced | None = None  # the next batch's, produced and verified
+        pending = state.get("pending")
+        if pending is not None and pending.get("prefetched"):  # kept by the checkpoint resumed
+            rollout = RolloutResult.from_json(pending["rollout"])
+            self._ready = (rollout, True, {"generate_s": 0.0, "reward_s": 0.0})
+        self._own_threads = torch.get_num_threads()
+
+    def open(self) -> None:
+        """Start the producer; generation and training each get half of the intra-op threads
+        (at least one)."""
+        threads = max(1, self._own_threads // 2)
+        self.producer = self.make_producer(threads)
+        self.channel = self.producer.channel
+        torch.set_num_threads(threads)
+
+    def close(self) -> None:
+        """No generation outlives the run, also on an error."""
+        if self.producer is not None:
+            self.producer.close()
+        torch.set_num_threads(self._own_threads)
+
+    def next(self, step_index: int) -> Produced:
+        index = self.batches_drawn
+        outcome = self._ready
+        self._ready = None
+        if outcome is None and not self.producer.busy:  # the first batch, or after a failure
+            self.producer.start(self.plan.at(index), batch_seed(self.config.seed, index))
+        if outcome is None:
+            outcome = self._take()
+        if step_index + 1 < self.config.steps:
+            self.producer.start(self.plan.at(index + 1), batch_seed(self.config.seed, index + 1))
+        self.batches_drawn += 1
+        return outcome
+
+    def _take(self, cancellable: bool = True) -> Produced:
+        """The started batch's outcome, its acknowledgements verified."""
+        outcome, acks = self.producer.take(self.cancelled if cancellable else lambda: False)
+        self.channel.check_acks(acks)
+        return outcome
+
+    def known_proximal(self, rollout: RolloutResult, fresh: bool) -> dict[int, list[float]]:
+        """None known: every batch is trained once, fresh."""
+        return {}
+
+    def keep_proximal(self, rollout: RolloutResult, logprobs: dict[int, list[float]]) -> None:
+        """Nothing is reused."""
+
+    def before_update(self) -> None:
+        """`one_step`: the next batch's generation ends under the version being trained."""
+        if self.config.pipeline == "one_step" and self.producer.busy:
+            self._ready = self._take()
+
+    def settle(self) -> None:
+        """At the end of a run (also a stopped one): the batch in progress is completed and
+        verified, so the checkpoint keeps it."""
+        if self.producer.busy:
+            self._ready = self._take(cancellable=False)
+
+    def state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"batches_drawn": self.batches_drawn}
+        rollout = self._ready[0] if self._ready is not None else None
+        if isinstance(rollout, RolloutResult):
+            state["pending"] = {"rollout": rollout.to_json(), "prefetched": True}
+        return state
