@@ -36,10 +36,10 @@ from transformers import TrainerCallback
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from core_engine.rl.config import GRPOConfig
+from core_engine.rl.data.tasks import addition_records
 from core_engine.rl.demo_policy import SHIPPED_POLICY
 from core_engine.rl.rewards import exact_match
-from core_engine.rl.tasks import addition_records
-from core_engine.rl.trainer import GRPOTrainer
+from core_engine.rl.trainer.grpo import GRPOTrainer
 
 PROMPTS, GROUP, LR, TEMPERATURE, CLIP, MAX_TOKENS = 16, 8, 3e-4, 1.0, 0.2, 6
 PARTS = ("generate_s", "reward_s", "train_s", "sync_s", "step_s")

@@ -104,7 +104,7 @@ def batch(samples: int, length: int) -> dict[str, torch.Tensor]:
 
 def ours_step(samples: int, length: int, budget: int, chunk_rows: int) -> LiveTensorBytes:
     from core_engine.model import build_model
-    from core_engine.rl.update import TrainSample, UpdateSettings, accumulate_gradients
+    from core_engine.rl.objective.update import TrainSample, UpdateSettings, accumulate_gradients
 
     model = build_model(hf_config()).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)

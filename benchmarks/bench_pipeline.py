@@ -35,17 +35,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from bench_grpo import GROUP, PROMPTS, Alternate, trl_missing, trl_trainer
 
-from core_engine.rl import pipeline
 from core_engine.rl.config import GRPOConfig
+from core_engine.rl.data.tasks import addition_records
 from core_engine.rl.demo_policy import (
     DEMO_ALPHABET,
     SHIPPED_POLICY,
     greedy_accuracy,
     heldout_records,
 )
-from core_engine.rl.records import TrainerHooks
-from core_engine.rl.tasks import addition_records
-from core_engine.rl.trainer import GRPOTrainer
+from core_engine.rl.rollout import sources
+from core_engine.rl.trainer.grpo import GRPOTrainer
+from core_engine.rl.trainer.records import TrainerHooks
 from core_engine.toy import save_tiny_checkpoint
 
 # (name, pipeline mode, intra-op threads): the synchronous loop on one core and on both
@@ -327,7 +327,7 @@ def summarise_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    pipeline.start_producer = _timed_start(pipeline.start_producer)
+    sources.PrefetchSource.open = _timed_start(sources.PrefetchSource.open)
     print(
         f"threads: sync 1 or 2, TRL 1, pipelined 1 + 1; {args.minutes} min, turns of {args.slice} s"
     )

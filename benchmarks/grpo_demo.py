@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 import db
 from core_engine.rl.config import GRPOConfig
+from core_engine.rl.data.tasks import addition_records
 from core_engine.rl.demo_policy import (
     DEMO_SEEDS,
     SHIPPED_POLICY,
@@ -45,8 +46,7 @@ from core_engine.rl.demo_policy import (
     greedy_accuracy,
     heldout_records,
 )
-from core_engine.rl.tasks import addition_records
-from core_engine.rl.trainer import GRPOTrainer
+from core_engine.rl.trainer.grpo import GRPOTrainer
 
 TARGET_GAIN = 0.30  # the bar: +30 points of held-out accuracy within 10 minutes
 SMOOTHING = 3  # evaluations in the moving average

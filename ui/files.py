@@ -30,7 +30,7 @@ __all__ = [
 MAX_DEPTH = 3
 MAX_FOUND = 200
 UPLOADS_DIR = "datasets"
-DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")  # `core_engine.rl.dataset_files`
+DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")  # `core_engine.rl.data.files`
 MIB = 2**20
 # What the stored uploads may take together (``RLWB_UPLOAD_QUOTA_MB``, default 256 MiB).
 UPLOAD_QUOTA_BYTES = int(os.environ.get("RLWB_UPLOAD_QUOTA_MB") or 256) * MIB

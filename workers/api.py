@@ -19,13 +19,13 @@ from core_engine.lora_settings import (
     SAVABLE_MODULES,
     LoraSettings,
 )
-from core_engine.rl.clip import clip_active
 from core_engine.rl.config import PIPELINE_MODES, GRPOConfig, mode_defaults
 from core_engine.rl.data import DataError, count_jsonl
-from core_engine.rl.dataset_files import Columns, load_records
-from core_engine.rl.reward_mix import RewardSpec, parse_rewards
+from core_engine.rl.data.files import Columns, load_records
+from core_engine.rl.data.tasks import BUILTIN_TASKS
+from core_engine.rl.objective.clip import clip_active
 from core_engine.rl.rewards import STANDALONE_REWARDS
-from core_engine.rl.tasks import BUILTIN_TASKS
+from core_engine.rl.rewards.mix import RewardSpec, parse_rewards
 from core_engine.task import KV_STRATEGIES
 from core_engine.user_files import (
     MAX_DATA_BYTES,

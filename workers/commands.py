@@ -282,7 +282,7 @@ def run_export(job_id: int, version: int, directory: Path, merged: bool) -> int:
     training state left out) written to ``directory`` at once; 1 and why when refused."""
     from core_engine.adapters import export_merged, is_adapter_dir
     from core_engine.atomic_dir import atomic_dir
-    from core_engine.rl.checkpoint import TRAINING_STATE
+    from core_engine.rl.trainer.checkpoint import TRAINING_STATE
     from db import NotFound
     from workers.app import repository
     from workers.engines import WeightsNotKept, saved_version

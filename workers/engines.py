@@ -1,7 +1,6 @@
-"""Engines of saved policies: which checkpoint a job names (a directory, or the built-in demo
-policy shipped in the repository), a small per-process cache of warm engines (model + KV pool)
+"""Engines of saved policies: a small per-process cache of warm engines (model + KV pool)
 keyed by checkpoint and version and sharing one memory budget, and the check of a loaded
-engine against its recorded checksum."""
+engine against its recorded checksum (which checkpoint a job names: `workers.job_files`)."""
 
 import threading
 from collections import OrderedDict
@@ -11,12 +10,10 @@ from pathlib import Path
 from core_engine.cache.sizing import EngineSizingError, engines_memory_budget
 from core_engine.config import plan_for
 from core_engine.engine import load_engine, meta_model, resolve_device, weight_bytes
-from core_engine.rl.demo_policy import SHIPPED_POLICY
 from core_engine.scheduler import EngineConfig, InferenceScheduler
 from core_engine.weights import model_checksum
 from db import PolicyVersionInfo, Repository, VersionNotFound
 from workers.settings import Settings
-from workers.specs import DEMO_MODEL
 
 MAX_BATCH_SIZE = 64
 
@@ -33,26 +30,9 @@ class EngineMemoryError(ValueError):
     """An engine that cannot run in the worker's engine memory, even alone."""
 
 
-class DemoPolicyMissing(FileNotFoundError):
-    """The shipped demo policy is not where the package keeps it."""
-
-
-def resolve_model(model: str) -> str:
-    """The checkpoint directory for ``model``: `DEMO_MODEL` is the policy shipped in the
-    repository (`core_engine.rl.demo_policy.SHIPPED_POLICY`), anything else a directory."""
-    if model != DEMO_MODEL:
-        return model
-    if not (SHIPPED_POLICY / "config.json").is_file():
-        raise DemoPolicyMissing(
-            f"the demo policy is missing from {SHIPPED_POLICY}: rebuild it with "
-            "`python -m core_engine.rl.demo_policy` (make demo-policy)"
-        )
-    return str(SHIPPED_POLICY)
-
-
 def weights_kept(info: PolicyVersionInfo) -> bool:
     """Whether the version's checkpoint directory is still on disk (retention deletes old
-    ones, `core_engine.rl.checkpoint.prune_checkpoints`)."""
+    ones, `core_engine.rl.trainer.checkpoint.prune_checkpoints`)."""
     return info.checkpoint_path is not None and Path(info.checkpoint_path).is_dir()
 
 

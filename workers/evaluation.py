@@ -9,16 +9,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from core_engine.rl.config import GRPOConfig
-from core_engine.rl.dataset_files import Columns, split_heldout
+from core_engine.rl.data.files import Columns, split_heldout
+from core_engine.rl.data.tasks import default_reward, prompt_records
 from core_engine.rl.demo_policy import HELDOUT_SEED  # problems its warm-up never trains on
-from core_engine.rl.evaluate import EvalResult, evaluate
-from core_engine.rl.reward_mix import RewardMix, RewardSpec
 from core_engine.rl.rewards import resolve_reward
-from core_engine.rl.tasks import default_reward, prompt_records
+from core_engine.rl.rewards.mix import RewardMix, RewardSpec
+from core_engine.rl.trainer.evaluate import EvalResult, evaluate
 from core_engine.task import SamplingParams
 from db import JobInfo, PolicyMetrics, PolicyVersionRecord, Repository
 from workers.control import JobControl, Outcome
-from workers.engines import engine_cache, resolve_model, saved_version
+from workers.engines import engine_cache, saved_version
+from workers.job_files import resolve_model
 from workers.records import sample_records, split_batch
 from workers.settings import Settings
 from workers.specs import (

@@ -4,8 +4,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from core_engine.rl.records import StepRecord
 from core_engine.rl.rollout import RawRollout
+from core_engine.rl.trainer.records import StepRecord
 from db import METRIC_TYPES, BatchRecord, BatchStatus, FinishReason, PolicyMetrics, SampleRecord
 
 # The trainer's key of each recorded metric (`db.METRIC_TYPES`' floats) where the names differ.

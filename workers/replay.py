@@ -46,7 +46,8 @@ def segments(runs: Sequence[Sequence[int]], resumed_at: Sequence[int] = ()) -> l
 
 def load_reference(checkpoint: str, device: torch.device, dtype: torch.dtype) -> nn.Module:
     """The `transformers` model of a kept checkpoint: a full one, or a PEFT adapter directory
-    (`core_engine.rl.checkpoint`) on its base, its LoRA layers injected as the engine's are."""
+    (`core_engine.rl.trainer.checkpoint`) on its base, its LoRA layers injected as the
+    engine's are."""
     from transformers import AutoModelForCausalLM
 
     from core_engine.adapters import adapter_base, add_saved_adapter, is_adapter_dir, read_adapter

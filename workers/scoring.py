@@ -54,7 +54,7 @@ def score_response(
     import torch
 
     from core_engine.prompts import encode_prompt
-    from core_engine.rl.logprobs import packed_response_logprobs
+    from core_engine.rl.objective.logprobs import packed_response_logprobs
 
     info = saved_version(repo, detail.job_id, version)
     engine, _ = engine_cache(settings).verified(

@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from core_engine.rl.config import GRPOConfig
-from core_engine.rl.dataset_files import Columns
+from core_engine.rl.data.files import Columns
 from core_engine.rl.limits import TRAINER_FIELDS, Field, field_problems, real, whole
 from core_engine.rl.rewards import check_reward_spec
 from core_engine.task import SamplingParams
@@ -251,7 +251,7 @@ def heldout_settings(config: Mapping[str, Any]) -> HeldoutSettings:
     return HeldoutSettings(every, prompts, data, fraction, k)
 
 
-# How a data file's columns map to prompts (`core_engine.rl.dataset_files.Columns`): the
+# How a data file's columns map to prompts (`core_engine.rl.data.files.Columns`): the
 # worker's settings, not the trainer's, read with ``data`` and ``heldout_data`` alike.
 COLUMN_KEYS = ("prompt_column", "answer_column", "system_prompt")
 

@@ -19,15 +19,15 @@ from contextlib import closing
 from pathlib import Path
 
 from core_engine.atomic_dir import Writer, recover
-from core_engine.rl.checkpoint import checkpoint_dir, is_complete, list_checkpoints
-from core_engine.rl.records import StepRecord, StopReason, TrainerHooks
-from core_engine.rl.tasks import prompt_records
-from core_engine.rl.trainer import GRPOTrainer, TrainingError
+from core_engine.rl.data.tasks import prompt_records
+from core_engine.rl.trainer.checkpoint import checkpoint_dir, is_complete, list_checkpoints
+from core_engine.rl.trainer.grpo import GRPOTrainer, TrainingError
+from core_engine.rl.trainer.records import StepRecord, StopReason, TrainerHooks
 from core_engine.weights import model_checksum
 from db import JobInfo, PolicyMetrics, PolicyVersionRecord, Repository
 from workers.control import JobControl, Outcome
-from workers.engines import resolve_model
 from workers.evaluation import HeldoutEval, heldout_eval
+from workers.job_files import resolve_model
 from workers.records import policy_metrics, trainer_batches
 from workers.settings import Settings
 from workers.specs import data_columns, heldout_settings, report_to, train_config

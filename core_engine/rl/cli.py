@@ -8,9 +8,9 @@ import sys
 from tqdm import tqdm
 
 from core_engine.rl.config import GRPOConfig
-from core_engine.rl.records import StepRecord, TrainerHooks
-from core_engine.rl.tasks import prompt_records
-from core_engine.rl.trainer import GRPOTrainer, TrainingError
+from core_engine.rl.data.tasks import prompt_records
+from core_engine.rl.trainer.grpo import GRPOTrainer, TrainingError
+from core_engine.rl.trainer.records import StepRecord, TrainerHooks
 
 
 def _line(record: StepRecord, version: int) -> str:

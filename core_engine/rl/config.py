@@ -10,18 +10,18 @@ from typing import Any
 
 from core_engine.lora_settings import LoraSettings
 from core_engine.rl.limits import TRAINER_FIELDS, field_problems
-from core_engine.rl.reward_mix import RewardSpec, parse_rewards
+from core_engine.rl.rewards.mix import RewardSpec, parse_rewards
 from core_engine.task import KV_STRATEGIES, SamplingParams
 from core_engine.user_files import MAX_TEXT_BYTES, read_text
 
 ENGINE_DTYPES = ("auto", "float32", "bfloat16", "float16")
-OPTIMIZER_STATE_DTYPES = ("float32", "bfloat16")  # AdamW moments (core_engine.rl.optimizer)
+OPTIMIZER_STATE_DTYPES = ("float32", "bfloat16")  # AdamW moments (core_engine.rl.trainer.optimizer)
 DEVICE_TYPES = ("cpu", "cuda")
 # How generation and training overlap (`core_engine.rl.pipeline`): not at all; the next batch
 # generated under the version being trained (lag 1); or also across the weight update, which
 # lands between two decode steps of running sequences (per-token versions, lag <= 1).
 PIPELINE_MODES = ("sync", "one_step", "in_flight")
-# How a token's pi_prox / pi_behaviour weight meets its cap (`core_engine.rl.objective`).
+# How a token's pi_prox / pi_behaviour weight meets its cap (`core_engine.rl.objective.loss`).
 IMPORTANCE_MODES = ("truncate", "mask")
 DEFAULT_LR = 3e-4
 DEFAULT_LORA_LR = 3e-3  # 10x DEFAULT_LR: LoRA's rate is ~10x full fine-tuning's (Schulman 2025)
@@ -51,7 +51,7 @@ class GRPOConfig:
     output_dir: str
     task: str | None = None  # a built-in task name ...
     data: str | None = None  # ... or a JSONL file of records
-    # a reward spec or a list of {name, weight} tables (`core_engine.rl.reward_mix`);
+    # a reward spec or a list of {name, weight} tables (`core_engine.rl.rewards.mix`);
     # default: the task's reward, else exact_match
     reward: RewardSpec | None = None
     steps: int = 50
@@ -82,7 +82,7 @@ class GRPOConfig:
     resume: bool = True
     device: str = "cpu"  # trainer and engine
     engine_dtype: str = "auto"  # float32 | bfloat16 | float16 | auto (bf16 on CUDA, else fp32)
-    # The importance correction (`core_engine.rl.objective`): "truncate" (TIS, as TRL) or
+    # The importance correction (`core_engine.rl.objective.loss`): "truncate" (TIS, as TRL) or
     # "mask" (AReaL's decoupled PPO) of pi_prox / pi_behaviour at `importance_cap`, on tokens
     # an older version sampled and, with `correct_on_policy` (None: when the engine computes
     # in a lower precision than the trainer), on every token.
@@ -144,7 +144,7 @@ class GRPOConfig:
 
     def generates_in_process(self, device_type: str) -> bool:
         """A pipelined full-weight job on a CPU generates in a child process over the shared
-        weights (`core_engine.rl.rollout_process`), with its own KV pool."""
+        weights (`core_engine.rl.rollout.process`), with its own KV pool."""
         return self.pipeline != "sync" and device_type == "cpu" and self.lora is None
 
     def _pipeline_problems(self, numbers: list[str]) -> list[str]:

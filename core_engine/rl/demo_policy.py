@@ -38,12 +38,13 @@ import torch
 import torch.nn.functional as F
 import transformers
 
+from core_engine.assets import SHIPPED_POLICY
 from core_engine.atomic_dir import atomic_dir
 from core_engine.engine import load_engine
 from core_engine.model import CausalLM, build_model, load_state
-from core_engine.rl.evaluate import evaluate
+from core_engine.rl.data.tasks import addition_records
 from core_engine.rl.rewards import exact_match
-from core_engine.rl.tasks import addition_records
+from core_engine.rl.trainer.evaluate import evaluate
 from core_engine.scheduler import EngineConfig, InferenceScheduler
 from core_engine.task import SamplingParams
 from core_engine.toy import char_tokenizer, tiny_config
@@ -56,7 +57,6 @@ DEMO_CHAT_TEMPLATE = (
 )
 HELDOUT_SEED = 2
 INFO_FILE = "demo_policy.json"
-SHIPPED_POLICY = Path(__file__).resolve().parents[1] / "assets" / "demo-policy"
 GREEDY = SamplingParams(temperature=0, max_tokens=6)
 TARGET_ACCURACY = 0.18
 MAX_WARMUP_STEPS = 3000  # the budget when the target is not reached first

@@ -1,7 +1,7 @@
 """The bounds of a training job that need no model: each numeric (and boolean) field's type and
 range, in the one table that `GRPOConfig`, the worker's job checks and the Launch form all ask,
 and the host memory one step's rollouts take (the batch part of the footprint rule;
-`core_engine.rl.footprint` has the model part). No torch.
+`core_engine.rl.footprint.estimate` has the model part). No torch.
 """
 
 from __future__ import annotations
@@ -90,6 +90,7 @@ TRAINER_FIELDS: dict[str, Field] = {
     "seed": whole(SEED_MIN, SEED_MAX),
     "resume": FLAG,
     "importance_cap": real(0, 1e6, above_low=True),
+    "correct_on_policy": Field(bool, optional=True),
     "max_tokens_per_micro_batch": whole(1, 2**24),
     "logit_chunk_rows": whole(1, 2**20),
     "gradient_checkpointing": FLAG,
@@ -98,7 +99,7 @@ TRAINER_FIELDS: dict[str, Field] = {
     "gpu_memory_utilization": real(0, 1.0, above_low=True, optional=True),
 }
 
-# The numbers of one entry of a reward list (`core_engine.rl.reward_mix`).
+# The numbers of one entry of a reward list (`core_engine.rl.rewards.mix`).
 REWARD_TERM_FIELDS: dict[str, Field] = {
     "weight": real(-100.0, 100.0),
     "threshold": whole(0, 2**20),

@@ -196,7 +196,7 @@ def test_a_preempted_in_flight_sequence_records_where_it_resumed(versions):
         assert all(0 < i <= len(result.output_ids) for i in result.resumed_at)
         stored = torch.tensor(result.output_temp_logprobs)
 
-        def replayed(parts):
+        def replayed(parts, result=result):
             scores = replay_logprobs(
                 result.prompt_ids, result.output_ids, parts, hf.__getitem__, 0.8
             )

@@ -7,8 +7,8 @@ from peft import LoraConfig, get_peft_model
 
 from core_engine.lora_settings import LoraSettings
 from core_engine.rl.config import GRPOConfig
-from core_engine.rl.footprint import GIB, count_parameters, training_footprint
-from core_engine.rl.footprint_table import markdown_table, qwen25_config, table_rows
+from core_engine.rl.footprint.estimate import GIB, count_parameters, training_footprint
+from core_engine.rl.footprint.table import markdown_table, qwen25_config, table_rows
 from core_engine.toy import tiny_config
 
 JOB = dict(model="m", output_dir="o", task="addition")

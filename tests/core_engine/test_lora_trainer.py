@@ -10,9 +10,9 @@ from peft import get_peft_model, set_peft_model_state_dict
 from safetensors.torch import load_file
 
 from core_engine.adapters import base_checksum
-from core_engine.rl.checkpoint import checkpoint_dir, latest_checkpoint, read_trainer_state
-from core_engine.rl.policy_weights import BaseChangedError
-from core_engine.rl.records import TrainerHooks
+from core_engine.rl.trainer.checkpoint import checkpoint_dir, latest_checkpoint, read_trainer_state
+from core_engine.rl.trainer.policy import BaseChangedError
+from core_engine.rl.trainer.records import TrainerHooks
 from core_engine.toy import save_tiny_checkpoint
 from core_engine.weights import adapter_weights, model_checksum, weights_checksum
 

@@ -4,8 +4,8 @@ runs in the reward sandbox, so an input that makes sympy hang rejects the batch 
 
 import pytest
 
-from core_engine.rl.math_reward import equivalent
 from core_engine.rl.rewards import RewardError, resolve_reward
+from core_engine.rl.rewards.math_reward import equivalent
 
 # (completion, reference, equivalent?) -- written by hand, not read off math-verify.
 PAIRS = [
@@ -59,6 +59,26 @@ PAIRS = [
     ("42", "", False),
 ]
 
+# (completion, reference, equivalent?) with an answer tag: its last tag is the answer.
+TAGGED = [
+    ("<answer>18</answer>", "18", True),
+    ("<think>..</think><answer>18</answer>", "18", True),
+    ("<think>3 bags of 6 apples</think>\n<answer>18</answer>", "18", True),  # `format`'s
+    ("<think>6 + 6 + 6</think>\n<answer>\\boxed{18}</answer>", "18", True),
+    ("<think>half of it</think> <answer>\\frac{1}{2}</answer>", "0.5", True),
+    ("<answer>(x+1)^2</answer>", "x^2+2x+1", True),
+    ("<answer>20</answer> no: <answer>18</answer>", "18", True),
+    ("<think>it is 18</think><answer>20</answer>", "18", False),  # the reasoning is not read
+    ("<think>it is 18</think><answer></answer>", "18", False),
+    ("<think>it is 18</think><answer> </answer>", "18", False),
+    ("<answer>18</answer> no: <answer>20</answer>", "18", False),
+]
+
+
+def test_the_last_answer_tag_is_the_answer():
+    for completion, reference, want in TAGGED:
+        assert equivalent(completion, reference) is want, completion
+
 
 def test_the_table_is_large_and_balanced():
     assert len(PAIRS) >= 40
@@ -75,6 +95,8 @@ def test_math_scores_in_the_sandbox_and_a_hang_times_out_cleanly(monkeypatch):
     reward = resolve_reward("math")
     try:
         assert reward([r"\boxed{0.5}", "3"], [r"\frac{1}{2}", "-3"], ["", ""]) == [1.0, 0.0]
+        tagged = ["<think>9+9</think>\n<answer>18</answer>", "<think>18</think><answer>2</answer>"]
+        assert reward(tagged, ["18", "18"], ["", ""]) == [1.0, 0.0]  # the answer tags
         reward.timeout = 2.0  # the child is warm: the limit now only covers the scoring
         with pytest.raises(RewardError, match="reward_timeout"):  # sympy expands the tower
             reward([r"\boxed{10^{10^{10^{10}}} + 1}"], ["3"], [""])

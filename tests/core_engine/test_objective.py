@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from core_engine.rl.logprobs import packed_response_logprobs
-from core_engine.rl.objective import Importance, policy_loss
-from core_engine.rl.update import accumulate_gradients
+from core_engine.rl.objective.logprobs import packed_response_logprobs
+from core_engine.rl.objective.loss import Importance, policy_loss
+from core_engine.rl.objective.update import accumulate_gradients
 
 from .reference import make_pair
 from .test_rl_scale import samples, settings

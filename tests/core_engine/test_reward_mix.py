@@ -4,8 +4,8 @@ components, the `format` template and DAPO's `length` penalty (expected values b
 import pytest
 
 from core_engine.rl.config import GRPOConfig
-from core_engine.rl.reward_mix import RewardMix, RewardTerm, component_stats, parse_rewards
 from core_engine.rl.rewards import check_reward_spec, length_penalty, resolve_reward
+from core_engine.rl.rewards.mix import RewardMix, RewardTerm, component_stats, parse_rewards
 
 
 def test_a_single_spec_is_one_term_without_components():
@@ -80,6 +80,8 @@ def test_format_tags_are_configurable():
         ([{"name": "format", "tags": ["a"]}], "two names"),
         ([{"name": "format", "tags": ["a>", "b"]}], "two names"),
         ([{"name": "os:system"}], "not allowed"),
+        ([{"name": "math", "weight": 0}, {"name": "format", "weight": 0.0}], "every weight is 0"),
+        ([{"name": "exact_match", "weight": -0.0}], "every weight is 0"),
         ("length", "needs a threshold"),
         ({"name": "math"}, "expected a name or a list"),
     ],

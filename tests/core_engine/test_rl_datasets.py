@@ -15,11 +15,11 @@ import transformers
 
 from core_engine.prompts import render_prompt
 from core_engine.rl.data import DataError
-from core_engine.rl.dataset_files import Columns, gsm8k_answer, load_records, split_heldout
+from core_engine.rl.data.files import Columns, gsm8k_answer, load_records, split_heldout
+from core_engine.rl.data.tasks import BUILTIN_TASKS, default_reward, prompt_records
+from core_engine.rl.data.word_problems import gsm8k_records, word_problem_records
 from core_engine.rl.rewards import resolve_reward, score
 from core_engine.rl.rollout import RolloutGenerator
-from core_engine.rl.tasks import BUILTIN_TASKS, default_reward, prompt_records
-from core_engine.rl.word_problems import gsm8k_records, word_problem_records
 
 SAMPLE = Path(__file__).parents[1] / "data" / "word_problems_sample.jsonl"
 ROWS = [

@@ -4,11 +4,11 @@ gradients equal to Hugging Face's (the padding row included)."""
 import pytest
 import torch
 
-from core_engine.rl import update as update_module
-from core_engine.rl.checkpoint import latest_checkpoint, read_trainer_state
-from core_engine.rl.objective import policy_loss
-from core_engine.rl.records import StopReason, TrainerHooks
-from core_engine.rl.trainer import TrainingError
+from core_engine.rl.objective import update as update_module
+from core_engine.rl.objective.loss import policy_loss
+from core_engine.rl.trainer.checkpoint import latest_checkpoint, read_trainer_state
+from core_engine.rl.trainer.grpo import TrainingError
+from core_engine.rl.trainer.records import StopReason, TrainerHooks
 from core_engine.weights import canonical_weights, weights_checksum
 
 from .reference import make_pair

@@ -4,14 +4,14 @@ import pytest
 import torch
 import transformers
 
-from core_engine.rl import footprint as footprint_module
-from core_engine.rl import policy_weights as policy_weights_module
 from core_engine.rl.config import GRPOConfig
-from core_engine.rl.footprint import (
+from core_engine.rl.footprint import estimate as footprint_module
+from core_engine.rl.footprint.estimate import (
     InsufficientMemoryError,
     count_parameters,
     training_footprint,
 )
+from core_engine.rl.trainer import policy as policy_weights_module
 from core_engine.toy import tiny_config
 
 from .test_rl_trainer import make_trainer

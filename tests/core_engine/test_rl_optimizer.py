@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from core_engine.rl import optimizer as optimizer_module
-from core_engine.rl.optimizer import BF16StateAdamW, build_optimizer
+from core_engine.rl.trainer import optimizer as optimizer_module
+from core_engine.rl.trainer.optimizer import BF16StateAdamW, build_optimizer
 
 from .test_rl_trainer import make_trainer
 

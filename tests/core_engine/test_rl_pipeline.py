@@ -10,9 +10,9 @@ import threading
 import pytest
 import torch
 
-from core_engine.rl.checkpoint import latest_checkpoint, read_pending_rollout
-from core_engine.rl.records import StopReason, TrainerHooks
-from core_engine.rl.sources import ThreadProducer
+from core_engine.rl.rollout.sources import ThreadProducer
+from core_engine.rl.trainer.checkpoint import latest_checkpoint, read_pending_rollout
+from core_engine.rl.trainer.records import StopReason, TrainerHooks
 from core_engine.task import expand_runs
 from core_engine.weight_sync import LocalChannel, WeightSyncError
 

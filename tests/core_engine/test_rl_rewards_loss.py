@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from core_engine.rl.objective import group_advantages, policy_loss
+from core_engine.rl.objective.loss import group_advantages, policy_loss
 from core_engine.rl.rewards import RewardError, resolve_reward, score
 
 

@@ -9,15 +9,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from core_engine.cache.sizing import EngineSizingError
 from core_engine.engine import DeviceError, load_engine, resolve_device
-from core_engine.rl.checkpoint import OPTIMIZER_FILE
 from core_engine.rl.config import GRPOConfig
-from core_engine.rl.logprobs import packed_response_logprobs
-from core_engine.rl.update import (
+from core_engine.rl.objective.logprobs import packed_response_logprobs
+from core_engine.rl.objective.update import (
     TrainSample,
     UpdateSettings,
     accumulate_gradients,
     pack_micro_batches,
 )
+from core_engine.rl.trainer.checkpoint import OPTIMIZER_FILE
 from core_engine.task import SamplingParams
 from core_engine.toy import save_tiny_checkpoint
 
@@ -203,8 +203,8 @@ def test_one_end_of_sequence_rule_with_two_eos_ids(tmp_path):
     engine = load_engine(path)
     assert set(engine.eos_token_ids) == {2, 7}
     config = GRPOConfig(model=str(path), output_dir=str(tmp_path / "o"), task="always7")
-    from core_engine.rl.tasks import prompt_records
-    from core_engine.rl.trainer import GRPOTrainer
+    from core_engine.rl.data.tasks import prompt_records
+    from core_engine.rl.trainer.grpo import GRPOTrainer
 
     trainer = GRPOTrainer(config, prompt_records("always7", None, count=8))
     assert trainer.engine.eos_token_ids == engine.eos_token_ids

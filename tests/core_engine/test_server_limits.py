@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -30,8 +31,9 @@ LIMITS = ServerLimits(
     max_stop_chars=5,
     max_sequences_in_flight=2,
     max_queued_requests=1,
-    queue_timeout_s=0.5,
+    queue_timeout_s=0.5,  # how long a queued request waits, where nothing races it
 )
+HANG_GUARD_S = 120  # a wait for a state of the server (quiet: milliseconds); only a hang fails
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 
 
@@ -47,7 +49,7 @@ def server(tmp_path_factory):
 
 
 def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + HANG_GUARD_S
     while not condition():
         assert time.monotonic() < deadline, what
         time.sleep(0.005)
@@ -99,7 +101,11 @@ def test_max_tokens_is_capped_by_the_context(server):
     assert ok.usage.completion_tokens == CONTEXT - 3
 
 
-def test_in_flight_bound_queues_then_refuses_without_a_thread_per_sequence(server):
+def test_in_flight_bound_queues_then_refuses_without_a_thread_per_sequence(server, monkeypatch):
+    """A request over the in-flight bound waits in the queue, one more is a 429, and a queued
+    request that waits `queue_timeout_s` is a 503. The 429 is checked while the queue holds
+    a request for as long as the test needs (its timeout raised to a hang guard), so a slow
+    machine cannot let it time out first; the 503 then, with nothing racing the timeout."""
     engine, app, _, client = server
     budget = app.state.sequence_budget
     results: dict[str, object] = {}
@@ -110,27 +116,43 @@ def test_in_flight_bound_queues_then_refuses_without_a_thread_per_sequence(serve
         except openai.APIError as exc:
             results[name] = exc
 
+    def start(name: str, prompt: str, n: int = 1) -> threading.Thread:
+        thread = threading.Thread(target=call, args=(name,), kwargs={"prompt": prompt, "n": n})
+        thread.start()
+        return thread
+
     threads_before = threading.active_count()
+    patient = dataclasses.replace(LIMITS, queue_timeout_s=HANG_GUARD_S)
     with engine.lock:  # nothing generates: the first request holds the whole budget
-        first = threading.Thread(target=call, args=("first",), kwargs={"prompt": "a", "n": 2})
-        first.start()
+        first = start("first", "a", n=2)
         wait_for(lambda: budget.in_flight == 2, "the first request was not admitted")
         assert threading.active_count() == threads_before + 1, "a thread per sequence"
-        queued = threading.Thread(target=call, args=("queued",), kwargs={"prompt": "b"})
-        queued.start()
-        wait_for(lambda: budget.queued == 1, "the second request did not queue")
-        full = refused(
-            lambda: client.completions.create(model=MODEL, prompt="c", max_tokens=2),
-            openai.RateLimitError,
-        )
-        assert full.status_code == 429
-        queued.join(timeout=30)  # waits queue_timeout_s, then gives up
+        with monkeypatch.context() as patience:
+            patience.setattr(budget, "limits", patient)
+            waiting = start("waiting", "b")
+            wait_for(lambda: budget.queued == 1, "the second request did not queue")
+            full = refused(
+                lambda: client.completions.create(model=MODEL, prompt="c", max_tokens=2),
+                openai.RateLimitError,
+            )
+            assert full.status_code == 429
+            assert budget.queued == 1 and "waiting" not in results  # still waiting for room
+    for thread in (first, waiting):
+        thread.join(timeout=HANG_GUARD_S)
+    assert len(results["first"].choices) == 2
+    assert len(results["waiting"].choices) == 1  # admitted once the first one ended
+
+    with engine.lock:  # again, with the limits' queue timeout
+        first = start("first", "d", n=2)
+        wait_for(lambda: budget.in_flight == 2, "the first request was not admitted")
+        queued = start("queued", "e")
+        queued.join(timeout=HANG_GUARD_S)  # waits queue_timeout_s, then gives up
         assert isinstance(results["queued"], openai.APIStatusError)
         assert results["queued"].status_code == 503
-    first.join(timeout=30)
+    first.join(timeout=HANG_GUARD_S)
     assert len(results["first"].choices) == 2
     assert budget.in_flight == 0 and budget.queued == 0
-    after = client.completions.create(model=MODEL, prompt="d", max_tokens=2)
+    after = client.completions.create(model=MODEL, prompt="f", max_tokens=2)
     assert after.choices[0].finish_reason in ("stop", "length")
 
 

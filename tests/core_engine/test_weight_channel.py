@@ -11,8 +11,8 @@ import threading
 import pytest
 import torch
 
-from core_engine.rl.logprobs import packed_response_logprobs
-from core_engine.rl.rollout_process import ProcessProducer, RolloutProcessError
+from core_engine.rl.objective.logprobs import packed_response_logprobs
+from core_engine.rl.rollout.process import ProcessProducer, RolloutProcessError
 from core_engine.weight_sync import GateWaitCancelled, PeerDiedError, StepGate
 
 from .test_rl_pipeline import PIPELINED

@@ -82,7 +82,7 @@ def _clip_stops_gradient(ratio: float, advantage: float, clip_eps: float) -> boo
 @pytest.mark.parametrize("ratio", [0.5, 0.79, 0.81, 1.0, 1.1, 1.19, 1.21, 1.5, 3.0])
 @pytest.mark.parametrize("advantage", [-1.3, 0.7])
 def test_clip_rule_is_where_the_surrogate_stops_the_gradient(ratio, advantage):
-    from core_engine.rl.clip import clip_active
+    from core_engine.rl.objective.clip import clip_active
 
     assert clip_active(ratio, advantage, 0.2) == _clip_stops_gradient(ratio, advantage, 0.2)
 

@@ -68,3 +68,36 @@ def test_a_length_reward_takes_the_forms_threshold_or_three_quarters_of_max_toke
     job = world["repo"].create_job("train", {**world["queue"].submitted[1][1]}, total_steps=3)
     values, _ = clone_form(services, job.id)
     assert (values["reward_2"], values["length_threshold"]) == ("length", 5)
+
+
+# Issue 32, item 1: a list whose weights are all 0 scores every sample 0 (the job would stall).
+def test_a_reward_list_whose_weights_are_all_zero_is_refused_inline(services, world):
+    for fields in (
+        {"reward": "exact_match", "reward_weight": 0},
+        {"reward": "exact_match", "reward_weight": "0", "reward_2": "format", "weight_2": "0.0"},
+    ):
+        message = launch_job(services, **form(**fields))
+        assert message.startswith("**Nothing was enqueued.**") and "every weight is 0" in message
+    assert world["queue"].submitted == []
+    launch_job(services, **form(reward="exact_match", reward_weight=0, reward_2="format"))
+    assert world["queue"].submitted[0][1]["reward"] == [
+        {"name": "exact_match", "weight": 0.0},
+        {"name": "format", "weight": 1.0},
+    ]
+
+
+def test_clone_keeps_a_length_threshold_of_0_and_blank_means_three_quarters(services, world):
+    zero = {"reward_2": "length", "length_threshold": "0", "max_tokens": 8}
+    launch_job(services, **form(reward="exact_match", **zero))  # a penalty from the first token
+    config = world["queue"].submitted[0][1]
+    assert config["reward"][1] == {"name": "length", "weight": 1.0, "threshold": 0}
+    job = world["repo"].create_job("train", config, total_steps=3)
+    values, _ = clone_form(services, job.id)
+    assert values["length_threshold"] == 0
+    world["queue"].submitted.clear()
+    launch_job(services, **{k: v for k, v in values.items() if k in FORM_FIELDS})
+    assert world["queue"].submitted[0][1]["reward"] == config["reward"]
+    blank = {"reward_2": "length", "length_threshold": "", "max_tokens": 8}
+    launch_job(services, **form(reward="exact_match", **blank))
+    assert world["queue"].submitted[1][1]["reward"][1]["threshold"] == 6  # 3/4 of 8
+    assert reward_form("exact_match")["length_threshold"] is None  # shown blank

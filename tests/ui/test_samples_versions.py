@@ -82,7 +82,7 @@ def test_the_audit_lists_each_run(services, in_flight):
     assert "- tokens 0-1 · version 1 · **weights not kept**" in shown
     assert "version 2 · **not checked** · needs the K/V of version 1" in shown
     assert "Checked: tokens 0\\-1 re\\-scored under version 1" in shown
-    assert "assumes the request was not preempted" in shown
+    assert "the versions that computed them in the engine" in shown
 
 
 def test_a_verdict_of_several_runs_is_a_sentence_then_a_line_per_run() -> None:

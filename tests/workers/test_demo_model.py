@@ -8,8 +8,8 @@ import pytest
 
 from core_engine.rl.demo_policy import INFO_FILE, SHIPPED_POLICY
 from tests.workers.helpers import train_config
-from workers import engines
-from workers.engines import DemoPolicyMissing, resolve_model
+from workers import job_files
+from workers.job_files import DemoPolicyMissing, resolve_model
 from workers.jobs import run_job
 
 
@@ -28,7 +28,7 @@ def test_a_demo_job_trains_from_the_shipped_policy(repo, settings):
 
 
 def test_a_missing_shipped_policy_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(engines, "SHIPPED_POLICY", tmp_path / "gone")
+    monkeypatch.setattr(job_files, "SHIPPED_POLICY", tmp_path / "gone")
     with pytest.raises(DemoPolicyMissing, match="rebuild it with `python -m core_engine"):
         resolve_model("demo")
     assert resolve_model(str(tmp_path)) == str(tmp_path)  # a directory stays itself

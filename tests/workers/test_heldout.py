@@ -8,10 +8,10 @@ import pytest
 
 from core_engine.engine import load_engine
 from core_engine.rl.config import GRPOConfig
-from core_engine.rl.dataset_files import Columns
-from core_engine.rl.evaluate import evaluate
-from core_engine.rl.reward_mix import RewardMix
-from core_engine.rl.tasks import prompt_records
+from core_engine.rl.data.files import Columns
+from core_engine.rl.data.tasks import prompt_records
+from core_engine.rl.rewards.mix import RewardMix
+from core_engine.rl.trainer.evaluate import evaluate
 from core_engine.task import SamplingParams
 from tests.workers.helpers import train_config
 from workers.evaluation import HeldoutEval, heldout_eval

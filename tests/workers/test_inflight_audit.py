@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from core_engine.adapters import add_adapter
 from core_engine.lora_settings import LoraSettings
 from core_engine.model import load_model
-from core_engine.rl.checkpoint import save_checkpoint
+from core_engine.rl.trainer.checkpoint import save_checkpoint
 from core_engine.toy import save_tiny_checkpoint
 from core_engine.weights import model_checksum
 from db import BatchRecord, PolicyVersionRecord, SampleFilter, SampleRecord
@@ -57,14 +57,19 @@ def _hf_model(checkpoint: Path, base: Path) -> torch.nn.Module:
     return PeftModel.from_pretrained(hf, str(checkpoint)).eval()
 
 
-def _decode(models: list[torch.nn.Module], prompt: list[int]) -> tuple[list[int], list[float]]:
+def _decode(
+    models: list[torch.nn.Module], prompt: list[int], resumed_at: int | None = None
+) -> tuple[list[int], list[float]]:
     """Sample `SCHEDULE`'s tokens one step at a time, step j under ``models[SCHEDULE[j]]``,
-    the cache carried across the switches: the tokens and their log-probs (T = 1)."""
+    the cache carried across the switches (at step ``resumed_at``, a preempted request's
+    resume: the whole prefix recomputed under that step's version): tokens and log-probs."""
     cache, fed = DynamicCache(), prompt
     generator = torch.Generator().manual_seed(11)
     tokens, logprobs = [], []
     with torch.no_grad():
-        for version in SCHEDULE:
+        for step, version in enumerate(SCHEDULE):
+            if step == resumed_at:
+                cache, fed = DynamicCache(), prompt + tokens
             logits = models[version](torch.tensor([fed]), past_key_values=cache).logits[0, -1]
             logp = logits.log_softmax(-1)
             token = int(torch.multinomial(logp.exp(), 1, generator=generator))
@@ -80,12 +85,14 @@ def _teacher_forced(model: torch.nn.Module, prompt: list[int], tokens: list[int]
     return logits.log_softmax(-1).gather(1, torch.tensor(tokens)[:, None]).squeeze(1).tolist()
 
 
-def _in_flight_sample(repo, tmp_path: Path, lora: bool) -> tuple[int, list[Path]]:
+def _in_flight_sample(
+    repo, tmp_path: Path, lora: bool, resumed_at: int | None = None, recorded: bool = True
+) -> tuple[int, list[Path]]:
     """A stored sample of `SCHEDULE`, its log-probs from `_decode`; its job's checkpoints."""
     base, saved = _versions(tmp_path, lora)
     models = [_hf_model(path, base) for path, _ in saved]
     prompt = AutoTokenizer.from_pretrained(base)(PROMPT, add_special_tokens=False)["input_ids"]
-    tokens, logprobs = _decode(models, prompt)
+    tokens, logprobs = _decode(models, prompt, resumed_at)
     # the cache matters: tokens 4-6 under version 1 with version 1's own K/V score otherwise
     alone = _teacher_forced(models[1], prompt, tokens)[4:7]
     assert max(abs(a - b) for a, b in zip(alone, logprobs[4:7], strict=True)) > 1e-3
@@ -108,6 +115,7 @@ def _in_flight_sample(repo, tmp_path: Path, lora: bool) -> tuple[int, list[Path]
         finish_reason="length",
         reward=1.0,
         token_versions=RUNS,
+        resumed_at=[resumed_at] if resumed_at is not None and recorded else None,
     )
     batch = repo.record_batch(BatchRecord(job.id, 2, 0, "accepted", [sample]))
     [stored] = repo.list_samples(SampleFilter(job.id, batch_id=batch.id)).items
@@ -137,7 +145,7 @@ def test_each_run_is_rescored_under_its_version_with_the_cache_older_versions_le
     assert result["checks"] == (
         "tokens 0-3 re-scored under version 0, tokens 4-6 under version 1, tokens 7-9 under "
         "version 2, each with the K/V of earlier positions computed by the versions that "
-        "computed them in the engine (prompt: v0); assumes the request was not preempted"
+        "computed them in the engine (prompt: v0)"
     )
 
     stored = repo.get_sample(sample_id).temperature_logprobs
@@ -174,3 +182,26 @@ def test_a_version_whose_checkpoint_changed_is_an_error_of_its_run_only(
     assert result["status"] == "error"
     assert _spans(result) == [(0, 0, 3, "pass"), (1, 4, 6, "pass"), (2, 7, 9, "error")]
     assert "does not match its recorded checksum" in result["problem"]
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "not-recorded"])
+def test_a_preempted_sample_is_replayed_from_where_it_resumed(
+    repo, settings, tmp_path, recorded
+) -> None:
+    """Preempted at token 6 (version 2's run), the request resumed with every earlier K/V
+    recomputed by version 2: with the resume point stored the replay does the same and passes;
+    the same sample without it fails where the K/V differ."""
+    sample_id, _ = _in_flight_sample(repo, tmp_path, False, resumed_at=8, recorded=recorded)
+    result = _audit(repo, settings, sample_id)
+    if recorded:
+        assert result["status"] == "pass", result
+        assert _spans(result) == [
+            (0, 0, 3, "pass"),
+            (1, 4, 6, "pass"),
+            (2, 7, 7, "pass"),
+            (2, 8, 9, "pass"),
+        ]
+        assert "tokens 8-9 under version 2 (resumed after a preemption" in result["checks"]
+    else:
+        assert result["status"] == "fail"
+        assert [s["status"] for s in result["segments"]] == ["pass", "pass", "fail"]

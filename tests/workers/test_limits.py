@@ -4,11 +4,12 @@ import dataclasses
 import os
 import re
 import shutil
-import time
+import tracemalloc
 
 import pytest
 
 from db import JobStatus
+from tests.core_engine.test_user_files import HANG_GUARD_S, within
 from tests.workers.helpers import train_config
 from workers import api
 from workers.jobs import run_job
@@ -104,10 +105,8 @@ def test_numbers_have_a_type_and_a_range(env, tiny_model, kind, change, problem)
         "evaluate": {"job_id": 1, "version": 0, "task": "always7"},
         "compare": {"job_id": 1, "versions": [0, 1], "task": "always7"},
     }[kind]
-    started = time.perf_counter()
     with pytest.raises(SpecError, match=re.escape(problem)):
         api.validate_job(kind, {**config, **change})
-    assert time.perf_counter() - started < 1.0
 
 
 def test_every_numeric_trainer_field_has_a_row_in_the_table():
@@ -129,10 +128,8 @@ def test_four_million_samples_per_step_are_refused_by_the_footprint_rule(
     within the tokens-per-step limit, but ~21 GiB of rollouts at the least."""
     monkeypatch.setenv("RLWB_HOST_MEMORY", str(16 * 2**30))
     config = train_config(tiny_model, batch_size=65_536, group_size=64, max_tokens=1)
-    started = time.perf_counter()
     with pytest.raises(SpecError) as info:
         api.validate_job("train", config)
-    assert time.perf_counter() - started < 1.0
     message = str(info.value)
     assert "footprint: one step's rollouts need at least 20.9 GiB" in message
     assert "4,194,304 samples" in message and "16.0 GiB a worker holds" in message
@@ -151,24 +148,35 @@ def test_a_job_file_with_a_float_step_count_is_refused(env, repo, tmp_path, caps
     assert "steps must be a whole number, got 1e+300" in capsys.readouterr().out
     os.unlink(job_file)
     os.mkfifo(job_file)
-    started = time.perf_counter()
-    assert main(["submit", str(job_file)]) == 1
-    assert time.perf_counter() - started < 2.0
+    assert within(HANG_GUARD_S, lambda: main(["submit", str(job_file)])) == 1  # never opened
     assert "is a FIFO, not a regular file" in capsys.readouterr().out
     assert repo.list_jobs() == []
 
 
-def test_the_worker_refuses_a_hand_made_row_with_a_float_step_count(repo, settings, tiny_model):
+def test_the_worker_refuses_a_hand_made_row_with_a_float_step_count(
+    repo, settings, tiny_model, monkeypatch
+):
+    """Refused before the training starts (which would run for ever): the trainer is never
+    called."""
+    from workers import training
+    from workers.control import Outcome
+
+    trained = []
+
+    def run_training(repo, job, *_):
+        trained.append(job.id)
+        return Outcome("failed", "the training ran")
+
+    monkeypatch.setattr(training, "run_training", run_training)
     job = repo.create_job("train", train_config(tiny_model, steps=1e300), total_steps=None)
-    started = time.perf_counter()
     assert run_job(repo, job.id, settings, queued=True).status == "failed"
-    assert time.perf_counter() - started < 5.0
     assert "steps must be a whole number, got 1e+300" in repo.get_job(job.id).error
+    assert trained == []
 
 
 # Issue 24, item 7: a FIFO or a huge sparse file under a model root or the data directory is
-# refused from its stat, at once, by the API and by the worker.
-def test_special_files_are_refused_quickly_by_the_api(env, repo, tiny_model, tmp_path):
+# refused from its stat, unread, by the API and by the worker.
+def test_special_files_are_refused_unread_by_the_api(env, repo, tiny_model, tmp_path):
     model = tmp_path / "model"
     shutil.copytree(tiny_model, model)
     (model / "generation_config.json").unlink(missing_ok=True)
@@ -185,8 +193,10 @@ def test_special_files_are_refused_quickly_by_the_api(env, repo, tiny_model, tmp
         ({"task": None, "data": str(huge)}, "huge.jsonl is 4,096.0 MiB, over the 256.0 MiB"),
     ):
         config = {k: v for k, v in {**train_config(tiny_model), **change}.items() if v is not None}
-        started = time.perf_counter()
+        tracemalloc.start()
         with pytest.raises(SpecError, match=re.escape(problem)):
-            api.submit_job("train", config)
-        assert time.perf_counter() - started < 2.0
+            within(HANG_GUARD_S, lambda c=config: api.submit_job("train", c))  # FIFOs unopened
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < 16 * 2**20, peak  # nothing of the 4 GiB file was read
     assert repo.list_jobs() == []

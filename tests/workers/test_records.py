@@ -3,8 +3,8 @@
 import math
 from dataclasses import replace
 
-from core_engine.rl.records import StepRecord, VersionRecord
 from core_engine.rl.rollout import RolloutResult
+from core_engine.rl.trainer.records import StepRecord, VersionRecord
 from core_engine.task import ErrorCode, TaskError
 from db import BatchStatus
 from db.repository.batch_rows import check_batch

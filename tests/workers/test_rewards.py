@@ -9,6 +9,7 @@ import pytest
 from core_engine.rl.rewards import check_reward_spec, resolve_reward
 from db import BatchStatus, JobStatus, SampleFilter
 from tests.workers.helpers import REGISTERED_REWARDS, train_config
+from workers import commands
 from workers.jobs import run_job
 from workers.specs import SpecError, validate
 from workers.submission import validate_job
@@ -132,6 +133,20 @@ def test_a_reward_list_is_refused_at_submission_with_the_reason(tiny_model):
         validate("train", {**config, "reward": [{"name": "length", "threshold": 4}]})
     with pytest.raises(SpecError, match="at most 8"):
         validate("train", {**config, "reward": [{"name": "math"}] * 9})
+
+
+# Issue 32, item 1: every sample would score 0, no group has anything to learn: it would stall.
+def test_a_reward_list_whose_weights_are_all_zero_is_refused_from_a_job_file(
+    repo, tmp_path, capsys
+):
+    job = tmp_path / "job.toml"
+    head = 'model = "demo"\ntask = "addition"\nmax_tokens = 6\nsteps = 2\n'
+    job.write_text(head + 'reward = [{name = "math", weight = 0}, {name = "format", weight = 0.0}]')
+    assert commands.main(["submit", str(job)]) == 1
+    assert "every weight is 0" in capsys.readouterr().out and repo.list_jobs() == []
+    job.write_text(head + 'reward = [{name = "math", weight = 0}, {name = "format", weight = 0.2}]')
+    assert commands.main(["submit", str(job)]) == 0
+    assert [e["weight"] for e in repo.list_jobs()[0].config["reward"]] == [0, 0.2]
 
 
 def test_math_on_a_reference_that_hangs_sympy_rejects_the_batch_as_reward_timeout(

@@ -251,7 +251,10 @@ def train_config(
     if not problems:
         try:
             api.validate_job("train", {**config, "output_dir": OUTPUT_DIR_PLACEHOLDER})
-            if "heldout_fraction" in config:  # what is left to train on (read as the worker)
+            # as the worker reads them: a task's prompts (within the model's context?) and a
+            # split data file's (anything left to train on?); a data file is otherwise read
+            # once, by the submission (`api.submit_job`)
+            if "task" in config or "heldout_fraction" in config:
                 api.check_data_records(config)
         except api.SpecError as exc:
             problems.extend(str(exc).removeprefix("invalid training config: ").split("; "))
@@ -275,13 +278,27 @@ def launch_job(services: Services, **form: Any) -> str:
         return f"**Nothing was enqueued:** {inert(exc)}"
     source = config.get("task") or config.get("data")
     what = f"train {inert(config['model'])} on {inert(source)}"
-    message = f"Job **#{job.id}** is {job.status.value}: {what}."
+    message = f"Job **#{job.id}** is {job.status.value}: {what}. Numbers used: "
+    message += inert(numbers_used(config)) + "."
     if lag != form.get("max_policy_lag"):
         message += (
             f" Max policy lag raised to 1: pipeline {config['pipeline']} trains on samples "
             "generated one version before the trainer's."
         )
     return message + no_worker_warning(services)
+
+
+def numbers_used(config: dict[str, Any]) -> str:
+    """Every number of a job's config as the form read it ("steps 600, lr 0.0003, ..."): what
+    each text field was taken to say."""
+    numbers = {name: value for name, value in config.items() if name in api.JOB_FIELDS}
+    lora = config.get("lora") or {}
+    numbers |= {f"lora {k}": lora[k] for k in ("rank", "alpha", "dropout") if k in lora}
+    for entry in config["reward"] if isinstance(config.get("reward"), list) else []:
+        numbers[f"{entry['name']} weight"] = entry["weight"]
+        if entry.get("threshold") is not None:
+            numbers[f"{entry['name']} threshold"] = entry["threshold"]
+    return ", ".join(f"{name} {value}" for name, value in numbers.items())
 
 
 def no_worker_warning(services: Services) -> str:

@@ -21,8 +21,9 @@ REWARD_FIELDS = (
 
 
 def default_length_threshold(max_tokens: int) -> int:
-    """The `length` threshold when the form gives 0 (or nothing): the last quarter of
-    ``max_tokens`` is penalised (as DAPO's 4k cache of a 16k budget)."""
+    """The `length` threshold when the form leaves it blank: the last quarter of
+    ``max_tokens`` is penalised (as DAPO's 4k cache of a 16k budget). 0 is a threshold (a
+    penalty from the first token), not blank."""
     return max(1, max_tokens * 3 // 4)
 
 
@@ -32,7 +33,7 @@ def _threshold(form: dict[str, Any], max_tokens: Any, problems: list[str]) -> in
     except InvalidValue as exc:
         problems.append(str(exc))
         return None
-    if number:  # 0 or blank: from max tokens
+    if number is not None:  # 0 too: a penalty from the first token
         return int(number) if number.is_integer() else number
     try:  # max tokens' own problems are reported with the other numbers
         budget = parse_number(max_tokens, "max tokens")
@@ -55,8 +56,8 @@ def reward_config(
 ) -> Any:
     """The job's ``reward``: None (the task's default), one spec, or a list of
     ``{name, weight}`` tables when a weight is not 1, more rewards are chosen or one is
-    `length` (its ``threshold``: the form's, else (0 or blank) `default_length_threshold` of
-    ``max_tokens``). `form` holds the `REWARD_FIELDS`; problems (`api.check_reward`) go to
+    `length` (its ``threshold``: the form's, 0 included, else (blank) `default_length_threshold`
+    of ``max_tokens``). `form` holds the `REWARD_FIELDS`; problems (`api.check_reward`) go to
     `problems`."""
     first = (reward or "").strip()
     first = "" if first == TASK_DEFAULT_REWARD else first
@@ -88,7 +89,7 @@ def reward_form(reward: Any) -> dict[str, Any]:
     """The form's reward fields for a job's ``reward`` (Clone), the `length` threshold
     included; a `format` reward's own tags are not carried (the form has the defaults)."""
     values: dict[str, Any] = {"reward": TASK_DEFAULT_REWARD, "reward_weight": 1.0}
-    values["length_threshold"] = 0
+    values["length_threshold"] = None  # blank: `default_length_threshold`
     values |= {f"reward_{n}": None for n in range(2, EXTRA_REWARDS + 2)}
     values |= {f"weight_{n}": 1.0 for n in range(2, EXTRA_REWARDS + 2)}
     if isinstance(reward, str) and reward:

@@ -1,6 +1,7 @@
 """Launch tab: model, task or a data file, reward, hyper-parameters, then Launch."""
 
 from functools import partial
+from typing import Any
 
 import gradio as gr
 
@@ -31,11 +32,18 @@ def _show_lora(lora: bool) -> dict:
     return gr.update(visible=lora)
 
 
+def _number(value: float | None, label: str, **options: Any) -> gr.Textbox:
+    """A number field as text, read whole by the handlers (`parse_number`): a browser's
+    number box drops the characters it cannot read (``1e-3.5`` became ``1e-35``) and a
+    rounded one rounds, both unseen."""
+    return gr.Textbox("" if value is None else str(value), label=label, max_lines=1, **options)
+
+
 def _more_rewards() -> tuple[gr.components.Component, ...]:
     """The first reward's weight, each extra reward's name and weight, then the `length`
     threshold (`REWARD_FIELDS`)."""
     fields: list[gr.components.Component] = [
-        gr.Number(1.0, label="Weight of the first reward", elem_id="launch-reward-weight")
+        _number(1.0, label="Weight of the first reward", elem_id="launch-reward-weight")
     ]
     for n in range(2, EXTRA_REWARDS + 2):
         with gr.Row():
@@ -48,12 +56,13 @@ def _more_rewards() -> tuple[gr.components.Component, ...]:
                     elem_id=f"launch-reward-{n}",
                 )
             )
-            fields.append(gr.Number(1.0, label=f"Weight {n}", elem_id=f"launch-weight-{n}"))
+            fields.append(_number(1.0, label=f"Weight {n}", elem_id=f"launch-weight-{n}"))
     fields.append(
-        gr.Number(
-            0,
+        _number(
+            None,
             label="Length threshold (tokens)",
-            info="reward `length`: 0 up to it, falling to -1 at max tokens; 0: 3/4 of max tokens",
+            info="reward `length`: 0 up to it, falling to -1 at max tokens; blank: 3/4 of max "
+            "tokens (0: a penalty from the first token)",
             elem_id="launch-length-threshold",
         )
     )
@@ -123,14 +132,10 @@ def build(services: Services) -> dict[str, gr.components.Component]:
         more = _more_rewards()
     upload_message = gr.Markdown()
     with gr.Row():
-        steps = gr.Number(d["steps"], label="Steps", precision=0, elem_id="launch-steps")
-        batch_size = gr.Number(
-            d["batch_size"], label="Prompts per batch", precision=0, elem_id="launch-batch"
-        )
-        group_size = gr.Number(
-            d["group_size"], label="Group size", precision=0, elem_id="launch-group"
-        )
-        lr = gr.Number(d["lr"], label="Learning rate", elem_id="launch-lr")
+        steps = _number(d["steps"], label="Steps", elem_id="launch-steps")
+        batch_size = _number(d["batch_size"], label="Prompts per batch", elem_id="launch-batch")
+        group_size = _number(d["group_size"], label="Group size", elem_id="launch-group")
+        lr = _number(d["lr"], label="Learning rate", elem_id="launch-lr")
         lora = gr.Checkbox(
             d["lora"],
             label="LoRA",
@@ -139,9 +144,9 @@ def build(services: Services) -> dict[str, gr.components.Component]:
             elem_id="launch-lora",
         )
     with gr.Group(visible=d["lora"]) as lora_group, gr.Row():
-        lora_rank = gr.Number(d["lora_rank"], label="LoRA rank", precision=0, elem_id="lora-rank")
-        lora_alpha = gr.Number(d["lora_alpha"], label="LoRA alpha", elem_id="lora-alpha")
-        lora_dropout = gr.Number(d["lora_dropout"], label="LoRA dropout", elem_id="lora-dropout")
+        lora_rank = _number(d["lora_rank"], label="LoRA rank", elem_id="lora-rank")
+        lora_alpha = _number(d["lora_alpha"], label="LoRA alpha", elem_id="lora-alpha")
+        lora_dropout = _number(d["lora_dropout"], label="LoRA dropout", elem_id="lora-dropout")
         lora_target_modules = gr.CheckboxGroup(
             list(api.LINEAR_MODULES),
             value=d["lora_target_modules"],
@@ -158,12 +163,10 @@ def build(services: Services) -> dict[str, gr.components.Component]:
             elem_id="lora-save",
         )
     with gr.Row():
-        temperature = gr.Number(d["temperature"], label="Temperature")
-        top_p = gr.Number(d["top_p"], label="Top-p")
-        max_tokens = gr.Number(
-            d["max_tokens"], label="Max tokens", precision=0, elem_id="launch-max-tokens"
-        )
-        max_policy_lag = gr.Number(d["max_policy_lag"], label="Max policy lag", precision=0)
+        temperature = _number(d["temperature"], label="Temperature")
+        top_p = _number(d["top_p"], label="Top-p")
+        max_tokens = _number(d["max_tokens"], label="Max tokens", elem_id="launch-max-tokens")
+        max_policy_lag = _number(d["max_policy_lag"], label="Max policy lag")
         pipeline = gr.Dropdown(
             PIPELINE_CHOICES,
             value=d["pipeline"],
@@ -173,11 +176,11 @@ def build(services: Services) -> dict[str, gr.components.Component]:
         )
     with gr.Accordion("More", open=False), gr.Row():
         kv_strategy = gr.Dropdown(list(api.KV_STRATEGIES), value=d["kv_strategy"], label="KV cache")
-        clip_eps = gr.Number(d["clip_eps"], label="Clip ε")
-        kl_coef = gr.Number(d["kl_coef"], label="KL coefficient")
-        seed = gr.Number(d["seed"], label="Seed", precision=0)
-        updates_per_batch = gr.Number(
-            d["updates_per_batch"], label="Updates per batch (reuse within the lag)", precision=0
+        clip_eps = _number(d["clip_eps"], label="Clip ε")
+        kl_coef = _number(d["kl_coef"], label="KL coefficient")
+        seed = _number(d["seed"], label="Seed")
+        updates_per_batch = _number(
+            d["updates_per_batch"], label="Updates per batch (reuse within the lag)"
         )
     with (
         gr.Accordion(
@@ -185,20 +188,19 @@ def build(services: Services) -> dict[str, gr.components.Component]:
         ),
         gr.Row(),
     ):
-        heldout_every = gr.Number(
+        heldout_every = _number(
             d["heldout_every"],
             label="Evaluate every N versions (0: off)",
-            precision=0,
             elem_id="launch-heldout-every",
         )
-        heldout_prompts = gr.Number(d["heldout_prompts"], label="Held-out prompts", precision=0)
-        heldout_fraction = gr.Number(
+        heldout_prompts = _number(d["heldout_prompts"], label="Held-out prompts")
+        heldout_fraction = _number(
             0,
             label="Data file: held-out fraction (0: none)",
             info="records held back from training, at most 0.5",
             elem_id="launch-heldout-fraction",
         )
-        heldout_k = gr.Number(0, label="mean@k (0: off)", precision=0, elem_id="launch-heldout-k")
+        heldout_k = _number(0, label="mean@k (0: off)", elem_id="launch-heldout-k")
     with gr.Accordion("Experiment trackers", open=False):
         report_to = gr.CheckboxGroup(
             list(api.TRACKERS),

@@ -7,10 +7,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from core_engine.prompts import chat_prompt_ids, encode_prompt, render_prompt
+from core_engine.prompts import encode_prompt, render_prompt
 from core_engine.rl.data import batch_rows, instruction_to_messages
-from core_engine.rl.reward_mix import RewardMix, score_rewards
 from core_engine.rl.rewards import RewardError, RewardFn
+from core_engine.rl.rewards.mix import RewardMix, score_rewards
 from core_engine.scheduler import InferenceScheduler
 from core_engine.task import ErrorCode, SamplingParams, TaskError, expand_runs
 
@@ -86,16 +86,6 @@ class RolloutResult(RawRollout):
             for e in values["errors"]
         ]
         return cls(**{**values, "errors": errors})
-
-
-def longest_prompt(tokenizer: Any, records: Sequence[Mapping[str, str]]) -> int:
-    """Tokens of the longest rendered prompt among `records` (sizes the engine and the
-    trainer's micro-batches before anything runs)."""
-    return max(len(chat_prompt_ids(tokenizer, _prompt_messages(row))) for row in records)
-
-
-def _prompt_messages(row: Mapping[str, str]) -> list[dict]:
-    return instruction_to_messages(row.get("instruction", ""), row.get("input", ""))
 
 
 class RolloutGenerator:

@@ -1,6 +1,6 @@
 """Operator-registered reward functions, scored in a child process with a time limit.
 
-The child (``python -m core_engine.rl.reward_sandbox module:function``) imports the function
+The child (``python -m core_engine.rl.rewards.sandbox module:function``) imports the function
 once and answers one JSON line per batch. The limit covers the whole call: writing the request
 (a child that does not read blocks a large one on the pipe), the function and reading the
 reply. A batch that runs over kills the child (the next batch starts a fresh one) and raises

@@ -26,7 +26,7 @@ from core_engine.cache.sizing import kv_budget_bytes
 from core_engine.engine import resolve_dtype
 from core_engine.model import CausalLM, ModelConfig
 from core_engine.rl.config import GRPOConfig
-from core_engine.rl.optimizer import optimizer_state_bytes
+from core_engine.rl.trainer.optimizer import optimizer_state_bytes
 
 GIB = 2**30
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter

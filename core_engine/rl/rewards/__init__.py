@@ -7,7 +7,7 @@ length) and returns one float per completion. A reward spec is one of:
   `math-verify`, in the sandbox below: sympy can take unbounded time), ``format`` (the
   ``<think>...</think><answer>...</answer>`` template, on RE2); ``length`` (DAPO's overlong
   penalty) needs a threshold, so it is only an entry of a reward list
-  (`core_engine.rl.reward_mix`);
+  (`core_engine.rl.rewards.mix`);
 - ``regex:<pattern>``: 1.0 when the completion fully matches, on RE2 (linear time: no pattern
   can make scoring slow);
 - the name of a function the operator registered on the worker: the ``rlwb.rewards``
@@ -28,7 +28,7 @@ from importlib.metadata import entry_points
 
 import re2
 
-from core_engine.rl.reward_sandbox import RewardError, SandboxedReward
+from core_engine.rl.rewards.sandbox import RewardError, SandboxedReward
 
 __all__ = ["BUILTIN_REWARDS", "RewardError", "check_reward_spec", "resolve_reward", "score"]
 
@@ -36,7 +36,7 @@ RewardFn = Callable[[Sequence[str], Sequence[str], Sequence[str]], Sequence[floa
 
 ENTRY_POINT_GROUP = "rlwb.rewards"
 MAX_PATTERN_CHARS = 1000
-MATH_TARGET = "core_engine.rl.math_reward:math_reward"
+MATH_TARGET = "core_engine.rl.rewards.math_reward:math_reward"
 DEFAULT_TAGS = ("think", "answer")
 _TAG = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
 DEFAULT_TIMEOUT_S = 60.0

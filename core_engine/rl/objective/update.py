@@ -18,8 +18,8 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from core_engine.model import CausalLM
-from core_engine.rl.logprobs import packed_response_logprobs
-from core_engine.rl.objective import Importance, policy_loss
+from core_engine.rl.objective.logprobs import packed_response_logprobs
+from core_engine.rl.objective.loss import Importance, policy_loss
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from core_engine.rl.dataset_files import Columns, load_records
-from core_engine.rl.word_problems import word_problem_records
+from core_engine.rl.data.files import Columns, load_records
+from core_engine.rl.data.word_problems import word_problem_records
 
 
 @dataclass(frozen=True)

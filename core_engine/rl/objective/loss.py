@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from core_engine.rl.clip import clip_active
 from core_engine.rl.config import IMPORTANCE_MODES
+from core_engine.rl.objective.clip import clip_active
 
 
 def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:

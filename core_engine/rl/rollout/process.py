@@ -24,11 +24,11 @@ from transformers import AutoConfig, AutoTokenizer
 
 from core_engine.model import CausalLM
 from core_engine.model.config import ModelConfig
-from core_engine.rl.colocate import colocated_engine, rollout_runner
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.rewards import RewardError
 from core_engine.rl.rollout import Produced, RolloutResult, produce_rollout
-from core_engine.rl.sources import BatchCancelled
+from core_engine.rl.rollout.sources import BatchCancelled
+from core_engine.rl.trainer.policy import colocated_engine, rollout_runner
 from core_engine.scheduler import InferenceScheduler
 from core_engine.weight_sync import GATE_POLL_S, ChildWeights, ProcessChannel, ProcessGate
 from core_engine.weights import canonical_weights, published_weights

@@ -10,11 +10,13 @@ its system and user turns; its trailing assistant turn is the reference.
 
 from __future__ import annotations
 
+import heapq
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from core_engine.prompts import chat_prompt_ids
 from core_engine.user_files import MAX_DATA_BYTES, UnsafeFileError, open_regular
 
 Batch = dict[str, list[str]]
@@ -37,6 +39,23 @@ def instruction_to_messages(instruction: str, input: str = "", output: str = "")
     if output:
         messages.append({"role": "assistant", "content": output})
     return messages
+
+
+def longest_prompt(tokenizer: Any, records: Iterable[Mapping[str, str]]) -> int:
+    """Tokens of the longest prompt among `records`, each rendered with the tokenizer's chat
+    template as the engine is given it (`core_engine.prompts.chat_prompt_ids`)."""
+    prompts = (instruction_to_messages(*_prompt_fields(r)) for r in records)
+    return max(len(chat_prompt_ids(tokenizer, messages)) for messages in prompts)
+
+
+def longest_records(records: Iterable[Mapping[str, str]], count: int) -> list[Mapping[str, str]]:
+    """The `count` records of the most prompt characters (instruction and input): where the
+    longest prompt in tokens is looked for without rendering every record."""
+    return heapq.nlargest(count, records, key=lambda r: sum(map(len, _prompt_fields(r))))
+
+
+def _prompt_fields(record: Mapping[str, str]) -> tuple[str, str]:
+    return record.get("instruction", ""), record.get("input", "")
 
 
 def prompt_messages(messages: Sequence[Mapping[str, str]]) -> list[dict]:

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 import torch
 
-from core_engine.rl.reward_mix import component_stats
+from core_engine.rl.objective.update import UpdateResult
+from core_engine.rl.rewards.mix import component_stats
 from core_engine.rl.rollout import RolloutResult
-from core_engine.rl.update import UpdateResult
 
 
 def rollout_metrics(

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from core_engine.rl.data import collate
-from core_engine.rl.reward_mix import RewardMix, score_rewards
 from core_engine.rl.rewards import RewardFn
+from core_engine.rl.rewards.mix import RewardMix, score_rewards
 from core_engine.rl.rollout import RawRollout, RolloutGenerator
 from core_engine.scheduler import InferenceScheduler
 from core_engine.task import SamplingParams

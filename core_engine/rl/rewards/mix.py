@@ -1,10 +1,10 @@
 """Several rewards per job, each with a weight; the total is the weighted sum.
 
 A job's ``reward`` is one spec (`core_engine.rl.rewards`) or a list of at most `MAX_REWARDS`
-tables ``{name=<spec>, weight=1.0}``: ``length`` also takes ``threshold`` (tokens; below the
-job's ``max_tokens``), ``format`` optional ``tags`` (two names, default think/answer). A list
-keeps each entry's scores as a component of the sample (keyed by its name); a single spec
-has none (its component would be the total).
+tables ``{name=<spec>, weight=1.0}``, not every weight 0: ``length`` also takes ``threshold``
+(tokens; below the job's ``max_tokens``), ``format`` optional ``tags`` (two names, default
+think/answer). A list keeps each entry's scores as a component of the sample (keyed by its
+name); a single spec has none (its component would be the total).
 """
 
 from __future__ import annotations
@@ -91,6 +91,11 @@ def parse_rewards(spec: RewardSpec, max_tokens: int | None = None) -> list[Rewar
     names = [t.name for t in terms]
     if len(set(names)) != len(names):
         raise ValueError(f"reward: each name at most once, got {names}")
+    if all(t.weight == 0 for t in terms):
+        raise ValueError(
+            "reward: every weight is 0, so every sample would score 0 and no group would have "
+            "anything to learn (the job would stall): give at least one reward a non-zero weight"
+        )
     return terms
 
 

@@ -2,7 +2,7 @@
 device for the Qwen2.5 shapes, full-weight vs LoRA (r=16, all-linear, bf16 base on CUDA), with
 the KV budget the colocated engine would get beside it.
 
-    python -m core_engine.rl.footprint_table
+    python -m core_engine.rl.footprint.table
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import transformers
 
 from core_engine.cache.sizing import model_kv_bytes_per_token
 from core_engine.lora_settings import LoraSettings
-from core_engine.rl.colocate import COLOCATED_GPU_MEMORY_UTILIZATION
 from core_engine.rl.config import GRPOConfig
-from core_engine.rl.footprint import GIB, Footprint, training_footprint
+from core_engine.rl.footprint.estimate import GIB, Footprint, training_footprint
+from core_engine.rl.trainer.policy import COLOCATED_GPU_MEMORY_UTILIZATION
 
 # name: (vocabulary, hidden, intermediate, layers, heads, KV heads, tied embeddings)
 QWEN25_SHAPES = {

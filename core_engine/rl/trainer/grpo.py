@@ -1,5 +1,6 @@
-"""The GRPO loop: generate under the acknowledged version, score, accept or reject, optimise,
-publish the next version to the engine and verify its acknowledgement.
+"""The GRPO loop, one for every pipeline mode: take a batch from the rollout source, score,
+accept or reject, optimise, write the next version through the source's weight channel and
+verify its acknowledgement.
 
 Invariants exercised here: versions rise by exactly one per optimizer step; every rollout used
 at version v was generated within `max_policy_lag`; a rejected batch (or a step whose loss or
@@ -20,7 +21,26 @@ import torch
 from transformers import AutoTokenizer
 
 from core_engine.engine import resolve_device
-from core_engine.rl.checkpoint import (
+from core_engine.rl.config import GRPOConfig
+from core_engine.rl.data import longest_prompt
+from core_engine.rl.footprint.estimate import check_room_for, return_large_frees_to_the_os
+from core_engine.rl.objective.loss import group_advantages
+from core_engine.rl.objective.update import (
+    TrainSample,
+    UpdateResult,
+    accumulate_gradients,
+    training_mode,
+)
+from core_engine.rl.rewards import RewardError
+from core_engine.rl.rollout import RolloutResult, check_policy_lag
+from core_engine.rl.rollout.sources import (
+    BatchCancelled,
+    BatchPlan,
+    PrefetchSource,
+    SyncSource,
+    ThreadProducer,
+)
+from core_engine.rl.trainer.checkpoint import (
     latest_checkpoint,
     load_optimizer_state,
     prune_checkpoints,
@@ -28,35 +48,23 @@ from core_engine.rl.checkpoint import (
     read_trainer_state,
     save_checkpoint,
 )
-from core_engine.rl.colocate import colocated_engine, rollout_runner, update_settings
-from core_engine.rl.config import GRPOConfig
-from core_engine.rl.footprint import check_room_for, return_large_frees_to_the_os
-from core_engine.rl.objective import group_advantages
-from core_engine.rl.optimizer import build_optimizer
-from core_engine.rl.policy_weights import kl_reference, load_policy
-from core_engine.rl.records import StepRecord, StopReason, TrainerHooks, VersionRecord
-from core_engine.rl.rewards import RewardError
-from core_engine.rl.rollout import (
-    RolloutResult,
-    check_policy_lag,
-    longest_prompt,
-)
-from core_engine.rl.screen import screen_groups
-from core_engine.rl.sources import (
-    BatchCancelled,
-    BatchPlan,
-    PrefetchSource,
-    SyncSource,
-    ThreadProducer,
-)
-from core_engine.rl.step_metrics import (
+from core_engine.rl.trainer.metrics import (
     lag_metrics,
     mismatch_metrics,
     rollout_metrics,
     token_lags,
     update_metrics,
 )
-from core_engine.rl.update import TrainSample, UpdateResult, accumulate_gradients, training_mode
+from core_engine.rl.trainer.optimizer import build_optimizer
+from core_engine.rl.trainer.policy import (
+    colocated_engine,
+    kl_reference,
+    load_policy,
+    rollout_runner,
+    update_settings,
+)
+from core_engine.rl.trainer.records import StepRecord, StopReason, TrainerHooks, VersionRecord
+from core_engine.rl.trainer.screen import screen_groups
 from core_engine.weight_sync import GateWaitCancelled, LocalChannel, WeightSyncError
 
 
@@ -107,8 +115,8 @@ class GRPOTrainer:
         self._consecutive_failures = self._consecutive_filtered = 0
 
     def _source(self, state: dict[str, Any]) -> SyncSource | PrefetchSource:
-        """Where batches come from (`core_engine.rl.sources`): on demand, or one ahead on a
-        thread (the trainer's engine) or, for a full-weight CPU job, a child process."""
+        """Where batches come from (`rollout.sources`): on demand, or one ahead on a thread
+        (the trainer's engine) or, for a full-weight CPU job, a child process."""
         config = self.config
         if config.pipeline == "sync":
             channel = LocalChannel(self.engine, self.model, "drain")
@@ -117,7 +125,7 @@ class GRPOTrainer:
 
         def make_producer(threads: int) -> Any:
             if config.generates_in_process(self.device.type):
-                from core_engine.rl.rollout_process import ProcessProducer
+                from core_engine.rl.rollout.process import ProcessProducer
 
                 return ProcessProducer(
                     config, self.model, self.engine, self.max_seq_len, threads, self._cancelled
@@ -151,8 +159,7 @@ class GRPOTrainer:
         self.save()
         return reason
 
-    def next_batch(self) -> dict[str, list[str]]:
-        """The next batch of prompts, drawn for a step taken outside `train`."""
+    def next_batch(self) -> dict[str, list[str]]:  # a step's prompts, drawn outside `train`
         self.source.batches_drawn += 1
         return self.plan.at(self.source.batches_drawn - 1)
 
