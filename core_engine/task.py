@@ -38,6 +38,8 @@ class ErrorCode(enum.StrEnum):
     POLICY_UPDATED = "policy_updated"
     CANCELLED = "cancelled"
     INTERNAL = "internal"
+    ENV_ERROR = "env_error"  # an episode's environment failed (`core_engine.rl.episodes`)
+    ENV_TIMEOUT = "env_timeout"
 
 
 @dataclass(frozen=True)

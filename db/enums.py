@@ -36,6 +36,18 @@ class BatchStatus(StrEnum):
     REJECTED = "rejected"
 
 
+class EpisodeFinish(StrEnum):
+    """Why a multi-turn episode ended (`core_engine.rl.episodes.runner`)."""
+
+    DONE = "done"
+    MAX_TURNS = "max_turns"
+    CONTEXT_EXCEEDED = "context_exceeded"
+    TOOL_PARSE_ERROR = "tool_parse_error"
+    ENV_ERROR = "env_error"
+    ENV_TIMEOUT = "env_timeout"
+    ERROR = "error"
+
+
 class FinishReason(StrEnum):
     STOP = "stop"
     LENGTH = "length"

@@ -203,6 +203,11 @@ class Sample(Base):
     # weight update landed in flight); None: every token is of ``policy_version``
     token_versions: Mapped[list[list[int]] | None] = mapped_column(JSON)
     resumed_at: Mapped[list[int] | None] = mapped_column(JSON)
+    segments: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    episode_finish: Mapped[str | None] = mapped_column(String(32))
+    # an episode's assistant turns and the turns whose tool call could not be parsed (filters)
+    turns: Mapped[int | None] = mapped_column(Integer)
+    tool_errors: Mapped[int | None] = mapped_column(Integer)
     response_token_ids: Mapped[list[int]] = mapped_column(Int32Array)
     behaviour_logprobs: Mapped[list[float]] = mapped_column(Float32Array)
     temperature_logprobs: Mapped[list[float] | None] = mapped_column(Float32Array)

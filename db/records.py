@@ -72,6 +72,11 @@ class SampleRecord:
     None or one run: every token is of ``policy_version`` (stored as None). ``resumed_at``: the
     response indexes at which it resumed after a preemption (the K/V of every earlier position
     recomputed there by that token's version), increasing, each in 1 .. its length.
+    A multi-turn episode also has ``segments``: its response's turns and observations in
+    order, ``{"role", "start", "end", "text", ...}`` covering the response exactly (role
+    ``assistant``: sampled tokens, trained; any other: the template's tokens between turns,
+    never trained), and ``episode_finish`` (``done``, ``max_turns``, ``context_exceeded``,
+    ``tool_parse_error``, ``env_error``, ``env_timeout`` or ``error``).
     """
 
     prompt_index: int
@@ -95,6 +100,8 @@ class SampleRecord:
     reward_components: Mapping[str, float] | None = None
     token_versions: Sequence[Sequence[int]] | None = None
     resumed_at: Sequence[int] | None = None
+    segments: Sequence[Mapping[str, Any]] | None = None
+    episode_finish: str | None = None
 
 
 @dataclass(frozen=True)
@@ -248,6 +255,10 @@ class SampleDetail:
     reward_components: dict[str, float] | None = None
     token_versions: list[list[int]] | None = None  # None: every token is of policy_version
     resumed_at: list[int] | None = None  # None: never preempted after its first token
+    segments: list[dict[str, Any]] | None = None  # a multi-turn episode's (`SampleRecord`)
+    episode_finish: str | None = None
+    turns: int | None = None
+    tool_errors: int | None = None
 
     @property
     def version_runs(self) -> list[list[int]]:

@@ -57,6 +57,8 @@ def sample_records(
                 reward_components=_components(rollout, i),
                 token_versions=_token_versions(rollout, i),
                 resumed_at=(rollout.resumed_at[i] or None) if rollout.resumed_at else None,
+                segments=rollout.segments[i] if rollout.segments else None,
+                episode_finish=rollout.episode_finishes[i] if rollout.episode_finishes else None,
             )
         )
     return records

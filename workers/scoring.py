@@ -113,7 +113,7 @@ def _teacher_forced(
         scores = score_response(repo, settings, detail, parts[0].version, temperature)
     except (*_UNCHECKABLE, EngineMemoryError) as exc:
         return _unchecked(parts, exc)
-    return [_scored(parts[0], stored_logprobs(detail), scores)]
+    return [_scored(parts[0], stored_logprobs(detail), scores, sampled_tokens(detail))]
 
 
 def _replayed(
@@ -133,7 +133,8 @@ def _replayed(
         prompt = encode_prompt(tokenizer_of(first), detail.prompt_text)
         response = detail.response_token_ids
         for scores in replay_logprobs(prompt, response, parts, model_of, temperature):
-            checked.append(_scored(parts[len(checked)], stored, scores))
+            part = parts[len(checked)]
+            checked.append(_scored(part, stored, scores, sampled_tokens(detail)))
     except _UNCHECKABLE as exc:
         checked += _unchecked(parts[len(checked) :], exc)
     return checked
@@ -166,10 +167,27 @@ def _segment(part: Segment, status: str, diff: float | None = None) -> dict[str,
     }
 
 
-def _scored(part: Segment, stored: list[float], scores: list[float]) -> dict[str, Any]:
-    """A segment's verdict from its recomputed ``scores``."""
-    mine = stored[part.first : part.last + 1]
-    diff = max(abs(a - b) for a, b in zip(mine, scores, strict=True))
+def sampled_tokens(detail: SampleDetail) -> list[bool]:
+    """Which response tokens the policy sampled: all of a single turn; an episode's assistant
+    turns (its observations are the template's tokens: nothing to re-score)."""
+    if not detail.segments:
+        return [True] * len(detail.response_token_ids)
+    sampled = [False] * len(detail.response_token_ids)
+    for part in detail.segments:
+        if part["role"] == "assistant":
+            sampled[part["start"] : part["end"]] = [True] * (part["end"] - part["start"])
+    return sampled
+
+
+def _scored(
+    part: Segment, stored: list[float], scores: list[float], sampled: list[bool]
+) -> dict[str, Any]:
+    """A segment's verdict from its recomputed ``scores`` (over its sampled tokens)."""
+    span = range(part.first, part.last + 1)
+    diffs = [abs(stored[j] - s) for j, s in zip(span, scores, strict=True) if sampled[j]]
+    if not diffs:
+        return _segment(part, "pass", 0.0)  # the template's tokens only: nothing sampled
+    diff = max(diffs)
     return _segment(part, "pass" if diff <= AUDIT_TOLERANCE else "fail", diff)
 
 

@@ -99,6 +99,12 @@ class GRPOConfig:
     # LoRA over a frozen base shared with the engine (`core_engine.adapters.LoraSettings`; a
     # table in job files); None: full-weight training.
     lora: LoraSettings | None = None
+    # Multi-turn episodes (`core_engine.rl.episodes`): an operator-registered environment (its
+    # reward scores the episodes; `max_tokens` is then per turn), at most `max_turns` assistant
+    # turns and `max_episode_tokens` tokens (prompt, turns and observations) per episode.
+    environment: str | None = None
+    max_turns: int = 4
+    max_episode_tokens: int = 512
 
     def __post_init__(self) -> None:
         problems = self._resolve_lora()
@@ -134,6 +140,10 @@ class GRPOConfig:
             torch_device_type(self.device)
         except ValueError as exc:
             problems.append(str(exc))
+        if self.environment is not None and self.reward is not None:
+            problems.append("an environment scores its own episodes: leave 'reward' out")
+        if self.environment is not None and self.max_tokens >= self.max_episode_tokens:
+            problems.append("max_tokens (per turn) must be below max_episode_tokens")
         if self.reward is not None:
             try:
                 parse_rewards(self.reward, None if numbers else self.max_tokens)

@@ -82,6 +82,8 @@ TRAINER_FIELDS: dict[str, Field] = {
     "drop_zero_variance_groups": FLAG,
     "max_consecutive_rejections": whole(1, 10**6),
     "max_policy_lag": whole(0, 10**6),
+    "max_turns": whole(1, 256),
+    "max_episode_tokens": whole(2, 2**20),
     "updates_per_batch": whole(1, 1000),
     "checkpoint_every": whole(0, 10**9),
     "keep_last": whole(0, 10**6),

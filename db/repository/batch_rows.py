@@ -7,7 +7,7 @@ from itertools import pairwise
 from typing import Any
 
 from db.arrays import encode_float32, encode_int32
-from db.enums import BatchStatus, FinishReason, coerce
+from db.enums import BatchStatus, EpisodeFinish, FinishReason, coerce
 from db.errors import InvalidValue
 from db.records import BatchRecord, SampleRecord
 from db.repository.base import check_finite, check_json, check_non_negative
@@ -45,6 +45,53 @@ def logprob_gap_max(sample: SampleRecord) -> float | None:
 
 def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+MAX_SEGMENTS = 1024
+MAX_SEGMENT_TEXT = 65_536
+
+
+def _segments(sample: SampleRecord, where: str) -> list[dict[str, Any]] | None:
+    """The episode's checked segments: in order, covering the response exactly."""
+    if sample.segments is None:
+        return None
+    field = f"{where}.segments"
+    parts = [dict(part) for part in sample.segments]
+    if not parts or len(parts) > MAX_SEGMENTS:
+        raise InvalidValue(f"{field}: expected 1..{MAX_SEGMENTS} segments")
+    end = 0
+    for i, part in enumerate(parts):
+        role, start, stop = part.get("role"), part.get("start"), part.get("end")
+        if not isinstance(role, str) or not (_is_count(start) and _is_count(stop)):
+            raise InvalidValue(f"{field}[{i}]: needs a role and whole-number start and end")
+        if start != end or stop < start:
+            raise InvalidValue(f"{field}[{i}]: starts at {start}, the previous ended at {end}")
+        if len(str(part.get("text", ""))) > MAX_SEGMENT_TEXT:
+            raise InvalidValue(f"{field}[{i}]: text over {MAX_SEGMENT_TEXT} characters")
+        end = stop
+    if end != len(sample.response_token_ids):
+        raise InvalidValue(
+            f"{field}: cover {end} tokens for {len(sample.response_token_ids)} response tokens"
+        )
+    return parts
+
+
+def _episode_counts(sample: SampleRecord) -> dict[str, int | None]:
+    """An episode's assistant turns and its turns with a tool-call error (None: one turn)."""
+    if sample.segments is None:
+        return {"turns": None, "tool_errors": None}
+    turns = [part for part in sample.segments if part.get("role") == "assistant"]
+    return {"turns": len(turns), "tool_errors": sum(bool(p.get("tool_error")) for p in turns)}
+
+
+def _episode_finish(sample: SampleRecord, where: str) -> str | None:
+    finish = sample.episode_finish
+    if finish is not None and finish not in set(EpisodeFinish):
+        choices = ", ".join(EpisodeFinish)
+        raise InvalidValue(f"{where}.episode_finish: {finish!r} is not one of {choices}")
+    if finish is not None and sample.segments is None:
+        raise InvalidValue(f"{where}.episode_finish: an episode needs its segments")
+    return finish
 
 
 def _resumed_at(sample: SampleRecord, where: str) -> list[int] | None:
@@ -149,6 +196,9 @@ def _sample_row(sample: SampleRecord, batch: BatchRecord, where: str) -> dict[st
         "reward_components": None if components is None else dict(components),
         "token_versions": _token_version_runs(sample, batch, where),
         "resumed_at": _resumed_at(sample, where),
+        "segments": _segments(sample, where),
+        "episode_finish": _episode_finish(sample, where),
+        **_episode_counts(sample),
         "response_token_ids": sample.response_token_ids,
         "behaviour_logprobs": sample.behaviour_logprobs,
         "temperature_logprobs": sample.temperature_logprobs,

@@ -227,6 +227,10 @@ class SamplesMixin(RepositoryBase):
                 reward_components=sample.reward_components,
                 token_versions=sample.token_versions,
                 resumed_at=sample.resumed_at,
+                segments=sample.segments,
+                episode_finish=sample.episode_finish,
+                turns=sample.turns,
+                tool_errors=sample.tool_errors,
             )
 
     def random_sample_ids(self, job_id: int, count: int, versions: Collection[int]) -> list[int]:

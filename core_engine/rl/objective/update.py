@@ -31,6 +31,12 @@ class TrainSample:
     old: list[float] | None = None  # the trainer's log-probs at the rollout's version, if known
     # per token, the trainer's version minus the version that sampled it (None: all 0)
     lags: list[int] | None = None
+    # per token, 1 where the policy sampled it (an episode's observations: 0; None: all 1)
+    loss_mask: list[int] | None = None
+
+    @property
+    def trained_tokens(self) -> int:
+        return len(self.response) if self.loss_mask is None else sum(self.loss_mask)
 
     @property
     def num_tokens(self) -> int:
@@ -118,7 +124,7 @@ def accumulate_gradients(
     """Backward of the step's GRPO loss into `model`'s .grad, one micro-batch at a time.
     `reference`, the KL anchor, is a module tree of its own: nothing here changes what an
     engine serving `model` computes."""
-    normaliser = float(sum(len(s.response) for s in samples)) or 1.0
+    normaliser = float(sum(s.trained_tokens for s in samples)) or 1.0
     totals = dict(loss=0.0, kl=0.0, clip_fraction=0.0, ratio_outside_fraction=0.0)
     ratio_max = 1.0
     importance: dict[str, float] = {}
@@ -147,7 +153,7 @@ def accumulate_gradients(
             proximal,
             _padded([_tensor(s.behaviour, logp[0]) for s in part]),
             torch.tensor([s.advantage for s in part], device=proximal.device),
-            _padded([torch.ones_like(row, dtype=torch.bool) for row in logp]),
+            _padded([_mask(s, row) for s, row in zip(part, logp, strict=True)]),
             None if lags is None else lags.to(proximal.device),
             settings.importance,
             settings.clip_eps,
@@ -189,6 +195,12 @@ def _score(model: CausalLM, part: Sequence[TrainSample], settings: UpdateSetting
             settings.chunk_rows,
             settings.checkpointing and torch.is_grad_enabled(),
         )
+
+
+def _mask(sample: TrainSample, like: torch.Tensor) -> torch.Tensor:
+    if sample.loss_mask is None:
+        return torch.ones_like(like, dtype=torch.bool)
+    return torch.tensor(sample.loss_mask, dtype=torch.bool, device=like.device)
 
 
 def _tensor(values: Sequence[float], like: torch.Tensor) -> torch.Tensor:

@@ -48,6 +48,13 @@ class RawRollout:
     # per sample, the output indexes where it resumed after a preemption
     # (`GenerationResult.resumed_at`); empty: none recorded
     resumed_at: list[list[int]] = field(default_factory=list)
+    # multi-turn episodes (`core_engine.rl.episodes`), per sample; empty for single turns:
+    # 1 on the sampled assistant tokens of the response, 0 on the template's between turns
+    loss_masks: list[list[int]] = field(default_factory=list)
+    # the response's turns and observations: {"role", "start", "end", "text", ...}
+    segments: list[list[dict]] = field(default_factory=list)
+    episode_finishes: list[str] = field(default_factory=list)
+    episode_rewards: list[float] = field(default_factory=list)  # the environment's
 
     @property
     def num_samples(self) -> int:
@@ -61,6 +68,12 @@ class RawRollout:
         has none): what the sample is stamped with and what the staleness bound reads."""
         runs = self.token_versions[sample] if self.token_versions else None
         return runs[0][0] if runs else self.policy_version
+
+    def loss_mask_of(self, sample: int) -> list[int]:
+        """1 for each response token the policy sampled (all of a single-turn response)."""
+        if self.loss_masks:
+            return self.loss_masks[sample]
+        return [1] * len(self.response_ids[sample])
 
     def versions_of(self, sample: int) -> list[int]:
         """The version that sampled each of the sample's tokens."""
@@ -194,6 +207,16 @@ class RolloutRunner:
         self._last: tuple[tuple, RolloutResult] | None = None
         self.reward_seconds = 0.0  # time the last fresh rollout spent in the reward function
 
+    def _scored(self, raw: RawRollout) -> tuple[list[float], dict[str, list[float]]]:
+        refs = [raw.references[raw.group_of(i)] for i in range(raw.num_samples)]
+        prompts = [raw.prompts[raw.group_of(i)] for i in range(raw.num_samples)]
+        try:
+            lengths = [len(ids) for ids in raw.response_ids]
+            return score_rewards(self.reward_fn, raw.completions, refs, prompts, lengths)
+        except RewardError as exc:
+            exc.rollout = raw
+            raise
+
     @staticmethod
     def _key(batch: Mapping[str, Sequence[str]]) -> tuple:
         return tuple((k, tuple(v)) for k, v in sorted(batch.items()))
@@ -217,15 +240,11 @@ class RolloutRunner:
                 return cached, False
         raw = self.generator.generate(batch, seed)
         check_policy_lag(raw.policy_version, self.trainer_version(), self.max_policy_lag)
-        refs = [raw.references[raw.group_of(i)] for i in range(raw.num_samples)]
-        prompts = [raw.prompts[raw.group_of(i)] for i in range(raw.num_samples)]
         start = time.perf_counter()
-        try:
-            lengths = [len(ids) for ids in raw.response_ids]
-            rewards, parts = score_rewards(self.reward_fn, raw.completions, refs, prompts, lengths)
-        except RewardError as exc:
-            exc.rollout = raw
-            raise
+        if raw.episode_rewards:  # the environment scored its episodes
+            rewards, parts = list(raw.episode_rewards), {}
+        else:
+            rewards, parts = self._scored(raw)
         self.reward_seconds = time.perf_counter() - start
         result = RolloutResult(**vars(raw), rewards=rewards, reward_components=parts)
         self._last = (key, result)

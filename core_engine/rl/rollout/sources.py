@@ -1,6 +1,5 @@
-"""Rollout sources: what produces the trainer's next batch, and the one weight channel it writes
-new versions through. The trainer has one loop for every mode (`GRPOTrainer.train`): take a
-batch from its source, compute, write the next version through `source.channel`, go on.
+"""Rollout sources: what produces the trainer's next batch, and the weight channel the trainer
+writes new versions through (`source.channel`), for its one loop (`GRPOTrainer.train`).
 
 - `SyncSource` (`pipeline = "sync"`): generated on demand, when the trainer asks; a batch's
   rollout is reused by its further updates (`updates_per_batch`) within `max_policy_lag`.
@@ -12,11 +11,10 @@ batch from its source, compute, write the next version through `source.channel`,
   `in_flight`: it does not wait; the update lands between two decode steps of the next batch,
   whose sequences go on under v+1 (per-token versions, lag <= 1).
 
-A source owns its checkpointable state: how many batches were drawn and, when it holds one, the
-complete next rollout, whose acknowledgements were verified against the trainer's digests
-before it is kept (`pending`), so an unverified batch is never checkpointed. A half-generated
-in-flight batch is not kept: a resumed run generates it again (its samples were recorded
-nowhere: samples are recorded when trained).
+A source owns its checkpointable state (`state`): how many batches were drawn and, when it
+holds one, the complete next rollout, kept only once its acknowledgements were verified, so an
+unverified batch is never checkpointed. A half-generated in-flight batch is not kept: a resumed
+run generates it again (samples are recorded when trained).
 """
 
 from __future__ import annotations
@@ -54,7 +52,34 @@ class BatchPlan:
         return collate(order.sample(self.records, min(self.batch_size, len(self.records))))
 
 
-class SyncSource:
+class RolloutSource:
+    """What every source does; the defaults are a source with nothing running between two
+    batches and nothing reused."""
+
+    channel: Any  # the weight channel the trainer writes new versions through
+    batches_drawn: int
+
+    def open(self) -> None:
+        """Start what runs beside the trainer."""
+
+    def close(self) -> None:
+        """Stop it; no generation outlives the run, also on an error."""
+
+    def before_update(self) -> None:
+        """Called before the trainer writes the next version."""
+
+    def settle(self) -> None:
+        """At the end of a run: complete (and verify) what is in progress."""
+
+    def known_proximal(self, rollout: RolloutResult, fresh: bool) -> dict[int, list[float]]:
+        """The trainer's log-probs of a reused rollout at its version (none known)."""
+        return {}
+
+    def keep_proximal(self, rollout: RolloutResult, logprobs: dict[int, list[float]]) -> None:
+        """Keep them for the rollout's next update (nothing is reused)."""
+
+
+class SyncSource(RolloutSource):
     """Batches generated on demand by the trainer's engine."""
 
     def __init__(
@@ -76,12 +101,6 @@ class SyncSource:
             self.runner.keep(self.plan.at(self.batches_drawn - 1), rollout)
             self.proximal = (rollout, {int(k): v for k, v in pending["old_logprobs"].items()})
 
-    def open(self) -> None:
-        """Nothing runs between two batches."""
-
-    def close(self) -> None:
-        """Nothing to stop."""
-
     def next(self, step_index: int, batch: Batch | None = None) -> Produced:
         """The rollout of the next update: a new batch of prompts (or `batch`), or the current
         one's again while it has updates left."""
@@ -92,15 +111,7 @@ class SyncSource:
             self.updates_done = (self.updates_done + 1) % self.config.updates_per_batch
         return produce_rollout(self.runner, batch, batch_seed(self.config.seed, step_index))
 
-    def before_update(self) -> None:
-        """Nothing is being generated."""
-
-    def settle(self) -> None:
-        """Nothing is being generated."""
-
     def known_proximal(self, rollout: RolloutResult, fresh: bool) -> dict[int, list[float]]:
-        """The trainer's log-probs at a reused rollout's version (none for a fresh rollout:
-        they come from its update's own forward)."""
         if fresh or self.proximal is None or self.proximal[0] is not rollout:
             return {}
         return self.proximal[1]
@@ -176,7 +187,7 @@ class BatchCancelled(RuntimeError):
     """A cancel arrived while the trainer waited for a batch."""
 
 
-class PrefetchSource:
+class PrefetchSource(RolloutSource):
     """The next batch produced one ahead by `make_producer(threads)` (module docstring)."""
 
     def __init__(
@@ -191,7 +202,6 @@ class PrefetchSource:
         self.cancelled = cancelled
         self.batches_drawn = state.get("batches_drawn", 0)
         self.producer: Any = None
-        self.channel: Any = None
         self._ready: Produced | None = None  # the next batch's, produced and verified
         pending = state.get("pending")
         if pending is not None and pending.get("prefetched"):  # kept by the checkpoint resumed
@@ -208,7 +218,6 @@ class PrefetchSource:
         torch.set_num_threads(threads)
 
     def close(self) -> None:
-        """No generation outlives the run, also on an error."""
         if self.producer is not None:
             self.producer.close()
         torch.set_num_threads(self._own_threads)
@@ -231,13 +240,6 @@ class PrefetchSource:
         outcome, acks = self.producer.take(self.cancelled if cancellable else lambda: False)
         self.channel.check_acks(acks)
         return outcome
-
-    def known_proximal(self, rollout: RolloutResult, fresh: bool) -> dict[int, list[float]]:
-        """None known: every batch is trained once, fresh."""
-        return {}
-
-    def keep_proximal(self, rollout: RolloutResult, logprobs: dict[int, list[float]]) -> None:
-        """Nothing is reused."""
 
     def before_update(self) -> None:
         """`one_step`: the next batch's generation ends under the version being trained."""

@@ -22,7 +22,6 @@ from transformers import AutoTokenizer
 
 from core_engine.engine import resolve_device
 from core_engine.rl.config import GRPOConfig
-from core_engine.rl.data import longest_prompt
 from core_engine.rl.footprint.estimate import check_room_for, return_large_frees_to_the_os
 from core_engine.rl.objective.loss import group_advantages
 from core_engine.rl.objective.update import (
@@ -37,9 +36,11 @@ from core_engine.rl.rollout.sources import (
     BatchCancelled,
     BatchPlan,
     PrefetchSource,
+    RolloutSource,
     SyncSource,
     ThreadProducer,
 )
+from core_engine.rl.trainer import policy
 from core_engine.rl.trainer.checkpoint import (
     latest_checkpoint,
     load_optimizer_state,
@@ -56,13 +57,6 @@ from core_engine.rl.trainer.metrics import (
     update_metrics,
 )
 from core_engine.rl.trainer.optimizer import build_optimizer
-from core_engine.rl.trainer.policy import (
-    colocated_engine,
-    kl_reference,
-    load_policy,
-    rollout_runner,
-    update_settings,
-)
 from core_engine.rl.trainer.records import StepRecord, StopReason, TrainerHooks, VersionRecord
 from core_engine.rl.trainer.screen import screen_groups
 from core_engine.weight_sync import GateWaitCancelled, LocalChannel, WeightSyncError
@@ -88,7 +82,7 @@ class GRPOTrainer:
         self.version, self.step_index = state["version"], state["step"]
         torch.manual_seed(config.seed + self.version)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model, local_files_only=True)
-        self.max_seq_len = longest_prompt(self.tokenizer, records) + config.max_tokens
+        self.max_seq_len = policy.longest_sequence(config, self.tokenizer, records)
         if self.max_seq_len > config.max_tokens_per_micro_batch:
             raise ValueError(
                 f"max_tokens_per_micro_batch={config.max_tokens_per_micro_batch} cannot hold "
@@ -96,25 +90,27 @@ class GRPOTrainer:
             )
         check_room_for(config, self.device)  # before anything is loaded
         return_large_frees_to_the_os()
-        self.model, self.base_checksum = load_policy(config, resume, self.device)
-        self.reference = kl_reference(config, self.model, self.device)
+        self.model, self.base_checksum = policy.load_policy(config, resume, self.device)
+        self.reference = policy.kl_reference(config, self.model, self.device)
         trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: adapter
         self.optimizer = build_optimizer(
             trainable, config.lr, config.weight_decay, config.optimizer_state_dtype
         )
         if resume:
             load_optimizer_state(self.optimizer, resume)
-        self.engine = colocated_engine(
+        self.engine = policy.colocated_engine(
             config, self.model, self.tokenizer, self.max_seq_len, self.version
         )
-        self.update_settings = update_settings(config, self.engine)
-        self.runner = rollout_runner(config, self.engine, self.tokenizer, lambda: self.version)
+        self.update_settings = policy.update_settings(config, self.engine)
+        self.runner = policy.rollout_runner(
+            config, self.engine, self.tokenizer, lambda: self.version
+        )
         self.plan = BatchPlan(records, config.batch_size, config.seed)
         state["pending"] = read_pending_rollout(resume) if resume else None
         self.source = self._source(state)
         self._consecutive_failures = self._consecutive_filtered = 0
 
-    def _source(self, state: dict[str, Any]) -> SyncSource | PrefetchSource:
+    def _source(self, state: dict[str, Any]) -> RolloutSource:
         """Where batches come from (`rollout.sources`): on demand, or one ahead on a thread
         (the trainer's engine) or, for a full-weight CPU job, a child process."""
         config = self.config
@@ -211,6 +207,7 @@ class GRPOTrainer:
                 float(flat_advantages[i]),
                 old.get(i),
                 token_lags(rollout, i, rollout.policy_version if i in old else self.version),
+                rollout.loss_masks[i] if rollout.loss_masks else None,
             )
             for i in rows
         ]
@@ -247,9 +244,8 @@ class GRPOTrainer:
         return record
 
     def _training_phase(self):
-        """The engine's KV memory is released while the trainer computes (unless configured
-        otherwise, or pipelined: the engine is generating): activations and optimizer state
-        get it."""
+        """The engine's KV memory goes to activations and optimizer state while the trainer
+        computes (unless configured otherwise, or pipelined: the engine is generating)."""
         if self.config.release_kv_during_training and self.config.pipeline == "sync":
             return self.engine.kv_released()
         return contextlib.nullcontext()

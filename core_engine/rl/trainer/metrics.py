@@ -30,7 +30,25 @@ def rollout_metrics(
         "rollout_fresh": float(fresh),
         "tokens_per_s": sum(lengths) / max(generate_s, 1e-9),
         **component_stats(rollout.reward_components),
+        **episode_metrics(rollout),
     }
+
+
+def episode_metrics(rollout: RolloutResult) -> dict[str, float]:
+    """Multi-turn episodes: assistant turns per episode, tool calls per turn, the share of
+    turns whose call could not be parsed, and `episode_finish/<reason>` counts."""
+    if not rollout.segments:
+        return {}
+    turns = [p for parts in rollout.segments for p in parts if p["role"] == "assistant"]
+    count = max(len(turns), 1)
+    metrics = {
+        "turns_per_episode": len(turns) / rollout.num_samples,
+        "tool_calls_per_turn": sum(len(p.get("tool_calls", [])) for p in turns) / count,
+        "tool_error_rate": sum("tool_error" in p for p in turns) / count,
+    }
+    for finish, n in Counter(rollout.episode_finishes).items():
+        metrics[f"episode_finish/{finish}"] = float(n)
+    return metrics
 
 
 def update_metrics(update: UpdateResult, grad_norm: float) -> dict[str, float]:
@@ -55,7 +73,8 @@ def mismatch_metrics(
     gap = [
         abs(a - b)
         for i, lp in zip(rows, trainer_logprobs, strict=True)
-        for a, b in zip(lp, rollout.temp_logprobs[i], strict=True)
+        for a, b, sampled in zip(lp, rollout.temp_logprobs[i], rollout.loss_mask_of(i), strict=True)
+        if sampled
     ]
     return {"mismatch_mean": sum(gap) / len(gap), "mismatch_max": max(gap)} if gap else {}
 
@@ -69,7 +88,14 @@ def lag_metrics(
     rollout: RolloutResult, rows: Sequence[int], trainer_version: int
 ) -> dict[str, float]:
     """The trained tokens' policy lag: mean, max and `policy_lag/<k>` (tokens with lag k)."""
-    counts = Counter(lag for i in rows for lag in token_lags(rollout, i, trainer_version))
+    counts = Counter(
+        lag
+        for i in rows
+        for lag, sampled in zip(
+            token_lags(rollout, i, trainer_version), rollout.loss_mask_of(i), strict=True
+        )
+        if sampled
+    )
     tokens = sum(counts.values())
     if not tokens:
         return {}

@@ -21,6 +21,7 @@ from core_engine.adapters import add_adapter, base_checksum, base_view, read_ada
 from core_engine.engine import load_engine, resolve_dtype
 from core_engine.model import CausalLM, load_model
 from core_engine.rl.config import GRPOConfig
+from core_engine.rl.data import longest_prompt
 from core_engine.rl.data.tasks import default_reward
 from core_engine.rl.objective.loss import Importance
 from core_engine.rl.objective.update import UpdateSettings
@@ -98,6 +99,14 @@ def colocated_engine(
     )
 
 
+def longest_sequence(config: GRPOConfig, tokenizer: Any, records: list[dict[str, str]]) -> int:
+    """The longest sample a job can make (sizes its engine and micro-batches): its longest
+    prompt + `max_tokens`, or an episode's `max_episode_tokens`."""
+    if config.environment is not None:
+        return config.max_episode_tokens
+    return longest_prompt(tokenizer, records) + config.max_tokens
+
+
 def rollout_runner(
     config: GRPOConfig, engine: InferenceScheduler, tokenizer: Any, trainer_version: Callable
 ) -> RolloutRunner:
@@ -108,7 +117,17 @@ def rollout_runner(
         temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens
     )
     in_flight = config.pipeline == "in_flight"
-    generator = RolloutGenerator(engine, params, config.group_size, tokenizer, in_flight)
+    if config.environment is not None:  # multi-turn episodes, scored by their environment
+        from core_engine.rl.episodes.env_sandbox import EnvironmentSession
+        from core_engine.rl.episodes.runner import EpisodeGenerator, EpisodeLimits
+
+        session = EnvironmentSession(config.environment)
+        limits = EpisodeLimits(config.max_turns, config.max_episode_tokens)
+        generator = EpisodeGenerator(
+            engine, params, config.group_size, tokenizer, session, limits, in_flight
+        )
+    else:
+        generator = RolloutGenerator(engine, params, config.group_size, tokenizer, in_flight)
     rewards = RewardMix(config.reward or default_reward(config.task), config.max_tokens)
     reuse = config.updates_per_batch > 1
     return RolloutRunner(generator, rewards, trainer_version, config.max_policy_lag, reuse)
