@@ -205,3 +205,50 @@ def test_a_preempted_sample_is_replayed_from_where_it_resumed(
     else:
         assert result["status"] == "fail"
         assert [s["status"] for s in result["segments"]] == ["pass", "pass", "fail"]
+
+
+def test_an_episode_is_audited_turn_by_turn_over_its_assistant_tokens(
+    repo, settings, tmp_path
+) -> None:
+    """A multi-turn episode our engine ran while versions 1 and 2 landed between its turns:
+    each assistant turn is re-scored under its version from the K/V the engine had at the
+    turn's start; the template's tokens between turns are not re-scored."""
+    from core_engine.engine import load_engine
+    from core_engine.scheduler import EngineConfig
+    from core_engine.weights import canonical_weights
+    from tests.core_engine.test_episodes import CountingEnvironment, run_episodes
+    from workers.records import sample_records
+
+    base, saved = _versions(tmp_path, lora=False)
+    engine = load_engine(saved[0][0], EngineConfig(max_seq_len=256, page_size=4))
+    served = [canonical_weights(load_model(path, torch.float32)) for path, _ in saved]
+
+    def land_next_version():
+        if engine.version < 2:
+            engine.update_weights(served[engine.version + 1], engine.version + 1, "in_flight")
+
+    rollout = run_episodes(engine, CountingEnvironment(on_step=land_next_version), in_flight=True, group=1)
+    job = repo.create_job("train", {"model": str(base), "temperature": 1.0})
+    repo.mark_running(job.id)
+    for version, (path, checksum) in enumerate(saved):
+        parent = version - 1 if version else None
+        repo.record_policy_version(
+            PolicyVersionRecord(job.id, version, parent, str(path), checksum)
+        )
+    [first, *_] = sample_records(rollout, [1.0] * rollout.num_samples)
+    batch = repo.record_batch(BatchRecord(job.id, 2, 0, "accepted", [first]))
+    [stored] = repo.list_samples(SampleFilter(job.id, batch_id=batch.id)).items
+    result = _audit(repo, settings, stored.id)
+    assert result["status"] == "pass", result
+    assert [s["version"] for s in result["segments"]] == [0, 1, 2]
+    logprobs = repo.get_sample(stored.id).temperature_logprobs
+    observation = next(p for p in first.segments if p["role"] == "user")
+    for index, status in ((observation["start"], "pass"), (observation["end"], "fail")):
+        tampered = [v + 0.01 if i == index else v for i, v in enumerate(logprobs)]
+        with repo.engine.begin() as connection:
+            connection.execute(
+                update(Sample)
+                .where(Sample.id == stored.id)
+                .values(temperature_logprobs=encode_float32(tampered))
+            )
+        assert _audit(repo, settings, stored.id)["status"] == status
