@@ -227,7 +227,9 @@ def test_an_episode_is_audited_turn_by_turn_over_its_assistant_tokens(
         if engine.version < 2:
             engine.update_weights(served[engine.version + 1], engine.version + 1, "in_flight")
 
-    rollout = run_episodes(engine, CountingEnvironment(on_step=land_next_version), in_flight=True, group=1)
+    rollout = run_episodes(
+        engine, CountingEnvironment(on_step=land_next_version), in_flight=True, group=1
+    )
     job = repo.create_job("train", {"model": str(base), "temperature": 1.0})
     repo.mark_running(job.id)
     for version, (path, checksum) in enumerate(saved):

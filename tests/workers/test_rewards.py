@@ -88,12 +88,12 @@ def test_a_stuck_reward_rejects_the_batch_as_reward_timeout(
 def test_installed_packages_register_rewards_by_entry_point(monkeypatch, canary):
     from importlib.metadata import EntryPoint
 
-    from core_engine.rl import rewards
+    from core_engine.rl import registry, rewards
 
     installed = {
         rewards.ENTRY_POINT_GROUP: [EntryPoint("canary", "rlwb_canary:fn", "rlwb.rewards")]
     }
-    monkeypatch.setattr(rewards, "entry_points", lambda group: installed.get(group, []))
+    monkeypatch.setattr(registry, "entry_points", lambda group: installed.get(group, []))
     assert rewards.registered_rewards() == {"canary": "rlwb_canary:fn"}
     reward = resolve_reward("canary")
     assert reward(["a"], [""], [""]) == [1.0] and "rlwb_canary" not in sys.modules

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from core_engine.rl.data.files import Columns, load_records
 from core_engine.rl.data.word_problems import word_problem_records
+from core_engine.rl.episodes.environments import guess_number_records
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,12 @@ BUILTIN_TASKS = {
             "multi-step word problems in GSM8K's format, answer the number",
             "math",  # the final answer (`#### N`, boxed, ...), not the first number
             word_problem_records,
+        ),
+        BuiltinTask(
+            "guess_number",
+            "find a number in 1..100 (the guess_number environment's tasks)",
+            "exact_match",  # an environment job is scored by its environment
+            guess_number_records,
         ),
     )
 }

@@ -24,10 +24,10 @@ import math
 import os
 import re
 from collections.abc import Callable, Sequence
-from importlib.metadata import entry_points
 
 import re2
 
+from core_engine.rl.registry import NAME, registered
 from core_engine.rl.rewards.sandbox import RewardError, SandboxedReward
 
 __all__ = ["BUILTIN_REWARDS", "RewardError", "check_reward_spec", "resolve_reward", "score"]
@@ -40,7 +40,6 @@ MATH_TARGET = "core_engine.rl.rewards.math_reward:math_reward"
 DEFAULT_TAGS = ("think", "answer")
 _TAG = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
 DEFAULT_TIMEOUT_S = 60.0
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
@@ -123,7 +122,7 @@ def check_reward_spec(spec: str) -> None:
     if spec.startswith("regex:"):
         _compile(spec.removeprefix("regex:"))
         return
-    if not _NAME.fullmatch(spec):
+    if not NAME.fullmatch(spec):
         raise ValueError(
             f"reward {spec!r} is not allowed: use one of {sorted(BUILTIN_NAMES)}, "
             "'regex:<pattern>' or the name of a reward registered on the worker "
@@ -133,12 +132,7 @@ def check_reward_spec(spec: str) -> None:
 
 def registered_rewards() -> dict[str, str]:
     """name -> ``module:function`` the operator registered (read, never imported, here)."""
-    found = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
-    for item in os.environ.get("RLWB_REWARDS", "").split(","):
-        name, sep, target = (part.strip() for part in item.partition("="))
-        if sep and _NAME.fullmatch(name) and ":" in target:
-            found[name] = target
-    return found
+    return registered(ENTRY_POINT_GROUP, "RLWB_REWARDS")
 
 
 def reward_timeout() -> float:

@@ -1,0 +1,1 @@
+"""Multi-turn episodes: operator-registered environments with tools, run in a sandbox."""
