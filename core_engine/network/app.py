@@ -162,11 +162,20 @@ def create_app(
     async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
         check_model(body)
         limits.check_request(1, body.n, body.stop_strings)
+        tools = [t.model_dump(exclude_none=True) for t in body.tools or ()]
+        limits.check_tools(tools)
+        if body.tool_choice == "none":  # the model is told of no tool and calls none
+            tools = []
         messages = [m.for_template() for m in body.messages]
-        prompt = await chat_prompt_ids(tokenizer, messages, limits, engine.max_seq_len)
+        prompt = await chat_prompt_ids(tokenizer, messages, tools, limits, engine.max_seq_len)
         max_tokens = body.token_limit or max(1, engine.max_seq_len - len(prompt))
         fmt = ChatFormat(
-            tokenizer, model_name, body.n, bool(body.logprobs), bool(body.top_logprobs)
+            tokenizer,
+            model_name,
+            body.n,
+            bool(body.logprobs),
+            bool(body.top_logprobs),
+            tool_names=frozenset(t["function"]["name"] for t in tools),
         )
         params = body.sampling_params(max_tokens)
         return await generate(request, body, [prompt], params, fmt)

@@ -4,6 +4,7 @@ tokenized in a worker thread, never on the event loop (2 MiB of text takes secon
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,16 +28,30 @@ async def completion_prompt_ids(
 
 
 async def chat_prompt_ids(
-    tokenizer: Any, messages: Sequence[Mapping[str, str]], limits: ServerLimits, context: int
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[dict[str, Any]],
+    limits: ServerLimits,
+    context: int,
 ) -> list[int]:
-    """Token ids of the chat template applied to `messages`."""
-    limits.check_prompt_chars(sum(len(m["content"]) for m in messages), context, "messages")
-    return await asyncio.to_thread(_render_and_encode, tokenizer, messages)
+    """Token ids of the chat template applied to `messages`, offering `tools` (if any)."""
+    limits.check_prompt_chars(_template_chars(messages, tools), context, "messages")
+    return await asyncio.to_thread(_render_and_encode, tokenizer, messages, tools)
 
 
-def _render_and_encode(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> list[int]:
+def _template_chars(messages: Sequence[Mapping[str, Any]], tools: Sequence[dict]) -> int:
+    """Characters of what the template renders from the request: message texts, and tool
+    calls and tool definitions as JSON."""
+    structured = [tools, *(m["tool_calls"] for m in messages if "tool_calls" in m)]
+    as_json = len(json.dumps(structured, ensure_ascii=False)) if any(structured) else 0
+    return sum(len(m["content"]) for m in messages) + as_json
+
+
+def _render_and_encode(
+    tokenizer: Any, messages: Sequence[Mapping[str, Any]], tools: Sequence[dict[str, Any]]
+) -> list[int]:
     try:
-        text = render_prompt(tokenizer, messages)
+        text = render_prompt(tokenizer, messages, tools)
     except Exception as exc:  # no template, or the template rejects these messages
         raise APIError(
             400, f"cannot apply the chat template: {exc}", "invalid_messages", "messages"

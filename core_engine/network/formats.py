@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from core_engine.task import GenerationResult
+from core_engine.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, parse_tool_calls
 
 
 def usage(results: Sequence[GenerationResult], prompt_tokens: int, n: int) -> dict[str, Any]:
@@ -60,6 +61,7 @@ class OutputFormat(abc.ABC):
     chunk_object = ""
     id_prefix = ""
     prompt_param = ""  # the request parameter holding the prompt
+    held_from: tuple[str, ...] = ()  # a stream holds its text back from any of these on
 
     def __init__(self, tokenizer: Any, model: str, n: int, logprobs: bool) -> None:
         self.tokenizer = tokenizer
@@ -175,7 +177,14 @@ class CompletionFormat(OutputFormat):
 
 
 class ChatFormat(OutputFormat):
-    """`/v1/chat/completions`: an assistant `message`, and `logprobs.content` entries."""
+    """`/v1/chat/completions`: an assistant `message`, and `logprobs.content` entries.
+
+    With tools offered, the text is parsed for tool calls (`core_engine.tool_calls`): when
+    every call is well formed and names an offered tool, the message carries them as
+    `tool_calls`, the text around them as `content`, and the choice finishes with
+    "tool_calls"; otherwise the whole text is the content. A stream holds its text back from
+    the first tool-call tag on and sends the calls, or that text, with its last chunk.
+    """
 
     object_name = "chat.completion"
     chunk_object = "chat.completion.chunk"
@@ -183,17 +192,27 @@ class ChatFormat(OutputFormat):
     prompt_param = "messages"
 
     def __init__(
-        self, tokenizer: Any, model: str, n: int, logprobs: bool, top_logprobs: bool
+        self,
+        tokenizer: Any,
+        model: str,
+        n: int,
+        logprobs: bool,
+        top_logprobs: bool,
+        tool_names: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__(tokenizer, model, n, logprobs)
         self.top_logprobs = top_logprobs
+        self.tool_names = tool_names
+        if tool_names:
+            self.held_from = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
 
     def choice(self, index: int, result: GenerationResult) -> dict[str, Any]:
+        message, outcome = self._turn(result.text or "", result)
         return {
             "index": index,
-            "message": {"role": "assistant", "content": result.text or ""},
+            "message": {"role": "assistant", **message},
             "logprobs": self._logprobs(self.pairs(result)),
-            **_outcome(result),
+            **outcome,
         }
 
     def role_delta(self, index: int) -> dict[str, Any]:
@@ -212,7 +231,22 @@ class ChatFormat(OutputFormat):
         }
 
     def final_delta(self, index: int, text: str, result: GenerationResult) -> dict[str, Any]:
-        return {"index": index, "delta": {"content": text}, "logprobs": None, **_outcome(result)}
+        delta, outcome = self._turn(text, result)
+        if "tool_calls" in delta:
+            delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(delta["tool_calls"])]
+        return {"index": index, "delta": delta, "logprobs": None, **outcome}
+
+    def _turn(self, text: str, result: GenerationResult) -> tuple[dict[str, Any], dict]:
+        """The message fields of `text` (content, and tool calls if any) and the outcome."""
+        outcome = _outcome(result)
+        if not self.tool_names:
+            return {"content": text}, outcome
+        parsed = parse_tool_calls(text, names=self.tool_names)
+        if not parsed.calls:
+            return {"content": text}, outcome
+        calls = [call.to_json(f"call_{uuid.uuid4().hex[:24]}") for call in parsed.calls]
+        message = {"content": parsed.content or None, "tool_calls": calls}
+        return message, {**outcome, "finish_reason": "tool_calls"}
 
     def _logprobs(self, tokens: Sequence[tuple[int, float]]) -> dict | None:
         if not self.logprobs:

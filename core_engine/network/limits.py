@@ -10,7 +10,10 @@ whole generation concurrency.
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -31,6 +34,8 @@ class ServerLimits:
     # Prose averages about 4 characters per token and code 3 to 6, so only a prompt made
     # mostly of long runs of whitespace or punctuation can be refused although it would fit.
     max_chars_per_token: int = 16
+    max_tools: int = 64  # tools offered in one chat request
+    max_tool_bytes: int = 64 << 10  # one tool's definition as compact JSON
 
     def check_request(self, num_prompts: int, n: int, stop: tuple[str, ...]) -> None:
         """Refuse (400) a request whose shape is over a limit."""
@@ -44,6 +49,15 @@ class ServerLimits:
             _too_many("stop", f"{len(stop)} stop strings; at most {self.max_stop}")
         if any(len(s) > self.max_stop_chars for s in stop):
             _too_many("stop", f"a stop string is over {self.max_stop_chars} characters")
+
+    def check_tools(self, tools: Sequence[Mapping[str, Any]]) -> None:
+        """Refuse (400) more tools, or a larger tool definition, than the limits allow."""
+        if len(tools) > self.max_tools:
+            _too_many("tools", f"{len(tools)} tools; at most {self.max_tools}")
+        for i, tool in enumerate(tools):
+            size = len(json.dumps(tool, ensure_ascii=False, separators=(",", ":")).encode())
+            if size > self.max_tool_bytes:
+                _too_many(f"tools.{i}", f"a {size}-byte tool; at most {self.max_tool_bytes}")
 
     def check_prompt_chars(self, chars: int, context: int, param: str) -> None:
         """Refuse (400) a prompt too long for `context` tokens by its characters alone."""

@@ -7,16 +7,28 @@ completions accept `logprobs` 0 or 1, chat accepts `top_logprobs` 0 or 1, and in
 the single "top" entry is the sampled token (the engine computes no alternatives). The value is
 the model's log-softmax(logits / T) over the full vocabulary, before top-k/top-p truncation
 (T = 1 at temperature 0: the model's own log-prob, never the greedy point mass's 0.0).
+Chat requests may offer `tools` (function tools, `tool_choice` "auto" or "none") and carry
+earlier tool calls (assistant `tool_calls`, their arguments a JSON string holding an object)
+and their results (role "tool" with `tool_call_id`).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from core_engine.task import SamplingParams
+from core_engine.tool_calls import parse_arguments
 
 Prompt = str | list[int]
 StopString = Annotated[str, Field(min_length=1)]
@@ -32,8 +44,6 @@ _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
     "response_format": (None, {"type": "text"}),
@@ -151,6 +161,16 @@ def _is_prompt(value: Any) -> bool:
     )
 
 
+def _arguments_object(value: Any) -> dict[str, Any]:
+    """A tool call's `arguments`, a JSON string holding an object, decoded."""
+    if not isinstance(value, str):
+        raise PydanticCustomError("invalid_value", "arguments must be a JSON string")
+    try:
+        return parse_arguments(value)
+    except ValueError as exc:
+        raise PydanticCustomError("invalid_value", "{reason}", {"reason": str(exc)}) from None
+
+
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -158,18 +178,81 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str
+    arguments: Annotated[dict[str, Any], BeforeValidator(_arguments_object)]
+
+
+class AssistantToolCall(BaseModel):
+    """A tool call of an earlier assistant turn, as the client sends it back."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+    def for_template(self) -> dict[str, Any]:
+        """As Hermes-style templates read it: the arguments as an object."""
+        function = {"name": self.function.name, "arguments": self.function.arguments}
+        return {"id": self.id, "type": "function", "function": function}
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    tool_calls: list[AssistantToolCall] | None = Field(None, min_length=1)
+    tool_call_id: str | None = None
 
-    def for_template(self) -> dict[str, str]:
-        """The message as the chat template sees it (`developer` is the system role)."""
-        text = self.content
+    @model_validator(mode="after")
+    def _fields_of_the_role(self) -> ChatMessage:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise PydanticCustomError("invalid_value", "only assistant messages have tool_calls")
+        if (self.tool_call_id is None) != (self.role != "tool"):
+            raise PydanticCustomError(
+                "invalid_value", "a tool message needs tool_call_id, and only a tool message"
+            )
+        if self.content is None and self.tool_calls is None:
+            raise PydanticCustomError(
+                "invalid_value", "content is needed (it may be null only beside tool_calls)"
+            )
+        return self
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as the chat template sees it (`developer` is the system role; no
+        content is an empty one)."""
+        text = self.content or ""
         if not isinstance(text, str):
             text = "".join(part.text for part in text)
-        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+        message: dict[str, Any] = {
+            "role": "system" if self.role == "developer" else self.role,
+            "content": text,
+        }
+        if self.tool_calls is not None:
+            message["tool_calls"] = [call.for_template() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+class FunctionTool(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema; calls are not checked against it
+    strict: Literal[False] | None = None  # sampling is not constrained to the schema
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["function"]
+    function: FunctionTool
 
 
 class ChatCompletionRequest(GenerationRequest):
@@ -177,15 +260,31 @@ class ChatCompletionRequest(GenerationRequest):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: Any = None
-    tool_choice: Any = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["auto", "none"] | None = None
     functions: Any = None
     function_call: Any = None
     response_format: Any = None
 
-    _chat_no_ops = field_validator(
-        "tools", "tool_choice", "functions", "function_call", "response_format"
-    )(_unsupported)
+    _chat_no_ops = field_validator("functions", "function_call", "response_format")(_unsupported)
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice_supported(cls, value: Any) -> Any:
+        if value not in (None, "auto", "none"):
+            raise PydanticCustomError(
+                "unsupported_parameter",
+                'tool_choice must be "auto" or "none" here: this server cannot force a call',
+            )
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _unique_tool_names(cls, value: list[Tool] | None) -> list[Tool] | None:
+        names = [tool.function.name for tool in value or ()]
+        if len(set(names)) < len(names):
+            raise PydanticCustomError("invalid_value", "tool names must be unique")
+        return value
 
     @field_validator("top_logprobs")
     @classmethod

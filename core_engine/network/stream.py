@@ -84,7 +84,8 @@ class _Renderer:
         for index, event in batch:
             choice = self.choices.get(index)
             if choice is None:
-                choice = self.choices[index] = _Choice(IncrementalText(fmt.tokenizer, ctx.stop))
+                text = IncrementalText(fmt.tokenizer, (*ctx.stop, *fmt.held_from))
+                choice = self.choices[index] = _Choice(text)
             if isinstance(event, TokenEvent):
                 choice.pending.append(event)
                 if choice.version is None and ctx.current_version() == ctx.submitted_version:

