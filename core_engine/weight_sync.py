@@ -75,7 +75,7 @@ class StepGate:
         return getattr(self._held, "depth", 0)
 
     def __enter__(self) -> StepGate:
-        if self._depth() == 0:  # a holder (a writer draining) never waits for itself
+        if self._writers and self._depth() == 0:  # a holder (a drain) never waits for itself
             with self._no_writer:
                 self._no_writer.wait_for(lambda: self._writers == 0)
         self._lock.acquire()

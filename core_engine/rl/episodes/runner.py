@@ -45,7 +45,7 @@ _episode_ids = itertools.count()
 class Episode:
     """One episode's history and record (module docstring); `tokens` follow `prompt_ids`."""
 
-    group: int
+    index: int  # in its batch: its group is index // G, its sampling seeds follow from it
     messages: list[dict[str, Any]]
     prompt_ids: list[int]
     episode_id: int = field(default_factory=lambda: next(_episode_ids))
@@ -152,8 +152,7 @@ class EpisodeGenerator:
         opened = self.session.reset(ids, tasks)
         episodes = []
         for i, (episode_id, result) in enumerate(zip(ids, opened, strict=True)):
-            group = i // self.group_size
-            first = episodes[group * self.group_size] if i % self.group_size else None
+            first = episodes[i - i % self.group_size] if i % self.group_size else None
             messages = result.messages if result.error is None else []
             prompt = (
                 encode_prompt(
@@ -162,10 +161,10 @@ class EpisodeGenerator:
                 if messages
                 else []
             )
-            episode = Episode(group, messages, prompt, episode_id)
+            episode = Episode(i, messages, prompt, episode_id)
             if result.error is not None:
                 episode.end(result.code, TaskError(ErrorCode(result.code), result.error))
-            elif first is not None and first.prompt_ids != prompt:
+            elif first is not None and first.finish is None and first.prompt_ids != prompt:
                 message = "env_error: reset gave the episodes of one task different openings"
                 episode.end("env_error", TaskError(ErrorCode.ENV_ERROR, message))
             episodes.append(episode)
@@ -184,7 +183,7 @@ class EpisodeGenerator:
         if not ready:
             return
         params = [
-            replace(self.params, max_tokens=room, seed=seed + 7919 * e.episode_id + e.turns)
+            replace(self.params, max_tokens=room, seed=seed + 7919 * e.index + e.turns)
             for e, room in ready
         ]
         results = self.engine.run_batch([e.history for e, _ in ready], params)
@@ -251,7 +250,10 @@ class EpisodeGenerator:
         heads = [episodes[i * g] for i in range(len(rows))]
         failed = {"env_error", "env_timeout", "error"}
         return RawRollout(
-            prompts=[render_prompt(self.tokenizer, e.messages, self.session.tools) for e in heads],
+            prompts=[
+                render_prompt(self.tokenizer, e.messages, self.session.tools) if e.messages else ""
+                for e in heads
+            ],
             messages=[e.messages for e in heads],
             references=[row.get("output", "") for row in rows],
             prompt_ids=[e.prompt_ids for e in heads],
@@ -267,7 +269,7 @@ class EpisodeGenerator:
             ],
             errors=[e.error if e.finish in failed else None for e in episodes],
             cached_prompt_tokens=[e.cached_tokens for e in episodes],
-            seeds=[seed + 7919 * e.episode_id for e in episodes],
+            seeds=[seed + 7919 * e.index for e in episodes],
             policy_version=min(versions, default=self.engine.version),
             group_size=g,
             temperature=self.params.temperature,
