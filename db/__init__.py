@@ -5,7 +5,7 @@ upgrade()                       # DATABASE_URL, else ./data/rlwb.db (RLWB_DATA_D
 repo = Repository.from_url()
 """
 
-from db.enums import BatchStatus, FinishReason, JobKind, JobStatus
+from db.enums import BatchStatus, EpisodeFinish, FinishReason, JobKind, JobStatus
 from db.errors import (
     BatchNotFound,
     InvalidTransition,
@@ -38,6 +38,7 @@ from db.records import (
 )
 from db.repository import Repository
 from db.repository.base import MAX_PAGE_SIZE
+from db.repository.episode_filter import EpisodeFilter
 from db.session import data_dir, make_engine, resolve_url
 
 __all__ = [
@@ -47,6 +48,8 @@ __all__ = [
     "BatchNotFound",
     "BatchRecord",
     "BatchStatus",
+    "EpisodeFilter",
+    "EpisodeFinish",
     "FinishReason",
     "InvalidTransition",
     "InvalidValue",

@@ -58,7 +58,7 @@ PLOTS = (
     PlotSpec("batches", "Rollout batches", "batches", ("accepted", "rejected"), smooth=False),
     # a series per reward of the job's list, found in its metrics (`with_components`)
     PlotSpec("reward-components", "Reward components", "mean score", (), smooth=False, sparse=True),
-    # a pipelined job's (or one trained on lagged samples): `PIPELINE_METRICS`
+    # a pipelined job's (or one trained on lagged samples): `EXTRA_METRICS`
     PlotSpec(
         "policy-lag",
         "Policy lag of the trained tokens",
@@ -83,10 +83,20 @@ PLOTS = (
         smooth=False,
         optional=True,
     ),
+    # a job with an environment (multi-turn episodes): `EXTRA_METRICS`
+    PlotSpec(
+        "episodes",
+        "Episodes: turns, tool calls and tool-call errors",
+        "per episode; per turn; rate",
+        ("turns per episode", "tool calls per turn", "tool-error rate"),
+        smooth=False,
+        optional=True,
+    ),
 )
 COMPONENT_PREFIX, COMPONENT_SUFFIX = "reward/", "/mean"
-# The series of the pipeline plots: the trainer's metric (in a version's extra) of each
-PIPELINE_METRICS = {
+# The series of the pipeline and episode plots: the trainer's metric (in a version's extra)
+# of each
+EXTRA_METRICS = {
     "lag mean": "policy_lag_mean",
     "lag max": "policy_lag_max",
     "IS weight mean": "is_weight_mean",
@@ -95,12 +105,15 @@ PIPELINE_METRICS = {
     "generate": "generate_s",
     "train": "train_s",
     "wait": "wait_s",
+    "turns per episode": "turns_per_episode",
+    "tool calls per turn": "tool_calls_per_turn",
+    "tool-error rate": "tool_error_rate",
 }
 
 
-def pipeline_values(extra: dict[str, float]) -> dict[str, float | None]:
-    """A version's pipeline series (`PIPELINE_METRICS`) from its metrics' extra."""
-    return {name: extra.get(key) for name, key in PIPELINE_METRICS.items()}
+def extra_values(extra: dict[str, float]) -> dict[str, float | None]:
+    """A version's pipeline and episode series (`EXTRA_METRICS`) from its metrics' extra."""
+    return {name: extra.get(key) for name, key in EXTRA_METRICS.items()}
 
 
 def components(extra: dict[str, float]) -> dict[str, float]:

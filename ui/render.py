@@ -89,7 +89,8 @@ def token_span(token_id: int, text: str | None, data: str, background: str, titl
     )
 
 
-def _legend() -> str:
+def logprob_legend() -> str:
+    """The log-prob colour scale, least likely to certain."""
     stops = ", ".join(logprob_colour(LOGPROB_FLOOR * (1 - k / 4)) for k in range(5))
     return (
         '<div class="tok-legend" style="font-size:0.85em;margin:4px 0">log-prob '
@@ -145,6 +146,15 @@ def _facts(detail: SampleDetail, weights: dict[str, float] | None = None) -> str
         ("mean log-prob", fmt(mean_logprob)),
         ("cached prompt tokens", detail.cached_prompt_tokens),
         ("seed", "—" if detail.seed is None else detail.seed),
+        *(
+            [
+                ("episode finish", detail.episode_finish or "—"),
+                ("turns", detail.turns),
+                ("tool errors", detail.tool_errors),
+            ]
+            if detail.segments is not None
+            else []
+        ),
     ]
     cells = "".join(
         f'<tr><th style="{CELL_STYLE};text-align:left">{escape(name)}</th>'
@@ -179,7 +189,9 @@ def sample_html(
             texts,
             detail.temperature_logprobs,
         )
-        response = response_block("Response (behaviour log-prob per token)", _legend(), tokens)
+        response = response_block(
+            "Response (behaviour log-prob per token)", logprob_legend(), tokens
+        )
     return (
         f'<div class="sample-detail" data-sample-id="{detail.id}">'
         f"{_facts(detail, weights)}"

@@ -26,7 +26,8 @@ def version_colour(rank: int) -> str:
     return f"hsl({HUES[rank % len(HUES)]}, 70%, 82%)"
 
 
-def _legend(runs: list[list[int]]) -> str:
+def version_legend(runs: list[list[int]]) -> str:
+    """A swatch per version of a sample's tokens, oldest first."""
     swatches = "".join(
         f'<span style="{TOKEN_STYLE};background:{version_colour(rank)}">v{version}</span> '
         for rank, (version, _) in enumerate(runs)
@@ -34,24 +35,26 @@ def _legend(runs: list[list[int]]) -> str:
     return f'<div class="version-legend" style="font-size:0.85em;margin:4px 0">{swatches}</div>'
 
 
-def version_spans(detail: SampleDetail, texts: list[str] | None) -> str:
-    """One ``<span class="tok">`` per response token, coloured by the version that sampled it
-    (hover: token id, version, behaviour log-prob)."""
-    spans, i = [], 0
-    for rank, (version, count) in enumerate(detail.version_runs):
-        for _ in range(count):
-            token_id, logprob = detail.response_token_ids[i], detail.behaviour_logprobs[i]
-            title = f"token id {token_id} · version {version} · log-prob {logprob:.4f}"
-            text = texts[i] if texts is not None else None
-            data = f'data-version="{version}"'
-            spans.append(token_span(token_id, text, data, version_colour(rank), title))
-            i += 1
+def version_spans(
+    detail: SampleDetail, texts: list[str] | None, start: int = 0, end: int | None = None
+) -> str:
+    """One ``<span class="tok">`` per response token from ``start`` to ``end`` (default: all),
+    coloured by the version that sampled it (hover: token id, version, behaviour log-prob)."""
+    ranked = [(r, v) for r, (v, count) in enumerate(detail.version_runs) for _ in range(count)]
+    spans = []
+    for i in range(start, len(ranked) if end is None else end):
+        rank, version = ranked[i]
+        token_id, logprob = detail.response_token_ids[i], detail.behaviour_logprobs[i]
+        title = f"token id {token_id} · version {version} · log-prob {logprob:.4f}"
+        text = texts[i] if texts is not None else None
+        data = f'data-version="{version}"'
+        spans.append(token_span(token_id, text, data, version_colour(rank), title))
     return "".join(spans)
 
 
 def version_response(detail: SampleDetail, texts: list[str] | None) -> str:
     """The response's tokens coloured by version, with the versions' legend."""
-    legend = _legend(detail.version_runs)
+    legend = version_legend(detail.version_runs)
     tokens = version_spans(detail, texts)
     return response_block("Response (policy version per token)", legend, tokens)
 

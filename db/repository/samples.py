@@ -12,6 +12,7 @@ from db.errors import InvalidValue, SampleNotFound
 from db.models import RolloutBatch, Sample
 from db.records import PromptComparison, SampleDetail, SampleFilter, SamplePage, SampleSummary
 from db.repository.base import MAX_PAGE_SIZE, RepositoryBase, check_limit, load_job
+from db.repository.episode_filter import ANY_EPISODE, EpisodeFilter, episode_conditions
 
 RARE_MATCHES = 5000
 TEXT_SEARCH_ROWS = 10_000  # the samples one page of a text search reads, at most
@@ -43,7 +44,10 @@ def _summary(row: Any) -> SampleSummary:
 
 
 def _apply_filter(
-    statement: Select[Any], where: SampleFilter, reward: ColumnElement[float] = Sample.reward
+    statement: Select[Any],
+    where: SampleFilter,
+    reward: ColumnElement[float] = Sample.reward,
+    episode: EpisodeFilter = ANY_EPISODE,
 ) -> Select[Any]:
     if where.batch_id is None:
         conditions = [Sample.job_id == where.job_id]
@@ -75,7 +79,7 @@ def _apply_filter(
     if where.component is not None:
         score = Sample.reward_components[where.component].as_float()  # json_extract / ->>
         conditions.append(score >= where.min_component)
-    return statement.where(*conditions)
+    return statement.where(*conditions, *episode_conditions(episode))
 
 
 def _reward_is_rare(session: Session, where: SampleFilter) -> bool:
@@ -96,12 +100,17 @@ def _reward_is_rare(session: Session, where: SampleFilter) -> bool:
 
 
 def _scan(
-    where: SampleFilter, cursor: str | None, newest_first: bool, reward_index: bool
+    where: SampleFilter,
+    cursor: str | None,
+    newest_first: bool,
+    reward_index: bool,
+    episode: EpisodeFilter,
 ) -> Select[Any]:
-    """The summaries matching ``where`` but its text, after ``cursor``, in page order."""
+    """The summaries matching ``where`` but its text, and ``episode``, after ``cursor``, in
+    page order."""
     key = tuple_(Sample.policy_version, Sample.id)
     reward = Sample.reward if reward_index else Sample.reward + 0
-    statement = _apply_filter(_summaries(), where, reward)
+    statement = _apply_filter(_summaries(), where, reward, episode)
     if cursor is not None:
         after = tuple_(*(literal(part) for part in _parse_cursor(cursor)))
         statement = statement.where(key < after if newest_first else key > after)
@@ -117,12 +126,18 @@ def _in_page_order(
 
 
 def page_statement(
-    where: SampleFilter, cursor: str | None, newest_first: bool, *, reward_index: bool = True
+    where: SampleFilter,
+    cursor: str | None,
+    newest_first: bool,
+    *,
+    reward_index: bool = True,
+    episode: EpisodeFilter = ANY_EPISODE,
 ) -> Select[Any]:
-    """The summaries matching ``where`` after ``cursor``, in page order (without a limit).
-    Without ``reward_index`` the reward filter cannot use an index (see `_reward_is_rare`).
-    The ``text`` filter reads only the next `TEXT_SEARCH_ROWS` samples that match the rest."""
-    statement = _scan(where, cursor, newest_first, reward_index)
+    """The summaries matching ``where`` and ``episode`` after ``cursor``, in page order
+    (without a limit). Without ``reward_index`` the reward filter cannot use an index (see
+    `_reward_is_rare`). The ``text`` filter reads only the next `TEXT_SEARCH_ROWS` samples
+    that match the rest."""
+    statement = _scan(where, cursor, newest_first, reward_index, episode)
     if not where.text:
         return statement
     window = statement.limit(TEXT_SEARCH_ROWS).subquery()  # no plan can read more
@@ -134,11 +149,15 @@ def page_statement(
 
 
 def _last_searched(
-    where: SampleFilter, cursor: str | None, newest_first: bool, reward_index: bool
+    where: SampleFilter,
+    cursor: str | None,
+    newest_first: bool,
+    reward_index: bool,
+    episode: EpisodeFilter,
 ) -> Select[Any]:
     """The keys of the last sample `page_statement` reads for a text search and of the one
     after it: two rows where samples are left unread, fewer where it reads to the end."""
-    statement = _scan(where, cursor, newest_first, reward_index)
+    statement = _scan(where, cursor, newest_first, reward_index, episode)
     columns = statement.with_only_columns(Sample.policy_version, Sample.id)
     return columns.offset(TEXT_SEARCH_ROWS - 1).limit(2)
 
@@ -166,10 +185,12 @@ class SamplesMixin(RepositoryBase):
         cursor: str | None = None,
         limit: int = 50,
         newest_first: bool = False,
+        episode: EpisodeFilter = ANY_EPISODE,
     ) -> SamplePage:
-        """One page of the job's samples matching ``where``, ordered by (policy version,
-        sample id), ascending or, with ``newest_first``, descending. Pass the page's
-        ``next_cursor`` to get the next page; pages never repeat or skip a stored sample.
+        """One page of the job's samples matching ``where`` (and ``episode``, on multi-turn
+        episodes), ordered by (policy version, sample id), ascending or, with
+        ``newest_first``, descending. Pass the page's ``next_cursor`` to get the next page;
+        pages never repeat or skip a stored sample.
 
         A ``text`` search reads at most `TEXT_SEARCH_ROWS` samples per page: where they do
         not fill the page, it says so (``searched``) and the next page searches on."""
@@ -181,10 +202,12 @@ class SamplesMixin(RepositoryBase):
         with self._read() as session:
             load_job(session, where.job_id)
             reward_index = probe and _reward_is_rare(session, where)
-            statement = page_statement(where, cursor, newest_first, reward_index=reward_index)
+            statement = page_statement(
+                where, cursor, newest_first, reward_index=reward_index, episode=episode
+            )
             rows = session.execute(statement.limit(limit + 1)).all()
             if where.text and len(rows) <= limit:
-                last = _last_searched(where, cursor, newest_first, reward_index)
+                last = _last_searched(where, cursor, newest_first, reward_index, episode)
                 last_read = session.execute(last).all()
                 if len(last_read) == 2:  # samples are left unread
                     resume_at = last_read[0]

@@ -18,6 +18,7 @@ API_NAMES = {
     "launch_source",
     "launch_lora_shown",
     "launch_lora",
+    "launch_environment",
     "launch_rescan",
     "launch_upload",
     "jobs",

@@ -21,7 +21,7 @@ from ui.plots import (
     COMPONENT_PREFIX,
     PLOTS,
     components,
-    pipeline_values,
+    extra_values,
     plot_frame,
     with_components,
 )
@@ -119,7 +119,7 @@ def _version_values(m: VersionMetrics) -> dict[str, float | int | None]:
         "accepted": m.num_accepted_batches,
         "rejected": m.num_rejected_batches,
         **{COMPONENT_PREFIX + name: value for name, value in components(extra).items()},
-        **pipeline_values(extra),
+        **extra_values(extra),
     }
 
 

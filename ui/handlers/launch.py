@@ -17,6 +17,7 @@ from workers import api
 TASK_SOURCE = "built-in task"
 JSONL_SOURCE = "data file"  # JSONL, JSON, CSV or Parquet
 OUTPUT_DIR_PLACEHOLDER = "(chosen by the worker)"
+SINGLE_TURN = ""  # the Environment choice of none: one response per prompt, scored by a reward
 # The form's fields, in `train_config`'s order (also what "Clone job" fills in).
 FORM_FIELDS = (
     "model",
@@ -47,6 +48,9 @@ FORM_FIELDS = (
     "lora_dropout",
     "lora_target_modules",
     "lora_modules_to_save",
+    "environment",
+    "max_turns",
+    "max_episode_tokens",
     *DATA_FIELDS,
     *REWARD_FIELDS,
 )
@@ -80,6 +84,13 @@ def task_choices() -> list[tuple[str, str]]:
 
 def reward_choices() -> list[str]:
     return [TASK_DEFAULT_REWARD, *api.REWARDS]
+
+
+def environment_choices() -> list[tuple[str, str]]:
+    """(label, value): single-turn, then every environment registered for multi-turn
+    episodes."""
+    names = sorted(api.registered_environments())
+    return [("none: single-turn", SINGLE_TURN), *((name, name) for name in names)]
 
 
 def upload_dataset(
@@ -205,18 +216,29 @@ def train_config(
     lora_dropout: float | str | None = None,
     lora_target_modules: list[str] | None = None,
     lora_modules_to_save: list[str] | None = None,
+    environment: str | None = SINGLE_TURN,
+    max_turns: float | str | None = None,
+    max_episode_tokens: float | str | None = None,
     **more: Any,
 ) -> dict[str, Any]:
     """The training job's config from the form, or `InvalidLaunch` with every problem. The
     held-out settings apply to a built-in task (empty: the worker's defaults), or to a data
-    file with a held-out fraction (`data_settings`); the LoRA settings when LoRA is on;
-    `more`: the `DATA_FIELDS` and the `REWARD_FIELDS` (more rewards, weights)."""
+    file with a held-out fraction (`data_settings`); the LoRA settings when LoRA is on; an
+    environment's episode limits when one is chosen, and then no reward (the environment
+    scores); `more`: the `DATA_FIELDS` and the `REWARD_FIELDS` (more rewards, weights)."""
     problems: list[str] = []
     _check_model(services, model, problems)
     config: dict[str, Any] = {"model": model}
     columns = _columns(more.get("prompt_column"), more.get("answer_column"))
     config.update(_check_data(services, source, task, data, columns, problems))
-    config["reward"] = reward_config(reward, more, problems, max_tokens)
+    if environment:
+        config["environment"] = environment
+        try:  # here, not with the other checks: its message is one problem, not a list
+            api.check_environment(config)
+        except api.SpecError as exc:
+            problems.append(str(exc))
+    else:
+        config["reward"] = reward_config(reward, more, problems, max_tokens)
     numbers = {
         "steps": steps,
         "batch_size": batch_size,
@@ -231,6 +253,8 @@ def train_config(
         "clip_eps": clip_eps,
         "kl_coef": kl_coef,
     }
+    if environment:
+        numbers |= {"max_turns": max_turns, "max_episode_tokens": max_episode_tokens}
     if source == TASK_SOURCE:
         heldout = {"heldout_every": heldout_every, "heldout_prompts": heldout_prompts}
         numbers |= {name: value for name, value in heldout.items() if value not in (None, "")}
@@ -278,6 +302,8 @@ def launch_job(services: Services, **form: Any) -> str:
         return f"**Nothing was enqueued:** {inert(exc)}"
     source = config.get("task") or config.get("data")
     what = f"train {inert(config['model'])} on {inert(source)}"
+    if "environment" in config:
+        what += f" in environment {inert(config['environment'])}"
     message = f"Job **#{job.id}** is {job.status.value}: {what}. Numbers used: "
     message += inert(numbers_used(config)) + "."
     if lag != form.get("max_policy_lag"):

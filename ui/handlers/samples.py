@@ -12,6 +12,8 @@ from db import (
     BatchInfo,
     BatchNotFound,
     BatchStatus,
+    EpisodeFilter,
+    EpisodeFinish,
     FinishReason,
     InvalidValue,
     JobInfo,
@@ -21,6 +23,7 @@ from db import (
     SampleSummary,
 )
 from ui.diagnostics import DEFAULT_CLIP_EPS, diagnostics_html
+from ui.episodes import episode_html
 from ui.handlers.common import parse_id, parse_number
 from ui.handlers.jobs import batches_table, latest_batches
 from ui.handlers.reward_form import reward_weights
@@ -33,6 +36,7 @@ PAGE_SIZE = 50
 ANY = "any"
 FINISH_CHOICES = [ANY, *(reason.value for reason in FinishReason)]
 STATUS_CHOICES = [ANY, *(status.value for status in BatchStatus)]
+EPISODE_FINISH_CHOICES = [ANY, *(finish.value for finish in EpisodeFinish)]
 SNIPPET = 80
 SAMPLE_COLUMNS = [
     "sample",
@@ -128,6 +132,18 @@ def sample_filter(
     )
 
 
+def episode_filter(
+    episode_finish: str | None, min_turns: float | str | None, with_tool_errors: bool
+) -> EpisodeFilter:
+    """The repository's episode filter for the form (empty fields: any sample, single turns
+    included); `InvalidValue` for an unreadable minimum."""
+    return EpisodeFilter(
+        episode_finish=None if episode_finish in (None, "", ANY) else episode_finish,
+        min_turns=parse_id(min_turns, "min turns"),
+        with_tool_errors=bool(with_tool_errors),
+    )
+
+
 def _render(services: Services, state: dict[str, Any]) -> Page:
     """The page ``state`` points at, with an info line; remembers the next page's cursor."""
     start = time.perf_counter()
@@ -136,6 +152,7 @@ def _render(services: Services, state: dict[str, Any]) -> Page:
         cursor=state["cursors"][state["index"]],
         limit=PAGE_SIZE,
         newest_first=state["newest_first"],
+        episode=EpisodeFilter(**state["episode"]),
     )
     cursors = state["cursors"][: state["index"] + 1]
     if page.next_cursor is not None:
@@ -180,8 +197,12 @@ def search_samples(
     min_logprob_gap: float | str | None = None,
     component: str | None = None,
     min_component: float | str | None = None,
+    episode_finish: str | None = ANY,
+    min_turns: float | str | None = None,
+    with_tool_errors: bool = False,
 ) -> Page:
-    """The first page of the job's samples matching the filters (a keyset page of 50)."""
+    """The first page of the job's samples matching the filters (a keyset page of 50), those
+    on multi-turn episodes (`episode_filter`) included."""
     try:
         where = sample_filter(
             job_id,
@@ -197,8 +218,10 @@ def search_samples(
             component,
             min_component,
         )
+        episode = episode_filter(episode_finish, min_turns, with_tool_errors)
         state = {
             "filter": asdict(where),
+            "episode": asdict(episode),
             "newest_first": bool(newest_first),
             "cursors": [None],
             "index": 0,
@@ -241,6 +264,7 @@ def batch_samples(services: Services, job_id: float | str | None, batch_id: floa
             return _failed(f"job {job} has no batch {chosen}")
         state = {
             "filter": asdict(SampleFilter(job, batch_id=batch.id)),
+            "episode": asdict(EpisodeFilter()),
             "newest_first": False,
             "cursors": [None],
             "index": 0,
@@ -271,7 +295,8 @@ def sample_detail(
     """One sample in full, as HTML: prompt messages, reference, coloured response tokens
     (hover: token id and log-probs), reward, advantage, finish/error, version, cache, the
     versions of its tokens (the response coloured by version instead of log-prob when
-    ``colour_by`` is `VERSION`), and per-token training diagnostics of a trained sample."""
+    ``colour_by`` is `VERSION`), and per-token training diagnostics of a trained sample. An
+    episode's response is its conversation (`episode_html`)."""
     try:
         chosen = parse_id(sample_id, "sample")
         if chosen is None:
@@ -283,7 +308,11 @@ def sample_detail(
     texts = token_texts(detail.response_token_ids, _checkpoints(services, job, detail))
     clip_eps = job.config.get("clip_eps", DEFAULT_CLIP_EPS)
     weights = reward_weights(job.config.get("reward"))
-    response = version_response(detail, texts) if colour_by == VERSION else None
+    response = None
+    if detail.segments is not None:
+        response = episode_html(detail, texts, colour_by)
+    elif colour_by == VERSION:
+        response = version_response(detail, texts)
     return (
         sample_html(detail, texts, weights, response)
         + versions_html(detail, colour_by)

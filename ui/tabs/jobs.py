@@ -29,7 +29,7 @@ PLOT_ROWS = (
     ("mismatch", "batches"),
     ("reward-components",),
     ("policy-lag", "importance"),
-    ("pipeline-time",),
+    ("pipeline-time", "episodes"),
 )
 # job, kind, status, progress (a phase or an ETA is long), version, reward, tokens/s, created:
 # long cells wrap within these, so the table fits the page

@@ -8,9 +8,11 @@ import gradio as gr
 from ui.handlers.launch import (
     FORM_FIELDS,
     JSONL_SOURCE,
+    SINGLE_TURN,
     TASK_DEFAULT_REWARD,
     TASK_SOURCE,
     dataset_choices,
+    environment_choices,
     launch_job,
     lr_for_mode,
     model_choices,
@@ -30,6 +32,16 @@ def _show_source(source: str) -> tuple[dict, dict]:
 
 def _show_lora(lora: bool) -> dict:
     return gr.update(visible=lora)
+
+
+def _show_environment(environment: str | None) -> tuple[dict, dict, dict]:
+    """An environment's episode limits shown, the rewards hidden (it scores), or the reverse."""
+    chosen = bool(environment)
+    return (
+        gr.update(visible=chosen),
+        gr.update(visible=not chosen),
+        gr.update(visible=not chosen),
+    )
 
 
 def _number(value: float | None, label: str, **options: Any) -> gr.Textbox:
@@ -128,8 +140,27 @@ def build(services: Services) -> dict[str, gr.components.Component]:
             elem_id="launch-reward",
             scale=1,
         )
-    with gr.Accordion("More rewards (weighted sum)", open=False, elem_id="launch-more-rewards"):
+    with gr.Accordion(
+        "More rewards (weighted sum)", open=False, elem_id="launch-more-rewards"
+    ) as more_rewards:
         more = _more_rewards()
+    with gr.Row():
+        environment = gr.Dropdown(
+            environment_choices(),
+            value=SINGLE_TURN,
+            label="Environment",
+            info="multi-turn episodes against an operator-registered environment, which "
+            "scores them (no reward)",
+            elem_id="launch-environment",
+        )
+        with gr.Group(visible=False) as episode_group, gr.Row():
+            max_turns = _number(d["max_turns"], label="Max turns", elem_id="launch-max-turns")
+            max_episode_tokens = _number(
+                d["max_episode_tokens"],
+                label="Max episode tokens",
+                info="prompt, turns and observations; max tokens is then per turn",
+                elem_id="launch-max-episode-tokens",
+            )
     upload_message = gr.Markdown()
     with gr.Row():
         steps = _number(d["steps"], label="Steps", elem_id="launch-steps")
@@ -218,6 +249,7 @@ def build(services: Services) -> dict[str, gr.components.Component]:
     fields += (top_p, max_tokens, max_policy_lag, kv_strategy, clip_eps, kl_coef, seed)
     fields += (updates_per_batch, pipeline, heldout_every, heldout_prompts, report_to, lora)
     fields += (lora_rank, lora_alpha, lora_dropout, lora_target_modules, lora_modules_to_save)
+    fields += (environment, max_turns, max_episode_tokens)
     fields += (prompt_column, answer_column, system_prompt, heldout_fraction, heldout_k, *more)
     form = dict(zip(FORM_FIELDS, fields, strict=True))
     launch.click(
@@ -225,6 +257,12 @@ def build(services: Services) -> dict[str, gr.components.Component]:
     )
     source.change(_show_source, source, [task_group, data_group], api_name="launch_source")
     lora.change(_show_lora, lora, lora_group, api_name="launch_lora_shown")  # also on Clone
+    environment.change(
+        _show_environment,
+        environment,
+        [episode_group, reward, more_rewards],
+        api_name="launch_environment",
+    )  # also on Clone
     # the user's switch alone moves the learning rate (Clone fills in the job's own)
     lora.input(lr_for_mode, [lora, lr], lr, api_name="launch_lora")
     rescan.click(partial(_rescan, services), None, [model, data], api_name="launch_rescan")

@@ -9,6 +9,7 @@ from ui.handlers.audit import audit_view
 from ui.handlers.jobs import batches_table
 from ui.handlers.samples import (
     ANY,
+    EPISODE_FINISH_CHOICES,
     FINISH_CHOICES,
     STATUS_CHOICES,
     batch_samples,
@@ -60,6 +61,25 @@ def build(services: Services, tab: gr.Tab) -> None:
             label="Component ≥", placeholder="any", elem_id="samples-min-component"
         )
         newest_first = gr.Checkbox(label="Newest first")
+    with gr.Row():  # multi-turn episodes (a job with an environment); single turns match "any"
+        episode_finish = gr.Dropdown(
+            EPISODE_FINISH_CHOICES,
+            value=ANY,
+            label="Episode finish",
+            info="how a multi-turn episode ended",
+            elem_id="samples-episode-finish",
+        )
+        min_turns = gr.Textbox(
+            label="Min turns",
+            placeholder="any",
+            info="episodes of at least this many assistant turns",
+            elem_id="samples-min-turns",
+        )
+        with_tool_errors = gr.Checkbox(
+            label="With tool errors",
+            info="episodes with a turn whose tool call could not be parsed",
+            elem_id="samples-tool-errors",
+        )
     with gr.Row():
         search = gr.Button("Search", variant="primary", elem_id="samples-search")
         previous = gr.Button("◀ Previous", elem_id="samples-previous")
@@ -114,6 +134,9 @@ def build(services: Services, tab: gr.Tab) -> None:
         min_gap,
         component,
         min_component,
+        episode_finish,
+        min_turns,
+        with_tool_errors,
     ]
     page = [table, page_state, info]
     show_detail = partial(open_sample, services)

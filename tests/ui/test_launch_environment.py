@@ -1,0 +1,117 @@
+"""Launch: the Environment choice (none: single-turn, else a registered environment) with its
+episode limits; an environment job sends no reward, an unregistered name is refused by the
+registry's message, and Clone fills the choice back."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.ui.test_launch import form
+from ui.app import build_app
+from ui.handlers.clone import clone_form
+from ui.handlers.launch import SINGLE_TURN, environment_choices, launch_job
+from ui.render import inert
+from ui.tabs.launch import _show_environment
+
+
+def _submitted(world) -> dict:
+    [(kind, config)] = world["queue"].submitted
+    assert kind == "train"
+    return config
+
+
+def test_the_choices_are_single_turn_then_the_registered_environments(services, monkeypatch):
+    monkeypatch.delenv("RLWB_ENVIRONMENTS", raising=False)
+    assert environment_choices() == [
+        ("none: single-turn", SINGLE_TURN),
+        ("calculator", "calculator"),
+        ("guess_number", "guess_number"),
+    ]
+    monkeypatch.setenv("RLWB_ENVIRONMENTS", "mine=my_envs:Factory")  # read, never imported
+    assert ("mine", "mine") in environment_choices()
+    demo = build_app(services)
+    [dropdown] = [b for b in demo.blocks.values() if b.elem_id == "launch-environment"]
+    assert dropdown.value == SINGLE_TURN and ("mine", "mine") in dropdown.choices
+
+
+def test_an_environment_job_sends_its_limits_and_no_reward(services, world):
+    change = {"environment": "calculator", "max_turns": "3", "max_episode_tokens": "96"}
+    message = launch_job(services, **form(reward="regex:7.*", reward_2="length", **change))
+    assert "is queued: train demo on always7 in environment calculator" in message
+    config = _submitted(world)
+    assert config["environment"] == "calculator" and "reward" not in config
+    assert (config["max_turns"], config["max_episode_tokens"]) == (3, 96)
+    assert inert("max_turns 3, max_episode_tokens 96") in message  # the numbers as read
+
+
+def test_a_single_turn_job_sends_no_environment_nor_its_limits(services, world):
+    launch_job(services, **form(environment=SINGLE_TURN, max_turns="x", reward="regex:7.*"))
+    config = _submitted(world)
+    assert config["reward"] == "regex:7.*"
+    assert not {"environment", "max_turns", "max_episode_tokens"} & set(config)
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (
+            {"environment": "chess"},
+            "unknown environment 'chess': not registered on this worker (registered: "
+            "calculator, guess_number; operators add theirs with RLWB_ENVIRONMENTS",
+        ),
+        ({"environment": "calculator", "max_turns": "0"}, "max_turns must be >= 1"),
+        ({"environment": "calculator", "max_turns": "2.5"}, "max_turns: a whole number"),
+        (
+            {"environment": "calculator", "max_episode_tokens": "3"},
+            "max_tokens (per turn) must be below max_episode_tokens",
+        ),
+    ],
+)
+def test_an_unusable_environment_is_refused_by_name(services, world, monkeypatch, change, problem):
+    monkeypatch.delenv("RLWB_ENVIRONMENTS", raising=False)
+    defaults = {"max_turns": 4, "max_episode_tokens": 512}
+    message = launch_job(services, **form(**{**defaults, **change}))
+    assert message.startswith("**Nothing was enqueued.**") and inert(problem) in message
+    assert world["queue"].submitted == []
+
+
+def test_clone_fills_back_the_environment_and_its_limits(services, world):
+    change = {"environment": "guess_number", "max_turns": 6, "max_episode_tokens": 200}
+    launch_job(services, **form(**change))
+    launched = services.repository.list_jobs(limit=1)[0]
+    values, _ = clone_form(services, launched.id)
+    assert (values["environment"], values["max_turns"], values["max_episode_tokens"]) == (
+        "guess_number",
+        6,
+        200,
+    )
+    world["queue"].submitted.clear()
+    launch_job(services, **form())
+    values, _ = clone_form(services, services.repository.list_jobs(limit=1)[0].id)
+    assert values["environment"] == SINGLE_TURN and values["max_turns"] == 4  # the default
+
+
+def test_choosing_an_environment_shows_its_limits_and_hides_the_rewards():
+    limits, reward, more = _show_environment("calculator")
+    assert (limits["visible"], reward["visible"], more["visible"]) == (True, False, False)
+    limits, reward, more = _show_environment(SINGLE_TURN)
+    assert (limits["visible"], reward["visible"], more["visible"]) == (False, True, True)
+
+
+def test_offering_and_checking_environments_imports_no_torch():
+    """The registry is read, never imported, in the UI process: listing the environments and
+    checking an environment job leave torch out of it."""
+    code = (
+        "import sys, ui.app\n"
+        "from ui.handlers.launch import environment_choices\n"
+        "from workers import api\n"
+        "assert ('calculator', 'calculator') in environment_choices()\n"
+        "api.validate_job('train', {'model': 'demo', 'task': 'always7', "
+        "'environment': 'calculator', 'output_dir': 'unused'})\n"
+        "print('torch' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert result.stdout.strip() == "False"
