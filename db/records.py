@@ -261,6 +261,19 @@ class SampleDetail:
     tool_errors: int | None = None
 
     @property
+    def sampled_tokens(self) -> list[bool]:
+        """Which response tokens the policy sampled: all of a single turn; an episode's
+        assistant turns (its observations are the chat template's tokens: never trained,
+        nothing to re-score)."""
+        if not self.segments:
+            return [True] * len(self.response_token_ids)
+        sampled = [False] * len(self.response_token_ids)
+        for part in self.segments:
+            if part["role"] == "assistant":
+                sampled[part["start"] : part["end"]] = [True] * (part["end"] - part["start"])
+        return sampled
+
+    @property
     def version_runs(self) -> list[list[int]]:
         """``[[version, count], ...]`` of the response's tokens (one run, or none for an
         empty response, when they are all of ``policy_version``)."""

@@ -119,11 +119,10 @@ def components_text(components: dict[str, float] | None, weights: dict[str, floa
 
 
 def _facts(detail: SampleDetail, weights: dict[str, float] | None = None) -> str:
-    mean_logprob = (
-        sum(detail.behaviour_logprobs) / len(detail.behaviour_logprobs)
-        if detail.behaviour_logprobs
-        else None
-    )
+    sampled = [
+        lp for lp, s in zip(detail.behaviour_logprobs, detail.sampled_tokens, strict=True) if s
+    ]
+    mean_logprob = sum(sampled) / len(sampled) if sampled else None  # an episode's turns only
     error = detail.error_code or "—"
     if detail.error_message:
         error += f": {detail.error_message}"

@@ -113,7 +113,7 @@ def _teacher_forced(
         scores = score_response(repo, settings, detail, parts[0].version, temperature)
     except (*_UNCHECKABLE, EngineMemoryError) as exc:
         return _unchecked(parts, exc)
-    return [_scored(parts[0], stored_logprobs(detail), scores, sampled_tokens(detail))]
+    return [_scored(parts[0], stored_logprobs(detail), scores, detail.sampled_tokens)]
 
 
 def _replayed(
@@ -134,7 +134,7 @@ def _replayed(
         response = detail.response_token_ids
         for scores in replay_logprobs(prompt, response, parts, model_of, temperature):
             part = parts[len(checked)]
-            checked.append(_scored(part, stored, scores, sampled_tokens(detail)))
+            checked.append(_scored(part, stored, scores, detail.sampled_tokens))
     except _UNCHECKABLE as exc:
         checked += _unchecked(parts[len(checked) :], exc)
     return checked
@@ -165,18 +165,6 @@ def _segment(part: Segment, status: str, diff: float | None = None) -> dict[str,
         "max_abs_diff": diff,
         "status": status,
     }
-
-
-def sampled_tokens(detail: SampleDetail) -> list[bool]:
-    """Which response tokens the policy sampled: all of a single turn; an episode's assistant
-    turns (its observations are the template's tokens: nothing to re-score)."""
-    if not detail.segments:
-        return [True] * len(detail.response_token_ids)
-    sampled = [False] * len(detail.response_token_ids)
-    for part in detail.segments:
-        if part["role"] == "assistant":
-            sampled[part["start"] : part["end"]] = [True] * (part["end"] - part["start"])
-    return sampled
 
 
 def _scored(
