@@ -12,6 +12,7 @@ from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data.files import Columns, split_heldout
 from core_engine.rl.data.tasks import default_reward, prompt_records
 from core_engine.rl.demo_policy import HELDOUT_SEED  # problems its warm-up never trains on
+from core_engine.rl.episodes.runner import EpisodeLimits
 from core_engine.rl.rewards import resolve_reward
 from core_engine.rl.rewards.mix import RewardMix, RewardSpec
 from core_engine.rl.trainer.evaluate import EvalResult, evaluate
@@ -125,17 +126,19 @@ class HeldoutEval:
         reward: RewardSpec,
         settings: HeldoutSettings,
         params: SamplingParams,
+        episodes: tuple[Any, EpisodeLimits] | None = None,
     ) -> None:
         self.records = [dict(r) for r in records[: settings.prompts]]
         self.reward = reward
         self.mix = RewardMix(reward, params.max_tokens)
         self.settings = settings
         self.params = params
+        self.episodes = episodes  # an environment job's: (its session, the episode limits)
 
     def greedy(self, engine: Any) -> EvalResult:
         """The engine's greedy answers (its current, acknowledged weights), scored."""
         greedy = SamplingParams(temperature=0, max_tokens=self.params.max_tokens)
-        return evaluate(engine, self.records, self.mix, greedy)
+        return evaluate(engine, self.records, self.mix, greedy, episodes=self.episodes)
 
     def accuracy(self, engine: Any) -> float:
         """Mean (total) reward of the engine's greedy answers."""
@@ -149,7 +152,9 @@ class HeldoutEval:
             found[HELDOUT_COMPONENT_PREFIX + name] = sum(values) / max(len(values), 1)
         if self.settings.k:
             records = self.records * self.settings.k
-            sampled = evaluate(engine, records, self.mix, self.params, HELDOUT_SEED)
+            sampled = evaluate(
+                engine, records, self.mix, self.params, HELDOUT_SEED, episodes=self.episodes
+            )
             found[HELDOUT_MEAN_AT_K_METRIC] = sampled.mean_reward
         return found
 
@@ -176,4 +181,10 @@ def heldout_eval(
         temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens
     )
     reward = config.reward or default_reward(config.task)
-    return records, HeldoutEval(heldout, reward, settings, params)
+    episodes = None
+    if config.environment is not None:  # scored by greedy episodes in the job's environment
+        from core_engine.rl.episodes.env_sandbox import EnvironmentSession
+
+        limits = EpisodeLimits(config.max_turns, config.max_episode_tokens)
+        episodes = (EnvironmentSession(config.environment), limits)
+    return records, HeldoutEval(heldout, reward, settings, params, episodes)

@@ -152,6 +152,12 @@ class GRPOConfig:
         if problems:
             raise ValueError("invalid training config: " + "; ".join(problems))
 
+    @property
+    def tokens_per_sample(self) -> int:
+        """The most response tokens one sample can hold: `max_tokens`, or an episode's
+        `max_episode_tokens` (its turns and observations)."""
+        return self.max_episode_tokens if self.environment is not None else self.max_tokens
+
     def generates_in_process(self, device_type: str) -> bool:
         """A pipelined full-weight job on a CPU generates in a child process over the shared
         weights (`core_engine.rl.rollout.process`), with its own KV pool."""

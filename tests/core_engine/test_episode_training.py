@@ -106,3 +106,25 @@ def test_a_hanging_environment_rejects_its_batch_and_the_trainer_goes_on(checkpo
     fine = trainer.step({"instruction": [""], "input": ["2+3"], "output": ["7"]})
     assert fine.version is not None and trainer.version == 1
     assert trainer.engine.is_idle()
+
+
+def test_held_out_evaluation_of_an_environment_job_runs_greedy_episodes(checkpoint, tmp_path):
+    """An environment job's held-out score is its environment's reward over greedy episodes
+    (one per record), not a single-turn reward of the first reply."""
+    from core_engine.rl.episodes.env_sandbox import EnvironmentSession
+    from core_engine.rl.episodes.runner import EpisodeLimits
+    from core_engine.rl.trainer.evaluate import evaluate
+    from core_engine.task import SamplingParams
+
+    trainer = make_trainer(checkpoint, tmp_path, **EPISODES)
+    records = [{"instruction": "", "input": f"{n}?", "output": "7"} for n in range(3)]
+    with EnvironmentSession(NAME) as session:
+        episodes = (session, EpisodeLimits(3, 96))
+        result = evaluate(
+            trainer.engine, records, None, SamplingParams(temperature=0, max_tokens=8), 0, episodes
+        )
+    assert len(result.rewards) == 3 and result.rollout.segments
+    for reward, parts in zip(result.rewards, result.rollout.segments, strict=True):
+        assert sum(p["role"] == "assistant" for p in parts) == 3
+        assert reward == sum(p.get("reward") or 0.0 for p in parts)
+    assert result.mean_reward == sum(result.rewards) / 3

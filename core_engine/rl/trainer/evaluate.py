@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from core_engine.rl.data import collate
+from core_engine.rl.episodes.runner import EpisodeGenerator, EpisodeLimits
 from core_engine.rl.rewards import RewardFn
 from core_engine.rl.rewards.mix import RewardMix, score_rewards
 from core_engine.rl.rollout import RawRollout, RolloutGenerator
@@ -28,12 +30,23 @@ def evaluate(
     reward_fn: RewardMix | RewardFn,
     params: SamplingParams | None = None,
     seed: int = 0,
+    episodes: tuple[Any, EpisodeLimits] | None = None,
 ) -> EvalResult:
     """Greedy (by default) generation on every record, scored by `reward_fn`: a reward
-    function, or a job's `RewardMix` (the weighted total, and each component of a list)."""
+    function, or a job's `RewardMix` (the weighted total, and each component of a list). With
+    `episodes` (an environment session and the episodes' limits), one episode per record,
+    scored by its environment."""
     params = params or SamplingParams(temperature=0, max_tokens=32)
-    raw = RolloutGenerator(engine, params, group_size=1).generate(collate(records), seed)
-    lengths = [len(ids) for ids in raw.response_ids]
-    rewards, parts = score_rewards(reward_fn, raw.completions, raw.references, raw.prompts, lengths)
+    if episodes is not None:
+        session, limits = episodes
+        generator = EpisodeGenerator(engine, params, 1, engine.tokenizer, session, limits)
+        raw = generator.generate(collate(records), seed)
+        rewards, parts = list(raw.episode_rewards), {}
+    else:
+        raw = RolloutGenerator(engine, params, group_size=1).generate(collate(records), seed)
+        lengths = [len(ids) for ids in raw.response_ids]
+        rewards, parts = score_rewards(
+            reward_fn, raw.completions, raw.references, raw.prompts, lengths
+        )
     mean = sum(rewards) / len(rewards) if rewards else 0.0
     return EvalResult(raw.policy_version, mean, rewards, raw, parts)
