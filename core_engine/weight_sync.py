@@ -36,9 +36,7 @@ import torch
 from core_engine.weights import published_weights, update_digest, weights_checksum
 
 GATE_POLL_S = 0.2  # how often a waiting side re-checks its peer and a cancel
-GATE_TIMEOUT_S = 120.0  # a peer holding the gate longer than this is hung: no step is that long
-
-
+GATE_TIMEOUT_S = 600.0  # a live peer holding the gate longer is hung (a CPU prefill is shorter)
 DIGESTS_KEPT = 4  # acknowledgements name the last version or two
 
 
