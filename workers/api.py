@@ -21,8 +21,9 @@ from core_engine.lora_settings import (
 )
 from core_engine.rl.config import PIPELINE_MODES, GRPOConfig, mode_defaults
 from core_engine.rl.data import DataError, count_jsonl
-from core_engine.rl.data.files import Columns, load_records
+from core_engine.rl.data.files import Columns, record_count
 from core_engine.rl.data.tasks import BUILTIN_TASKS
+from core_engine.rl.episodes.environments import registered_environments
 from core_engine.rl.objective.clip import clip_active
 from core_engine.rl.rewards import STANDALONE_REWARDS
 from core_engine.rl.rewards.mix import RewardSpec, parse_rewards
@@ -41,7 +42,13 @@ from workers.chat import settings_problems as chat_settings_problems
 from workers.commands import COMMANDS as WORKER_COMMANDS
 from workers.commands import add_commands as add_worker_commands
 from workers.commands import run as run_worker_command
-from workers.job_files import check_data_file, check_data_records, check_model, model_roots
+from workers.job_files import (
+    check_data_file,
+    check_data_records,
+    check_model,
+    model_parameters,
+    model_roots,
+)
 from workers.settings import GPU_QUEUE, Settings
 from workers.specs import (
     DEMO_MODEL,
@@ -51,6 +58,7 @@ from workers.specs import (
     HELDOUT_PROMPTS,
     JOB_FIELDS,
     SpecError,
+    check_environment,
 )
 from workers.submission import cancel_job, celery_app, resume_job, submit_job, validate_job
 from workers.trackers import TRACKERS
@@ -84,6 +92,7 @@ __all__ = [
     "chat_settings_problems",
     "check_data_file",
     "check_data_records",
+    "check_environment",
     "check_model",
     "check_reward",
     "checkpoint_context",
@@ -94,9 +103,11 @@ __all__ = [
     "is_under",
     "max_tokens_bounds",
     "mode_defaults",
+    "model_parameters",
     "model_roots",
     "queue_counts",
     "queue_overview",
+    "registered_environments",
     "regular_file",
     "resume_job",
     "run_worker_command",
@@ -169,9 +180,12 @@ def check_reward(spec: RewardSpec) -> None:
 
 def count_records(path: str | Path, columns: tuple[str | None, str | None] = (None, None)) -> int:
     """How many prompt records a data file holds (JSONL, JSON, CSV or Parquet; ``columns``:
-    the prompt and answer columns, None: automatic; `SpecError` if it is unusable). Parsed
-    once per version of the file: the count, or the refusal, is kept for its identity (device,
-    inode, size, change times), so asking again costs one ``stat``."""
+    the prompt and answer columns, None: automatic; `SpecError` if it is unusable). An answer
+    column is required only when named: whether the job's rewards need the answers is checked
+    at submission (`check_data_records`), when they are known. Files other than JSONL are
+    parsed by a child process (`core_engine.rl.data.files.record_count`). Parsed once per
+    version of the file: the count, or the refusal, is kept for its identity (device, inode,
+    size, change times), so asking again costs one ``stat``."""
     try:
         info = regular_file(path, MAX_DATA_BYTES)
     except UnsafeFileError as exc:
@@ -191,7 +205,7 @@ def _count_records(
     try:
         if path.endswith(".jsonl") and columns == (None, None):
             return count_jsonl(path)
-        return len(load_records(path, Columns(*columns)))
+        return record_count(path, Columns(*columns, needs_answer=False))
     except (DataError, UnsafeFileError, OSError) as exc:
         return str(exc)
 

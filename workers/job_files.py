@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from core_engine.assets import SHIPPED_POLICY
-from core_engine.rl.config import GRPOConfig
+from core_engine.rl.config import GRPOConfig, approx_parameters
 from core_engine.rl.data import DataError, longest_prompt, longest_records
 from core_engine.rl.data.files import load_records, split_heldout
 from core_engine.rl.data.tasks import prompt_records
@@ -52,6 +52,15 @@ def resolve_model(model: str) -> str:
             "`python -m core_engine.rl.demo_policy` (make demo-policy)"
         )
     return str(SHIPPED_POLICY)
+
+
+def model_parameters(model: str) -> int | None:
+    """The parameter count of ``model`` (`DEMO_MODEL` or a checkpoint directory), None when
+    it cannot be read: what the LoRA learning-rate default depends on."""
+    try:
+        return approx_parameters(resolve_model(model))
+    except DemoPolicyMissing:
+        return None
 
 
 def model_roots(default: Path | None = None) -> tuple[Path, ...]:

@@ -1,8 +1,9 @@
 """The settings of each job kind, as stored in the job row's ``config`` (plain JSON).
 
 train: the fields of `core_engine.rl.config.GRPOConfig`; ``output_dir`` is optional (the
-worker uses ``RLWB_DATA_DIR/jobs/<id>``) and ``model`` may be `DEMO_MODEL`. Worker-run jobs
-always resume and save a checkpoint for every version (`checkpoint_every` = 1).
+worker uses ``RLWB_DATA_DIR/jobs/<id>``), ``model`` may be `DEMO_MODEL` and ``environment``
+must be registered (`check_environment`). Worker-run jobs always resume and save a
+checkpoint for every version (`checkpoint_every` = 1).
 evaluate: ``job_id`` (a training job) + ``version``, or ``model``; and `EvalSettings` fields.
 compare: ``job_id`` and ``versions`` (two of its versions); and `EvalSettings` fields.
 Validation here imports no torch (the UI submits through `workers.api`).
@@ -22,8 +23,11 @@ from typing import Any
 
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data.files import Columns
+from core_engine.rl.data.tasks import default_reward
+from core_engine.rl.episodes.environments import environment_target
 from core_engine.rl.limits import TRAINER_FIELDS, Field, field_problems, real, whole
 from core_engine.rl.rewards import check_reward_spec
+from core_engine.rl.rewards.mix import needs_reference
 from core_engine.task import SamplingParams
 from db import JobKind
 from workers.sizes import eval_size_problems, train_size_problems
@@ -145,12 +149,25 @@ def train_config(config: dict[str, Any], output_dir: str) -> GRPOConfig:
     heldout_settings(config)
     data_columns(config)
     report_to(config)
+    check_environment(config)
     worker_keys = (*HELDOUT_KEYS, *COLUMN_KEYS, REPORT_TO)
     trainer = {k: v for k, v in config.items() if k not in worker_keys}
     values = {"output_dir": output_dir, **trainer, "checkpoint_every": 1, "resume": True}
     try:
         return GRPOConfig.from_dict(values)
     except (TypeError, ValueError) as exc:
+        raise SpecError(str(exc)) from None
+
+
+def check_environment(config: Mapping[str, Any]) -> None:
+    """`SpecError` when a train job names an environment not registered here (the
+    registry's `environment_target` says which are)."""
+    name = config.get("environment")
+    if name is None:
+        return
+    try:
+        environment_target(name)
+    except ValueError as exc:
         raise SpecError(str(exc)) from None
 
 
@@ -192,7 +209,7 @@ def check_sizes(kind: JobKind | str, config: dict[str, Any]) -> None:
     if kind is JobKind.TRAIN:
         trainer = train_config(config, "unused")
         samples = trainer.batch_size * trainer.group_size
-        problems = train_size_problems(trainer.max_tokens, samples, trainer.steps)
+        problems = train_size_problems(trainer.tokens_per_sample, samples, trainer.steps)
     else:
         settings = (evaluate_spec if kind is JobKind.EVALUATE else compare_spec)(config).eval
         problems = eval_size_problems(settings.max_tokens, settings.num_prompts)
@@ -257,9 +274,16 @@ COLUMN_KEYS = ("prompt_column", "answer_column", "system_prompt")
 
 
 def data_columns(config: Mapping[str, Any]) -> Columns:
-    """The column mapping of a job's config (`SpecError` if it is unusable)."""
+    """The column mapping of a job's config (`SpecError` if it is unusable); a reference
+    answer is needed unless every reward of the job scores without one (`needs_reference`).
+    An environment job always needs one: an environment may read the task's ``output`` and
+    none says whether it does."""
+    reward = config.get("reward") or default_reward(config.get("task"))
     columns = Columns(
-        config.get("prompt_column"), config.get("answer_column"), config.get("system_prompt", "")
+        config.get("prompt_column"),
+        config.get("answer_column"),
+        config.get("system_prompt", ""),
+        needs_answer=config.get("environment") is not None or needs_reference(reward),
     )
     problems = columns.problems()
     if problems:

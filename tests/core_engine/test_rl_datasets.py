@@ -71,9 +71,13 @@ def test_default_columns_and_the_instruction_form(tmp_path):
 
 @pytest.mark.parametrize(
     ("text", "reference"),
-    [("so 5\n#### 5", "5"), ("#### 1,234", "1234"), ("a #### b #### -3 ", "-3"), ("7", "7")],
+    [("so 5\n#### 5", "5"), ("#### 1,234", "1234"), ("a\n#### -3.5 \n", "-3.5"), ("7", "7")]
+    + [
+        (text, text) for text in ("a #### b #### -3", "## Plan\n#### Step 1\nAdd 2.", "#### 4 cats")
+    ],
 )
 def test_gsm8k_answers_give_the_number_after_the_marks(text, reference):
+    """Only an answer whose last line is ``#### <number>`` is GSM8K's: any other is kept."""
     assert gsm8k_answer(text) == reference
 
 

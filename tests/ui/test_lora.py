@@ -92,6 +92,28 @@ def test_launch_with_lora_sends_its_table_and_the_form_switches_the_learning_rat
     assert lr_for_mode(True, None) == 3e-3
 
 
+def test_the_lora_learning_rate_default_follows_the_models_size(tmp_path):
+    """The 10x rule is for billion-scale models: on the shipped 527k-parameter demo policy it
+    collapsed training, so below 100M parameters the LoRA default is 1e-3, in the form and
+    in a job file that leaves lr out."""
+    import json
+
+    from core_engine.rl.config import GRPOConfig
+    from workers.api import DEMO_MODEL
+    from workers.job_files import resolve_model
+
+    assert lr_for_mode(True, 3e-4, DEMO_MODEL) == 1e-3
+    assert lr_for_mode(False, 1e-3, DEMO_MODEL) == 3e-4
+    big = tmp_path / "big"
+    big.mkdir()
+    shape = {"hidden_size": 896, "num_hidden_layers": 24, "intermediate_size": 4864}
+    (big / "config.json").write_text(json.dumps({**shape, "vocab_size": 151936}))
+    assert lr_for_mode(True, 3e-4, str(big)) == 3e-3  # a Qwen2.5-0.5B shape
+    small = GRPOConfig(model=resolve_model(DEMO_MODEL), output_dir="o", task="addition", lora={})
+    assert small.lr == 1e-3
+    assert GRPOConfig(model=str(big), output_dir="o", task="addition", lora={}).lr == 3e-3
+
+
 def test_invalid_lora_settings_are_refused_with_what_is_wrong(services, world):
     bad = {"lora": True, "lora_rank": 0, "lora_alpha": 32, "lora_dropout": 1.0}
     message = launch_job(services, **form(**bad, lora_target_modules=[]))

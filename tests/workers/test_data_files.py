@@ -2,10 +2,17 @@
 like a file, and a bad file, a missing column, an empty set or a held-out fraction that
 leaves nothing to train on is refused naming the file and the column."""
 
+import json
+import os
+import re
+from pathlib import Path
+
 import datasets
 import pandas as pd
 import pytest
 
+from core_engine.rl.data import DataError
+from core_engine.rl.data.files import load_records
 from tests.workers.helpers import train_config
 from workers.job_files import check_data_records, check_paths
 from workers.specs import SpecError, data_columns, validate
@@ -22,9 +29,9 @@ def test_data_records_are_read_with_the_jobs_column_mapping(tiny_model, settings
     validate("train", config)
     check_paths(config, settings)
     check_data_records(config)
-    with pytest.raises(SpecError, match=r"train\.csv row 1: no column 'question_text'"):
+    with pytest.raises(SpecError, match=r"train\.csv: no column 'question_text' \(columns: pro"):
         check_data_records({**config, "prompt_column": "question_text"})
-    with pytest.raises(SpecError, match=r"train\.csv row 1: no column 'score'"):
+    with pytest.raises(SpecError, match=r"train\.csv: no column 'score'"):
         check_data_records({**config, "answer_column": "score"})
     with pytest.raises(SpecError, match="leaves no training prompt"):
         one = folder / "one.csv"
@@ -52,3 +59,49 @@ def test_column_settings_are_bounded(tiny_model):
     ):
         with pytest.raises(SpecError, match=message):
             validate("train", train_config(tiny_model, **bad))
+
+
+# Issue 32, item 4: a saved dataset's state.json may name only files inside the dataset.
+def test_a_saved_dataset_naming_a_file_outside_itself_is_refused(tiny_model, settings, monkeypatch):
+    monkeypatch.setenv("RLWB_MODEL_ROOTS", str(Path(tiny_model).parent))
+    secret = settings.data_dir.parent / "outside" / "secret"  # under no allowed root
+    datasets.Dataset.from_pandas(
+        pd.DataFrame({"question": ["the secret?"], "answer": ["hidden"]})
+    ).save_to_disk(str(secret))
+    saved = settings.data_dir / "sets" / "saved"
+    datasets.Dataset.from_pandas(
+        pd.DataFrame({"question": ["1+1?"], "answer": ["2"]})
+    ).save_to_disk(str(saved))
+    named = os.path.relpath(secret / "data-00000-of-00001.arrow", saved)
+    assert named.startswith("../../../outside/")
+    state = json.loads((saved / "state.json").read_text())
+    (saved / "state.json").write_text(json.dumps({**state, "_data_files": [{"filename": named}]}))
+    config = train_config(tiny_model, task=None, data=str(saved))
+    check_paths(config, settings)  # the directory itself is allowed
+    outside = rf"{re.escape(str(saved / named))} is outside the allowed folders"
+    with pytest.raises(SpecError, match=outside):
+        check_data_records(config)
+    with pytest.raises(DataError, match=outside):
+        load_records(saved)
+
+
+# Issue 32, item 4: an empty answer cell is named as such, and a job whose rewards read no
+# reference needs no answer column; an environment job always does (it may read `output`).
+def test_an_answer_is_required_only_by_rewards_that_read_it(tiny_model, settings):
+    folder = settings.data_dir
+    (folder / "open.csv").write_text("question,answer\nName a color.,blue\nName a fruit.,\n")
+    (folder / "prompts.csv").write_text("question\nWrite a haiku.\nWrite a limerick.\n")
+    config = train_config(tiny_model, task=None, data=str(folder / "open.csv"))
+    with pytest.raises(SpecError, match=r"open\.csv row 2: the answer column 'answer' is empty"):
+        check_data_records(config)  # exact_match, the default
+    length = {"name": "length", "threshold": 2}
+    for reward in ("format", [{"name": "format"}, length], "regex:.+"):
+        for data in ("open.csv", "prompts.csv"):
+            check_data_records({**config, "data": str(folder / data), "reward": reward})
+        records = load_records(folder / "open.csv", data_columns({"reward": reward}))
+        assert [record["output"] for record in records] == ["blue", ""]
+    missing = r"prompts\.csv: no column 'answer' or 'output' or 'solution' \(columns: question\)"
+    for reward in ("exact_match", [{"name": "format"}, {"name": "math"}], "registered_name"):
+        with pytest.raises(SpecError, match=missing):
+            check_data_records({**config, "data": str(folder / "prompts.csv"), "reward": reward})
+    assert data_columns({"environment": "guess_number"}).needs_answer

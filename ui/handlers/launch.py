@@ -174,16 +174,19 @@ def _check_data(
     return {"data": str(Path(data))}
 
 
-def lr_for_mode(lora: bool, lr: float | str | None) -> float | str | None:
+def lr_for_mode(lora: bool, lr: float | str | None, model: str | None = None) -> float | str | None:
     """The learning rate the form shows when LoRA is switched on or off: the new mode's
-    default (`api.mode_defaults`: 10x for LoRA) where it showed the other mode's, else as
-    the user set it."""
-    other = api.mode_defaults(not lora)["lr"]
+    default for the chosen model (`api.mode_defaults`: 10x for LoRA on billion-scale models,
+    1e-3 below 100M parameters) where it showed the other mode's, else as the user set it."""
+    parameters = api.model_parameters(model) if model else None
+    other = api.mode_defaults(not lora, parameters)["lr"]
     try:
         shown = parse_number(lr, "lr")
     except InvalidValue:
         return lr
-    return api.mode_defaults(lora)["lr"] if shown is None or shown == other else lr
+    if shown is None or shown == other:
+        return api.mode_defaults(lora, parameters)["lr"]
+    return lr
 
 
 def train_config(

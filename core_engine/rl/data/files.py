@@ -1,49 +1,65 @@
 """Prompt sets as people keep them: JSONL, JSON, CSV and Parquet files, and directories saved
-with `datasets.Dataset.save_to_disk`, read with the `datasets` library and mapped to records
-(`core_engine.rl.data`) by `Columns`. JSONL keeps the line reader of `core_engine.rl.data`:
-it names each malformed line, which `datasets` does not; Parquet is read by pyarrow into a
-`datasets.Dataset`: the 5.2 Parquet builder fails on a file of zero rows. GSM8K answers
-(``... #### 42``) give the number after ``####`` (commas dropped) as the reference. Every
-path is checked first (`core_engine.user_files`: regular, bounded). A bad file, a missing
-column or an empty set is a `DataError` naming the file and the column.
+with `datasets.Dataset.save_to_disk`, mapped to records (`core_engine.rl.data`) by `Columns`.
+JSONL keeps the line reader of `core_engine.rl.data`, which names each malformed line. The
+others are read by a child process whose address space is limited to `PARSE_MEMORY_BYTES`
+(`core_engine.rl.data.tables`: the column names first, then only the columns used, values as
+written, rows and decoded bytes bounded); it maps the rows and sends back the records, or only
+their count (`record_count`), so a hostile file can only end that child, and its failure is a
+`DataError`. A GSM8K answer (its last line ``#### N``) gives N, commas dropped, as the
+reference; any other answer is kept whole. Every path is checked first
+(`core_engine.user_files`: regular, bounded). A bad file, a missing column, an empty cell the
+job needs or an empty set is a `DataError` naming the file, the column and the row.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
+import resource
+import subprocess
+import sys
 import tempfile
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from core_engine.rl.data import DataError, normalize_record, read_jsonl_rows
+from core_engine.rl.data.tables import column_list, table_rows
 from core_engine.user_files import (
+    GIB,
     MAX_DATA_BYTES,
-    MAX_TEXT_BYTES,
+    MIB,
     UnsafeFileError,
     dataset_dir,
-    read_text,
     regular_file,
 )
 
-FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+FORMATS = (".jsonl", ".json", ".csv", ".parquet")
 PROMPT_COLUMNS = ("question", "prompt", "problem")  # tried in order when none is named
 ANSWER_COLUMNS = ("answer", "output", "solution")
+RECORD_FIELDS = ("instruction", "input", "output", "messages")  # the record form's columns
+RECORD_KEYS = ("instruction", "input", "output")
 MAX_COLUMN_NAME = 256
 MAX_SYSTEM_PROMPT = 32_768  # characters
+PARSE_MEMORY_BYTES = 2 * GIB  # the reading child's address space (Python and pyarrow: ~0.3 GiB)
+MAX_ERROR_CHARS = 300  # of a crashed child's last words
+_GSM8K_LAST_LINE = re.compile(r"####[ \t]*(-?\d[\d,]*(?:\.\d+)?)")
 
 
 @dataclass(frozen=True)
 class Columns:
     """Which columns hold the prompt and the reference answer (None: records in the
-    instruction/messages form, else the first of `PROMPT_COLUMNS` / `ANSWER_COLUMNS`), and a
-    system prompt given to every record ("" for none)."""
+    instruction/messages form, else the first of `PROMPT_COLUMNS` / `ANSWER_COLUMNS`), a
+    system prompt given to every record ("" for none), and whether the job needs a reference
+    answer (`needs_answer`; else no answer column is required and an empty cell gives "")."""
 
     prompt: str | None = None
     answer: str | None = None
     system: str = ""
+    needs_answer: bool = True
 
     def problems(self) -> list[str]:
         """What is wrong with the settings themselves (types and lengths)."""
@@ -57,12 +73,33 @@ class Columns:
             found.append(f"system_prompt must be text of at most {MAX_SYSTEM_PROMPT:,} characters")
         return found
 
+    def picked(self, names: Collection[str], where: str) -> tuple[str | None, str | None] | None:
+        """(the prompt column, the answer column or None) of a row or a file with the columns
+        ``names``; None for the instruction/messages form; `DataError` naming a missing one
+        (an answer column is required when named or needed)."""
+        if self.prompt is None and ("messages" in names or "instruction" in names):
+            return None
+        prompt = _pick(names, self.prompt, PROMPT_COLUMNS, where, required=True)
+        needed = self.needs_answer or self.answer is not None
+        return prompt, _pick(names, self.answer, ANSWER_COLUMNS, where, required=needed)
+
+
+def _pick(
+    names: Collection[str], name: str | None, choices: tuple[str, ...], where: str, required: bool
+) -> str | None:
+    candidates = (name,) if name else choices
+    found = next((candidate for candidate in candidates if candidate in names), None)
+    if found is None and required:
+        shown = " or ".join(repr(n) for n in candidates)
+        raise DataError(f"{where}: no column {shown} (columns: {column_list(names)})")
+    return found
+
 
 def gsm8k_answer(text: str) -> str:
-    """The reference of an answer: after GSM8K's last ``####`` (commas dropped), else as is."""
-    if "####" not in text:
-        return text
-    return text.rsplit("####", 1)[1].strip().replace(",", "")
+    """The reference of an answer: N when its last line is GSM8K's ``#### N`` (commas
+    dropped), else the answer as it is (a Markdown ``####`` heading is kept)."""
+    found = _GSM8K_LAST_LINE.fullmatch(text.rstrip().rpartition("\n")[2].strip())
+    return found.group(1).replace(",", "") if found else text
 
 
 def with_system(record: dict[str, str], system: str) -> dict[str, str]:
@@ -72,86 +109,44 @@ def with_system(record: dict[str, str], system: str) -> dict[str, str]:
     return {**record, "instruction": system, "input": record["input"] or record["instruction"]}
 
 
-def _column(row: Mapping[str, Any], name: str | None, choices: tuple[str, ...], where: str) -> Any:
-    names = (name,) if name else choices
-    for candidate in names:
-        if row.get(candidate) is not None:
-            return row[candidate]
-    shown = " or ".join(repr(n) for n in names)
-    raise DataError(f"{where}: no column {shown} (columns: {', '.join(map(str, row))})")
-
-
 def map_row(row: Mapping[str, Any], columns: Columns, where: str) -> dict[str, str]:
     """One row as a record: the instruction/messages form as is, else the mapped columns."""
     if not isinstance(row, Mapping):
         raise DataError(f"{where}: expected an object, got {type(row).__name__}")
-    if columns.prompt is None and ("messages" in row or "instruction" in row):
+    picked = columns.picked(row, where)
+    if picked is None:
         record = normalize_record(row, where)
     else:
-        prompt = _column(row, columns.prompt, PROMPT_COLUMNS, where)
+        prompt = row[picked[0]]
         if not isinstance(prompt, str) or not prompt.strip():
-            raise DataError(f"{where}: the prompt column holds no text")
-        answer = _column(row, columns.answer, ANSWER_COLUMNS, where)
-        record = {"instruction": "", "input": prompt, "output": str(answer)}
+            raise DataError(f"{where}: the prompt column {picked[0]!r} holds no text")
+        answer = _answer(row, picked[1], columns.needs_answer, where)
+        record = {"instruction": "", "input": prompt, "output": answer}
     return with_system({**record, "output": gsm8k_answer(record["output"])}, columns.system)
 
 
-def _text(value: Any) -> Any:
-    """A number as text (a CSV's ``4`` is read as an int), anything else as it is."""
-    return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
-
-
-def _saved_without_data(path: Path) -> bool:
-    """Whether a saved dataset (or its train split) has no data files: `datasets` 5.2 saves
-    an empty dataset so and then fails to load it."""
-    state = path / "train" / "state.json" if (path / "train").is_dir() else path / "state.json"
-    try:
-        return json.loads(read_text(state, MAX_TEXT_BYTES)).get("_data_files") == []
-    except (UnsafeFileError, ValueError, AttributeError):
-        return False  # not a plain saved dataset: `load_from_disk` says what is wrong
-
-
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows of a JSON, CSV or Parquet file or a saved dataset directory, via `datasets`."""
-    import datasets
-
-    datasets.disable_progress_bars()
-    try:
-        with tempfile.TemporaryDirectory() as cache:
-            if path.is_dir():
-                if _saved_without_data(path):
-                    return []
-                data = datasets.load_from_disk(str(path), keep_in_memory=True)
-                if isinstance(data, datasets.DatasetDict):
-                    if "train" not in data:
-                        raise DataError(f"{path}: no 'train' split (splits: {', '.join(data)})")
-                    data = data["train"]
-            elif path.suffix.lower() == ".parquet":  # the builder fails on zero rows
-                import pyarrow.parquet
-
-                data = datasets.Dataset(pyarrow.parquet.read_table(path))
-            else:
-                kind = FORMATS[path.suffix.lower()]
-                data = datasets.load_dataset(
-                    kind, data_files=str(path), split="train", cache_dir=cache, keep_in_memory=True
-                )
-            return [{k: _text(v) for k, v in row.items()} for row in data.to_list()]
-    except DataError:
-        raise
-    except ValueError as exc:
-        if "corresponds to no data" in str(exc):  # how `datasets` says a JSON file is empty
-            raise DataError(f"{path}: no records (an empty split)") from None
-        raise DataError(f"{path}: not a readable dataset (ValueError: {exc})") from None
-    except Exception as exc:  # any reader failure is the file's fault
-        cause = exc.__cause__ or exc
-        raise DataError(
-            f"{path}: not a readable dataset ({type(cause).__name__}: {cause})"
-        ) from None
+def _answer(row: Mapping[str, Any], column: str | None, needed: bool, where: str) -> str:
+    """The answer cell as text; an empty one is "" unless the job needs it (`DataError`)."""
+    answer = None if column is None else row[column]
+    if answer is None or (isinstance(answer, str) and not answer.strip()):
+        if needed:
+            raise DataError(f"{where}: the answer column {column!r} is empty")
+        return ""
+    return str(answer)
 
 
 def load_records(path: str | Path, columns: Columns = Columns()) -> list[dict[str, str]]:
     """The records of a prompt set in any supported format (see the module docstring)."""
-    path = Path(path)
+    return _records(Path(path), columns, keep=True)[0]
+
+
+def record_count(path: str | Path, columns: Columns = Columns()) -> int:
+    """How many records `load_records` returns, checked the same way; but for JSONL, the
+    records never reach this process."""
+    return _records(Path(path), columns, keep=False)[1]
+
+
+def _records(path: Path, columns: Columns, keep: bool) -> tuple[list[dict[str, str]], int]:
     try:
         if path.is_dir():
             dataset_dir(path, MAX_DATA_BYTES)
@@ -161,12 +156,92 @@ def load_records(path: str | Path, columns: Columns = Columns()) -> list[dict[st
         raise DataError(str(exc)) from None
     if not path.is_dir() and path.suffix.lower() not in FORMATS:
         raise DataError(f"{path}: unknown format (use {', '.join(FORMATS)} or a saved dataset)")
-    if path.suffix.lower() == ".jsonl":
-        return read_jsonl_rows(path, lambda row, where: map_row(row, columns, where))
-    rows = _read_rows(path)
-    if not rows:
+    if not path.is_dir() and path.suffix.lower() == ".jsonl":
+        records = read_jsonl_rows(path, lambda row, where: map_row(row, columns, where))
+        return records, len(records)
+    records, count = _read_in_child(path, columns, keep)
+    if not count:
         raise DataError(f"{path}: no records (an empty split)")
-    return [map_row(row, columns, f"{path} row {n}") for n, row in enumerate(rows, start=1)]
+    return records, count
+
+
+def _read_in_child(path: Path, columns: Columns, keep: bool) -> tuple[list[dict[str, str]], int]:
+    """(the records if ``keep``, their count), read by ``python -m`` this module (`_serve`)."""
+    request = json.dumps({"path": str(path), "columns": asdict(columns), "keep": keep})
+    command = [sys.executable, "-m", __name__, str(PARSE_MEMORY_BYTES)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    records: list[dict[str, str]] = []
+    result: dict[str, Any] | None = None
+    with tempfile.TemporaryFile() as errors:
+        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
+        with subprocess.Popen(command, stderr=errors, env=env, **pipes) as child:
+            try:
+                child.stdin.write(request.encode())
+                child.stdin.close()
+            except OSError:
+                pass  # it ended before reading: its status says why
+            for line in child.stdout:
+                answer = json.loads(line)
+                if isinstance(answer, list):
+                    records.append(dict(zip(RECORD_KEYS, answer, strict=True)))
+                else:
+                    result = answer
+        errors.seek(0)
+        last_words = errors.read().decode(errors="replace").strip().rpartition("\n")[2]
+    limit = f"{PARSE_MEMORY_BYTES // MIB:,} MiB"
+    if result is None:
+        status = child.returncode
+        how = f"signal {-status}" if status < 0 else f"exit code {status}"
+        raise DataError(
+            f"{path}: its reader crashed ({how}: {last_words[-MAX_ERROR_CHARS:]}); parsing it "
+            f"may need more than {limit} of memory"
+        )
+    if result.get("memory"):
+        raise DataError(f"{path}: parsing it needed more than {limit} of memory")
+    if "error" in result:
+        raise DataError(result["error"])
+    return records, result["count"]
+
+
+def _table_records(path: Path, columns: Columns) -> Iterator[dict[str, str]]:
+    """The records of a file or saved dataset other than JSONL (in the child)."""
+
+    def used(names: list[str]) -> list[str]:
+        picked = columns.picked(names, str(path))
+        if picked is None:
+            return [name for name in RECORD_FIELDS if name in names]
+        return [name for name in picked if name is not None]
+
+    for number, row in enumerate(table_rows(path, used), start=1):
+        yield map_row(row, columns, f"{path} row {number}")
+
+
+def _serve(memory_bytes: int) -> None:
+    """The child: ``memory_bytes`` of address space, the request on stdin; once every row is
+    read, one JSON line per record kept, then ``{"count": N}``; or only ``{"error": message}``
+    or ``{"memory": true}``, so a refused file's records never reach the caller."""
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    request = json.loads(sys.stdin.read())
+    path, columns = Path(request["path"]), Columns(**request["columns"])
+    lines: list[str] = []
+    count = 0
+    try:
+        for record in _table_records(path, columns):
+            count += 1
+            if request["keep"]:
+                lines.append(json.dumps([record[key] for key in RECORD_KEYS]))
+        result: dict[str, Any] = {"count": count}
+        sys.stdout.writelines(line + "\n" for line in lines)
+    except DataError as exc:
+        result = {"error": str(exc)}
+    except MemoryError:
+        result = {"memory": True}
+    except Exception as exc:  # any reader failure is the file's fault
+        cause = exc.__cause__ or exc
+        result = {"error": f"{path}: not a readable dataset ({type(cause).__name__}: {cause})"}
+    sys.stdout.write(json.dumps(result) + "\n")
 
 
 def split_heldout(
@@ -182,3 +257,7 @@ def split_heldout(
     if not training:
         raise DataError(f"heldout_fraction {fraction} leaves no training prompt")
     return training, heldout
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]))

@@ -28,6 +28,7 @@ from core_engine.rl.rewards import (
 
 MAX_REWARDS = 8
 _KEYS = ("name", "weight", "threshold", "tags")
+REFERENCE_FREE = ("format", "length")  # with ``regex:`` patterns: score without a reference
 
 RewardSpec = str | Sequence[Mapping[str, Any]]
 
@@ -97,6 +98,21 @@ def parse_rewards(spec: RewardSpec, max_tokens: int | None = None) -> list[Rewar
             "anything to learn (the job would stall): give at least one reward a non-zero weight"
         )
     return terms
+
+
+def needs_reference(spec: Any) -> bool:
+    """Whether a reward spec or list (valid or not) has a reward that may read the reference
+    answer: any but `REFERENCE_FREE` and ``regex:`` patterns (a registered reward may)."""
+    if isinstance(spec, str):
+        names = [spec]
+    elif isinstance(spec, list | tuple):
+        names = [entry.get("name") if isinstance(entry, Mapping) else None for entry in spec]
+    else:
+        return True
+    return not all(
+        isinstance(name, str) and (name in REFERENCE_FREE or name.startswith("regex:"))
+        for name in names
+    )
 
 
 class RewardMix:
