@@ -1,7 +1,7 @@
 """GRPO learning demo: held-out accuracy of the warmed-up addition policy before and during GRPO.
 
 Starts from the shipped demo policy (`core_engine/assets/demo-policy`), or, with any warm-up option,
-builds (or reuses) one under `$RLWB_DATA_DIR/demo-policy-warmup` (default `data/`), then runs
+builds (or reuses) one under `$RLWB_DATA_DIR/demo-policy-warmup` (`db.data_dir`), then runs
 our `GRPOTrainer` on 3-digit addition (recipe of the RL notes' appendix: lr 3e-4, 16 prompts x
 G=8, temperature 1.0, clip 0.2, no KL) and scores 1,000 held-out problems greedily at the start
 and every `--eval-every` versions. Minutes are wall time since GRPO started, evaluations

@@ -24,8 +24,14 @@ from peft.tuners.tuners_utils import cast_adapter_dtype
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from core_engine.atomic_dir import atomic_dir
-from core_engine.lora_settings import ADAPTER_CONFIG, ADAPTER_FILE, ALL_LINEAR, LoraSettings
+from core_engine.atomic_dir import new_dir
+from core_engine.lora_settings import (
+    ADAPTER_CONFIG,
+    ADAPTER_FILE,
+    ALL_LINEAR,
+    LoraSettings,
+    read_adapter_config,
+)
 from core_engine.model import CausalLM, ModelConfig, load_model
 from core_engine.policy import copy_weights
 from core_engine.weights import (
@@ -143,15 +149,16 @@ def read_adapter(model: nn.Module, directory: str | Path) -> None:
 
 def adapter_base(directory: str | Path) -> str:
     """The base checkpoint a PEFT adapter directory names (`base_model_name_or_path`)."""
-    return LoraConfig.from_pretrained(str(directory)).base_model_name_or_path
+    return read_adapter_config(directory)["base_model_name_or_path"]
 
 
 def add_saved_adapter(
     model: CausalLM, directory: str | Path, low_cpu_mem_usage: bool = False
 ) -> CausalLM:
-    """Inject the adapter a PEFT directory describes into `model` (its base), in place; its
-    tensors are read by `read_adapter` (on the meta device: the adapter's sizes, nothing
-    read); returns `model`."""
+    """Inject the adapter a PEFT directory describes into `model` (its base), in place, once
+    its config is checked (`read_adapter_config`: a bounded rank); its tensors are read by
+    `read_adapter` (on the meta device: the adapter's sizes, nothing read); returns `model`."""
+    read_adapter_config(directory)
     _inject(model, LoraConfig.from_pretrained(str(directory)), low_cpu_mem_usage)
     return model
 
@@ -167,14 +174,15 @@ def load_adapted_model(
 
 def export_merged(adapter_dir: str | Path, output_dir: str | Path) -> Path:
     """A plain Hugging Face checkpoint (fp32) of base + adapter merged by PEFT
-    (`merge_and_unload`), written atomically: the merged copy a user asks for."""
+    (`merge_and_unload`), written whole to `output_dir` (absent or empty; `new_dir`): the
+    merged copy a user asks for."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     base = adapter_base(adapter_dir)
     hf = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, local_files_only=True)
     merged = PeftModel.from_pretrained(hf, str(adapter_dir)).merge_and_unload()
-    with atomic_dir(output_dir) as tmp:
+    with new_dir(output_dir) as tmp:
         merged.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(base, local_files_only=True).save_pretrained(tmp)
     return Path(output_dir)

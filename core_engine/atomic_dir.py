@@ -6,12 +6,17 @@ The replacement runs inside ``writer.guard()``, which may refuse it (raise) and 
 exclusive: a worker's attempt passes a guard that checks, with the job row locked, that it
 still owns the job (see `workers.training`). Staging directories are the only names this
 module gives a ``.tmp`` ending; `recover` finishes or drops what an interrupted writer left.
+
+`new_dir(final)` writes a directory where the user named one (an export): staged under a
+fresh name of its own, never a path that exists, and renamed onto ``final`` only where that
+is absent or an empty directory, so nothing the user owns is ever removed.
 """
 
 from __future__ import annotations
 
 import re
 import shutil
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -54,6 +59,23 @@ def atomic_dir(final: str | Path, writer: Writer | None = None) -> Iterator[Path
             staging.rename(final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextmanager
+def new_dir(final: str | Path) -> Iterator[Path]:
+    """Fill the yielded directory (``.<name>.<random>.tmp`` beside ``final``, created here);
+    it becomes ``final`` when the block ends without an error. `OSError` when ``final`` is
+    then neither absent nor an empty directory; the staging directory is removed on failure."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = final.with_name(f".{final.name}.{uuid.uuid4().hex}.tmp")
+    staging.mkdir()  # exclusive: never a directory that was there
+    try:
+        yield staging
+        staging.rename(final)  # onto an absent or empty directory only
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def recover(root: Path, complete: Callable[[Path], bool]) -> None:

@@ -1,12 +1,17 @@
 """A job's LoRA settings (`lora` in a job file), checked without torch or PEFT so that the UI
 and job submission can refuse bad ones; `core_engine.adapters` applies them. Also the file names
-of a PEFT adapter directory, for readers without torch (the UI shows an adapter's size)."""
+of a PEFT adapter directory, for readers without torch (the UI shows an adapter's size), and
+its config as every loader reads it (`read_adapter_config`: the rank bounded as a job's is)."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
+
+from core_engine.user_files import MAX_TEXT_BYTES, read_text
 
 ALL_LINEAR = "all-linear"  # every projection of attention and MLP (not the LM head)
 LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -67,6 +72,28 @@ class LoraSettings:
                 f"got {saved!r}"
             )
         return problems
+
+
+def read_adapter_config(directory: str | Path) -> dict[str, Any]:
+    """The ``adapter_config.json`` of a PEFT adapter directory (a regular file of bounded
+    size), or ValueError unless it names its base (``base_model_name_or_path``) and each of
+    its ranks (``r``, ``rank_pattern``) is an integer from 1 to `MAX_RANK`: a rank sizes
+    the matrices a loader allocates."""
+    path = Path(directory) / ADAPTER_CONFIG
+    config = json.loads(read_text(path, MAX_TEXT_BYTES))
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    base = config.get("base_model_name_or_path")
+    if not isinstance(base, str) or not base:
+        raise ValueError(f"{path} names no base model (base_model_name_or_path)")
+    patterns = config.get("rank_pattern") or {}
+    ranks = [config.get("r"), *(patterns.values() if isinstance(patterns, dict) else [patterns])]
+    for rank in ranks:
+        if not _is_number(rank, integer=True) or not 1 <= rank <= MAX_RANK:
+            raise ValueError(
+                f"{path}: a rank must be an integer from 1 to {MAX_RANK}, got {rank!r}"
+            )
+    return config
 
 
 def _is_number(value: object, integer: bool = False) -> bool:

@@ -1,7 +1,7 @@
 """RL Workbench storage: SQLAlchemy models, Alembic migrations and the repository API.
 
 from db import Repository, upgrade
-upgrade()                       # DATABASE_URL, else ./data/rlwb.db (RLWB_DATA_DIR)
+upgrade()                       # DATABASE_URL, else rlwb.db in the data dir (db.data_dir)
 repo = Repository.from_url()
 """
 

@@ -1,12 +1,13 @@
 """Engines and sessions from ``DATABASE_URL``.
 
-Unset ``DATABASE_URL`` means a SQLite file ``rlwb.db`` in ``RLWB_DATA_DIR`` (default ``./data``).
+Unset ``DATABASE_URL`` means a SQLite file ``rlwb.db`` in the data directory (`data_dir`).
 SQLite connections get WAL mode, foreign keys and a busy timeout on every connect, and
 SQLAlchemy (not the sqlite3 driver) emits BEGIN: ``BEGIN IMMEDIATE`` for write sessions, so a
 writer takes the write lock up front and waits for it instead of failing half-way with
 "database is locked". PostgreSQL uses psycopg 3; ``postgresql://`` URLs are rewritten to it.
 """
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,33 @@ WRITE_OPTION = "rlwb_write"
 
 
 def data_dir() -> Path:
-    """``RLWB_DATA_DIR`` (unset or empty: ``data``, relative to the working directory); the
-    one reader of that variable, for the database file, the worker and the UI alike."""
-    return Path(os.environ.get("RLWB_DATA_DIR") or "data")
+    """``RLWB_DATA_DIR``; unset or empty: one per user wherever ``rlwb`` runs,
+    ``$XDG_DATA_HOME/rlwb`` (an absolute ``XDG_DATA_HOME``, else ``~/.local/share``), never
+    the working directory. The one reader of those variables, for the database file, the
+    worker and the UI alike."""
+    configured = os.environ.get("RLWB_DATA_DIR")
+    if configured:
+        return Path(configured)
+    xdg = os.environ.get("XDG_DATA_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".local" / "share"
+    return base / "rlwb"
+
+
+def private_dir(path: Path) -> Path:
+    """``path``, created with its missing parents for this user alone (0700), as the data
+    directory and the folders in it are: other local users read none of the jobs' data. An
+    existing folder is left as it is."""
+    for folder in reversed([p for p in (path, *path.parents) if not p.exists()]):
+        folder.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """``path``, created empty for this user alone (0600) where absent (a database file:
+    SQLite gives its journal and WAL files the database's mode). Its folder must exist."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    return path
 
 
 def resolve_url(url: str | URL | None = None) -> URL:
@@ -45,7 +70,9 @@ def make_engine(url: str | URL | None = None, **kwargs: Any) -> Engine:
         kwargs.setdefault("pool_pre_ping", True)
         return sqlalchemy.create_engine(resolved, **kwargs)
     if resolved.database and resolved.database != ":memory:":
-        Path(resolved.database).parent.mkdir(parents=True, exist_ok=True)
+        database = Path(resolved.database)
+        private_dir(database.parent)
+        private_file(database)
     kwargs.setdefault("connect_args", {}).setdefault("timeout", SQLITE_BUSY_TIMEOUT_S)
     engine = sqlalchemy.create_engine(resolved, **kwargs)
     event.listen(engine, "connect", _on_sqlite_connect)

@@ -23,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+from functools import partial
 
 from db import upgrade
 from workers import api
@@ -139,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "worker":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return api.guarded(partial(_dispatch, args, extra))
+
+
+def _dispatch(args: argparse.Namespace, extra: list[str]) -> int:
     if args.command == "up":
         return run_up(args)
     if args.command == "ui":

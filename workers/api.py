@@ -39,6 +39,7 @@ from core_engine.user_files import (
 from db import JobStatus
 from workers.chat import checkpoint_context, max_tokens_bounds
 from workers.chat import settings_problems as chat_settings_problems
+from workers.cli_errors import guarded
 from workers.commands import COMMANDS as WORKER_COMMANDS
 from workers.commands import add_commands as add_worker_commands
 from workers.commands import run as run_worker_command
@@ -100,6 +101,7 @@ __all__ = [
     "count_records",
     "deployment",
     "exposure_problem",
+    "guarded",
     "is_under",
     "max_tokens_bounds",
     "mode_defaults",

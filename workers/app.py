@@ -31,6 +31,7 @@ from celery.utils.functional import maybe_list
 from celery.worker.control import Panel, inspect_command
 
 from db import JobInfo, JobStatus, Repository, resolve_url
+from db.session import private_dir, private_file
 from db.timestamps import utcnow
 from workers.control import SHUTTING_DOWN
 from workers.settings import (
@@ -54,7 +55,8 @@ UNACKED = "unacked"  # kombu's Redis transport: messages delivered and not yet a
 
 
 def broker_settings(settings: Settings) -> dict[str, Any]:
-    """Broker and result backend: Redis, or the embedded filesystem broker + SQLite results."""
+    """Broker and result backend: Redis, or the embedded filesystem broker + SQLite results
+    (their folders and the results database for this user alone: `db.session.private_dir`)."""
     if not settings.embedded:
         return {
             "broker_url": settings.redis_url,
@@ -69,7 +71,8 @@ def broker_settings(settings: Settings) -> dict[str, Any]:
     messages = settings.broker_queue_dir
     control_dir = settings.broker_dir / "control"
     for folder in (messages, control_dir):
-        folder.mkdir(parents=True, exist_ok=True)
+        private_dir(folder)
+    results = private_file(settings.data_dir / "celery-results.db")
     return {
         "broker_url": "filesystem://localhost/",
         "broker_transport": "workers.embedded_broker:Transport",
@@ -80,7 +83,7 @@ def broker_settings(settings: Settings) -> dict[str, Any]:
             # kombu's default (1 s) delays every broadcast reply, e.g. the Queue tab's
             "polling_interval": EMBEDDED_POLL_S,
         },
-        "result_backend": f"db+sqlite:///{settings.data_dir / 'celery-results.db'}",
+        "result_backend": f"db+sqlite:///{results}",
     }
 
 

@@ -1,5 +1,5 @@
 """The lines `rlwb audit` prints: one per sample (and per version segment of an in-flight
-sample), then what could be checked."""
+sample), why fewer were audited than asked, then what could be checked."""
 
 from collections import Counter
 from typing import Any
@@ -60,3 +60,12 @@ def coverage_line(statuses: Counter[str], not_kept: dict[int, int]) -> str:
         reasons.insert(0, f"weights not kept for versions {versions}")
     line = f"{checked} checked ({statuses['pass']} pass, {statuses['fail']} fail), "
     return line + f"{unchecked} not checkable" + (": " + "; ".join(reasons) if reasons else "")
+
+
+def shortfall_line(asked: int, audited: int, limit: int) -> str:
+    """Why ``audited`` samples, fewer than the ``asked``: the most one audit checks
+    (``limit``), or the kept versions hold no more with a response."""
+    line = f"asked for {asked} samples, audited {audited}: "
+    if audited == limit:
+        return line + f"one audit checks at most {limit} (run it again for others)"
+    return line + "the versions whose weights were kept hold no more samples with a response"

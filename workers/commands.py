@@ -23,10 +23,12 @@ import shutil
 import sys
 import tomllib
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from workers.audit_lines import audit_line, coverage_line
+from workers.audit_lines import audit_line, coverage_line, shortfall_line
+from workers.cli_errors import guarded
 
 COMMANDS = ("worker", "db", "train", "submit", "jobs", "resume", "cancel", "audit", "export")
 DEFAULT_AUDIT_SAMPLES = 20
@@ -93,7 +95,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     )
     audit.add_argument("job_id", type=int)
     audit.add_argument(
-        "--samples", type=int, default=DEFAULT_AUDIT_SAMPLES, help="how many (max 200)"
+        "--samples",
+        type=int,
+        default=DEFAULT_AUDIT_SAMPLES,
+        help="how many (one run checks at most 200, and says so when asked for more)",
     )
     export = commands.add_parser(
         "export",
@@ -166,6 +171,9 @@ def read_config(path: Path) -> dict[str, Any]:
 
 
 def _print_progress(meta: dict[str, Any]) -> None:
+    if meta.get("phase"):  # before the steps: e.g. a Hub model's download
+        print(meta["phase"], flush=True)
+        return
     fields = [f"step {meta['step']}/{meta['total_steps']}"]
     if meta.get("version") is not None:
         fields.append(f"version {meta['version']}")
@@ -181,6 +189,7 @@ def run_train(path: Path) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from db import migrate
     from workers.app import repository
+    from workers.job_files import check_output_dir
     from workers.jobs import run_job
     from workers.settings import Settings
     from workers.specs import check_trackers_installed, validate
@@ -189,10 +198,11 @@ def run_train(path: Path) -> int:
     total_steps = validate("train", config)
     check_trackers_installed(config)
     migrate.upgrade()
-    repo = repository()
+    repo, settings = repository(), Settings.from_env()
+    check_output_dir(config, settings, repo)
     job = repo.create_job("train", config, total_steps=total_steps)
     print(f"job {job.id}", flush=True)
-    outcome = run_job(repo, job.id, Settings.from_env(), progress=_print_progress)
+    outcome = run_job(repo, job.id, settings, progress=_print_progress)
     print(f"job {job.id} {outcome.status}" + (f": {outcome.error}" if outcome.error else ""))
     return 0 if outcome.status == "succeeded" else 1
 
@@ -238,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "worker":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    return run(args, extra)
+    return guarded(partial(run, args, extra))
 
 
 def run_audit(job_id: int, samples: int) -> int:
@@ -252,8 +262,8 @@ def run_audit(job_id: int, samples: int) -> int:
     from workers.scoring import AUDIT_TOLERANCE, MAX_AUDIT_SAMPLES, audit_samples
     from workers.settings import Settings
 
-    if not 1 <= samples <= MAX_AUDIT_SAMPLES:
-        print(f"refused: --samples must be from 1 to {MAX_AUDIT_SAMPLES}")
+    if samples < 1:
+        print("refused: --samples must be at least 1")
         return 1
     repo = repository()
     try:
@@ -267,10 +277,12 @@ def run_audit(job_id: int, samples: int) -> int:
     kept = {v.version for v in versions if v.recorded is not None and weights_kept(v.recorded)}
     not_kept = {v.version: v.num_samples for v in versions if v.version not in kept}
     drawn_from = random.sample(sorted(kept), min(len(kept), MAX_PAGE_SIZE))
-    ids = repo.random_sample_ids(job_id, samples, drawn_from)
+    ids = repo.random_sample_ids(job_id, min(samples, MAX_AUDIT_SAMPLES), drawn_from)
     results = audit_samples(repo, Settings.from_env(), ids)["samples"] if ids else []
     for result in results:
         print(audit_line(result), flush=True)
+    if len(results) < samples:
+        print(shortfall_line(samples, len(results), MAX_AUDIT_SAMPLES))
     statuses = Counter(result["status"] for result in results)
     print(coverage_line(statuses, not_kept) + f" (tolerance {AUDIT_TOLERANCE:g} per token, fp32)")
     checked = statuses["pass"] + statuses["fail"]
@@ -281,7 +293,7 @@ def run_export(job_id: int, version: int, directory: Path, merged: bool) -> int:
     """The ``export`` command: a kept version's adapter, merged model or checkpoint (its
     training state left out) written to ``directory`` at once; 1 and why when refused."""
     from core_engine.adapters import export_merged, is_adapter_dir
-    from core_engine.atomic_dir import atomic_dir
+    from core_engine.atomic_dir import new_dir
     from core_engine.rl.trainer.checkpoint import TRAINING_STATE
     from db import NotFound
     from workers.app import repository
@@ -295,7 +307,7 @@ def run_export(job_id: int, version: int, directory: Path, merged: bool) -> int:
         if merged and adapter:
             export_merged(source, directory)
         else:
-            with atomic_dir(directory) as staging:
+            with new_dir(directory) as staging:
                 ignore = shutil.ignore_patterns(*TRAINING_STATE)
                 shutil.copytree(source, staging, ignore=ignore, dirs_exist_ok=True)
     except (NotFound, WeightsNotKept, OSError, ValueError) as exc:

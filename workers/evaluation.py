@@ -85,8 +85,12 @@ def run_evaluate(
     repo: Repository, job: JobInfo, settings: Settings, control: JobControl
 ) -> Outcome:
     spec = evaluate_spec(job.config)
+
+    def phase(text: str) -> None:  # a Hub model's download
+        control.report(0, 1, phase=text)
+
     if spec.model is not None:
-        target = Target(resolve_model(spec.model), 0)
+        target = Target(resolve_model(spec.model, phase), 0)
     else:
         target = source_version(repo, spec.job_id, spec.version)
     if repo.get_version(job.id, target.version) is None:

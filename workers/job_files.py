@@ -1,20 +1,24 @@
 """The files a job names, checked when it is submitted and again by the worker before it runs
 a queued job, without reading them (`core_engine.user_files`): a model must be a checkpoint
-directory under ``RLWB_MODEL_ROOTS`` (colon-separated; default the data dir) holding only
-regular files of bounded size, a data file (or saved dataset directory) of at most
-`MAX_DATA_BYTES` under those roots or the data dir, an ``output_dir`` under the data dir;
-links are resolved first. At submission the data are also read (`check_data_records`), and
-the prompts must fit the model's context with ``max_tokens`` (`check_prompt_room`).
+directory under ``RLWB_MODEL_ROOTS`` (colon-separated; default the data dir) or one the package
+ships (the demo policies, by path too) holding only regular files of bounded size, a data file
+(or saved dataset directory) of at most `MAX_DATA_BYTES` under those roots or the data dir, an
+``output_dir`` under the data dir; links are resolved first. At submission the data are also
+read (`check_data_records`), and the prompts must fit the model's context with ``max_tokens``
+(`check_prompt_room`). A model that is a PEFT adapter has bounded ranks and a base that passes
+the same check (`check_adapter_base`); an ``output_dir`` keeps apart from the data dir itself,
+the jobs' default folders and every earlier job's output folder (`check_output_dir`).
 """
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from core_engine.assets import SHIPPED_POLICY
+from core_engine.lora_settings import ADAPTER_CONFIG, read_adapter_config
 from core_engine.rl.config import GRPOConfig, approx_parameters
 from core_engine.rl.data import DataError, longest_prompt, longest_records
 from core_engine.rl.data.files import load_records, split_heldout
@@ -29,29 +33,38 @@ from core_engine.user_files import (
     read_text,
     regular_file,
 )
-from db import data_dir
+from db import Repository, data_dir
+from workers import hub
 from workers.chat import checkpoint_context
 from workers.settings import Settings
 from workers.specs import DEMO_MODEL, SpecError, data_columns, heldout_settings
 
 PROMPTS_CHECKED = 64  # the records of the longest prompts (characters) rendered at submission
+SHIPPED_MODELS = SHIPPED_POLICY.parent  # the checkpoints the package ships: always allowed
 
 
 class DemoPolicyMissing(FileNotFoundError):
     """The shipped demo policy is not where the package keeps it."""
 
 
-def resolve_model(model: str) -> str:
+def resolve_model(model: str, download: Callable[[str], None] | None = None) -> str:
     """The checkpoint directory for ``model``: `DEMO_MODEL` is the policy shipped in the
-    repository (`core_engine.assets.SHIPPED_POLICY`), anything else a directory."""
-    if model != DEMO_MODEL:
-        return model
-    if not (SHIPPED_POLICY / "config.json").is_file():
-        raise DemoPolicyMissing(
-            f"the demo policy is missing from {SHIPPED_POLICY}: rebuild it with "
-            "`python -m core_engine.rl.demo_policy` (make demo-policy)"
-        )
-    return str(SHIPPED_POLICY)
+    repository (`core_engine.assets.SHIPPED_POLICY`); a Hugging Face Hub id
+    (`workers.hub.is_hub_id`) its snapshot in the Hugging Face cache, downloaded first when
+    ``download`` is given (told how far it is), else the id until it is there; anything else a
+    directory."""
+    if model == DEMO_MODEL:
+        if not (SHIPPED_POLICY / "config.json").is_file():
+            raise DemoPolicyMissing(
+                f"the demo policy is missing from {SHIPPED_POLICY}: rebuild it with "
+                "`python -m core_engine.rl.demo_policy` (make demo-policy)"
+            )
+        return str(SHIPPED_POLICY)
+    if hub.is_hub_id(model) and download is not None:
+        return str(hub.download(model, download))
+    if hub.is_hub_id(model):
+        return str(hub.cached_snapshot(model) or model)
+    return model
 
 
 def model_parameters(model: str) -> int | None:
@@ -94,15 +107,40 @@ def check_kv_budget(config: dict[str, Any], model_dir: Path) -> None:
         )
 
 
-def check_model(model: str, roots: Sequence[Path]) -> Path:
+def check_model(model: str, roots: Sequence[Path]) -> Path | None:
     """The checkpoint directory ``model`` names, or `SpecError`: it must lie under ``roots``
-    and hold only regular files of bounded size (`core_engine.user_files.checkpoint_dir`)."""
-    if not is_under(Path(model), roots):
+    or be one the package ships (`SHIPPED_MODELS`, wherever the workbench runs), and hold only
+    regular files of bounded size (`core_engine.user_files.checkpoint_dir`). A Hugging Face Hub
+    id must be one this machine can have (`workers.hub.check_hub_model`): its cached snapshot,
+    None while the worker is yet to download it."""
+    if hub.is_hub_id(model):
+        return hub.check_hub_model(model)
+    allowed = (*roots, SHIPPED_MODELS)
+    if not is_under(Path(model), allowed):
         raise SpecError(f"model: {model} is not under a model root (RLWB_MODEL_ROOTS)")
     try:
-        return checkpoint_dir(model, roots)
+        return checkpoint_dir(model, allowed)
     except UnsafeFileError as exc:
         raise SpecError(f"model: {exc}") from None
+
+
+def check_adapter_base(checkpoint: Path, model: str, roots: Sequence[Path]) -> None:
+    """`SpecError` when the checkpoint of ``model`` is a PEFT adapter, which is loaded on the
+    base it names, whose ranks are out of bounds (`read_adapter_config`) or whose base fails
+    `check_model` or is an adapter itself."""
+    if not (checkpoint / ADAPTER_CONFIG).is_file():
+        return
+    try:
+        base = read_adapter_config(checkpoint)["base_model_name_or_path"]
+    except ValueError as exc:
+        raise SpecError(f"model: {exc}") from None
+    try:
+        base_checkpoint = check_model(base, roots)
+    except SpecError as exc:
+        problem = str(exc).removeprefix("model: ")
+        raise SpecError(f"model: the base of the adapter {model}: {problem}") from None
+    if base_checkpoint is not None and (base_checkpoint / ADAPTER_CONFIG).is_file():
+        raise SpecError(f"model: the base of the adapter {model}, {base}, is an adapter too")
 
 
 def check_data_file(data: str, roots: Sequence[Path], key: str = "data") -> None:
@@ -193,15 +231,64 @@ def _load_tokenizer(model: str, identity: tuple[tuple[str, int, int], ...]) -> A
     return AutoTokenizer.from_pretrained(model, local_files_only=True)
 
 
+def absolute_paths(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with its relative paths made absolute from the directory it is submitted in
+    (the worker may run in another); a ``model`` that is no local path (`DEMO_MODEL`, a Hub
+    id) stays as it is."""
+    paths = {}
+    for key in ("model", "data", "heldout_data", "output_dir"):
+        value = config.get(key)
+        if not isinstance(value, str) or not value or os.path.isabs(value):
+            continue
+        if key != "model" or (value != DEMO_MODEL and Path(value).exists()):
+            paths[key] = os.path.abspath(value)
+    return {**config, **paths}
+
+
 def check_paths(config: dict[str, Any], settings: Settings) -> None:
     """`SpecError` unless every file the job names is one it may use (see the docstring)."""
     roots = model_roots(settings.data_dir)
     model = config.get("model")
     if isinstance(model, str) and model != DEMO_MODEL:
-        check_kv_budget(config, check_model(model, roots))
+        checkpoint = check_model(model, roots)
+        if checkpoint is not None:
+            check_adapter_base(checkpoint, model, roots)
+            check_kv_budget(config, checkpoint)
     for key in ("data", "heldout_data"):
         if isinstance(config.get(key), str):
             check_data_file(config[key], (*roots, settings.data_dir), key)
     output = config.get("output_dir")
     if isinstance(output, str) and not is_under(Path(output), (settings.data_dir,)):
         raise SpecError(f"output_dir: {output} is not under the data directory")
+
+
+def job_output_dir(job_id: int, config: Mapping[str, Any], settings: Settings) -> Path:
+    """A train job's checkpoint folder: its ``output_dir``, else ``jobs/<id>`` in the data dir."""
+    return Path(config.get("output_dir") or settings.jobs_dir / str(job_id))
+
+
+def check_output_dir(
+    config: Mapping[str, Any], settings: Settings, repo: Repository, job_id: int | None = None
+) -> None:
+    """`SpecError` when the ``output_dir`` of job ``job_id`` (None: a job not yet created) is
+    the data directory or holds it, lies among the jobs' default folders (``jobs/``), or is
+    inside an earlier job's output folder or holds one: a job starts by cleaning its folder
+    (`workers.training.reconcile`), which would delete another job's checkpoints. The folder
+    belongs to the first job that names it."""
+    output = config.get("output_dir")
+    if not isinstance(output, str) or not output:
+        return
+    mine = Path(output).resolve()
+    if settings.data_dir.resolve().is_relative_to(mine):
+        raise SpecError(f"output_dir: {output} is the data directory or holds it")
+    if mine.is_relative_to(settings.jobs_dir.resolve()):
+        raise SpecError(
+            f"output_dir: {output} is inside {settings.jobs_dir}, the folders of the jobs "
+            "that name no output_dir"
+        )
+    for other, folder in sorted(repo.output_dirs().items()):
+        if job_id is not None and other >= job_id:
+            continue
+        theirs = Path(folder).resolve()
+        if mine.is_relative_to(theirs) or theirs.is_relative_to(mine):
+            raise SpecError(f"output_dir: {output} overlaps job {other}'s output folder {folder}")

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from core_engine.rl.data import DataError
 from db import InvalidTransition, JobInfo, JobKind, JobStatus, Repository, StaleOwner, StorageError
 from workers.control import JobControl, Outcome, ProgressFn, Stop
-from workers.job_files import check_paths
+from workers.job_files import check_output_dir, check_paths
 from workers.settings import Settings
 from workers.specs import SpecError, check_sizes
 
@@ -100,6 +100,7 @@ def _run(
         if queued:
             check_sizes(job.kind, job.config)
             check_paths(job.config, settings)
+            check_output_dir(job.config, settings, repo, job.id)
         return _runner(job.kind)(repo, job, settings, control)
     except StaleOwner:
         return Outcome("interrupted", stop=Stop.LOST)

@@ -35,7 +35,7 @@ class Settings:
 
     @classmethod
     def from_env(cls) -> "Settings":
-        """``RLWB_DATA_DIR`` (default ``./data``), ``REDIS_URL``, ``RLWB_VISIBILITY_TIMEOUT``
+        """``RLWB_DATA_DIR`` (default: `db.data_dir`), ``REDIS_URL``, ``RLWB_VISIBILITY_TIMEOUT``
         (seconds, default one day: longer than the longest job), ``RLWB_MAX_ATTEMPTS``
         (starts of one job, default 3), ``RLWB_DEVICE`` (the trainer and every engine of
         this worker's jobs, default cpu), ``RLWB_ENGINE_CACHE`` (warm engines kept per

@@ -10,7 +10,12 @@ from typing import Any
 from celery import Celery
 
 from db import JobInfo, JobKind, JobStatus
-from workers.job_files import check_data_records, check_paths
+from workers.job_files import (
+    absolute_paths,
+    check_data_records,
+    check_output_dir,
+    check_paths,
+)
 from workers.settings import Settings
 from workers.specs import (
     check_sizes,
@@ -36,15 +41,19 @@ def validate_job(kind: JobKind | str, config: dict[str, Any]) -> int | None:
 
 
 def submit_job(kind: JobKind | str, config: dict[str, Any]) -> JobInfo:
-    """Validate ``config`` (see `workers.specs`; raises `SpecError`), store a queued job and
-    send its task to the ``gpu`` queue."""
+    """Validate ``config`` (see `workers.specs`; raises `SpecError`), its relative paths made
+    absolute here (`absolute_paths`), store a queued job and send its task to the ``gpu``
+    queue."""
     from workers.app import enqueue, repository
 
+    config = absolute_paths(config) if isinstance(config, dict) else config
     total_steps = validate_job(kind, config)
-    check_paths(config, Settings.from_env())
+    settings = Settings.from_env()
+    check_paths(config, settings)
+    repo = repository()
+    check_output_dir(config, settings, repo)
     if JobKind(kind) is JobKind.TRAIN:
         check_data_records(config)
-    repo = repository()
     job = repo.create_job(kind, config, total_steps=total_steps)
     enqueue(celery_app(), repo, job)
     return repo.get_job(job.id)

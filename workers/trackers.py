@@ -25,8 +25,9 @@ log = logging.getLogger(__name__)
 
 # Our metric (`db.PolicyMetrics` field or ``extra`` key) -> the name TRL's GRPOTrainer logs
 # for the same quantity. Metrics TRL lacks keep our name (heldout_accuracy, tokens_per_second,
-# zero_variance_groups, the timings ...). reward_std is the whole batch's standard deviation
-# (TRL's is the mean of the groups' ones).
+# zero_variance_groups, the timings ...), and so do those we name as TRL does (learning_rate,
+# the optimizer's; entropy, the trained tokens' mean). reward_std is the whole batch's standard
+# deviation (TRL's is the mean of the groups' ones).
 TRL_NAMES = {
     "reward_mean": "reward",
     "reward_std": "reward_std",
@@ -38,6 +39,7 @@ TRL_NAMES = {
     "train_infer_mismatch": "sampling/sampling_logp_difference/max",
     "mismatch_mean": "sampling/sampling_logp_difference/mean",
     "tis_weight_mean": "sampling/importance_sampling_ratio/mean",
+    "zero_variance_fraction": "frac_reward_zero_std",  # the share of groups rewarded alike
 }
 # Where Hugging Face's Trainer puts training metrics in TensorBoard, W&B and trackio (MLflow
 # gets the bare names), e.g. ``train/reward``.

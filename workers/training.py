@@ -27,7 +27,7 @@ from core_engine.weights import model_checksum
 from db import JobInfo, PolicyMetrics, PolicyVersionRecord, Repository
 from workers.control import JobControl, Outcome
 from workers.evaluation import HeldoutEval, heldout_eval
-from workers.job_files import resolve_model
+from workers.job_files import job_output_dir, resolve_model
 from workers.records import policy_metrics, trainer_batches
 from workers.settings import Settings
 from workers.specs import data_columns, heldout_settings, report_to, train_config
@@ -159,20 +159,19 @@ def checkpoint_writer(repo: Repository, control: JobControl) -> Writer:
     return Writer(f"attempt{control.fence}", lambda: repo.owning(control.job_id, control.fence))
 
 
-def output_dir(job: JobInfo, settings: Settings) -> Path:
-    """The job's checkpoint directory: ``output_dir`` from its config, else the data dir's."""
-    return Path(job.config.get("output_dir") or settings.jobs_dir / str(job.id))
-
-
 def run_training(
     repo: Repository, job: JobInfo, settings: Settings, control: JobControl
 ) -> Outcome:
     """Run (or resume) a train job until its steps are done, it is stopped, it stalls (no
     reward variance left to learn from) or it fails."""
-    control.report(job.step, job.total_steps, phase=LOADING_PHASE)  # a 7B load takes a while
-    model = resolve_model(job.config["model"])
+
+    def phase(text: str) -> None:  # before the steps: a Hub model's download, a 7B load
+        control.report(job.step, job.total_steps, phase=text)
+
+    model = resolve_model(job.config["model"], download=phase)
+    phase(LOADING_PHASE)
     values = {"device": settings.device, **job.config, "model": model}
-    config = train_config(values, str(output_dir(job, settings)))
+    config = train_config(values, str(job_output_dir(job.id, job.config, settings)))
     reconcile(repo, job.id, config.output_dir, control.fence)
     columns = data_columns(job.config)
     records = prompt_records(config.task, config.data, seed=config.seed, columns=columns)

@@ -5,6 +5,7 @@ python -m core_engine.network --model PATH [--host 127.0.0.1] [--port 8000]
     [--kv-strategy paged|contiguous] [--max-batch-size N] [--max-seq-len N]
     [--kv-cache-bytes N] [--gpu-memory-utilization F]
     [--served-model-name NAME] [--device cpu|cuda] [--dtype float32|bfloat16|float16]
+    [--stream-write-timeout SECONDS]
 
 A non-loopback `--host` needs `--api-key` (or the explicit `--allow-unauthenticated-public`).
 The API key may also come from the `RLWB_API_KEY` environment variable. Without a key, a
@@ -22,6 +23,7 @@ import uvicorn
 
 from core_engine.engine import DTYPES, load_engine
 from core_engine.network.app import create_app
+from core_engine.network.limits import ServerLimits
 from core_engine.scheduler import EngineConfig
 from core_engine.task import KV_STRATEGIES
 
@@ -57,6 +59,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="auto",
         help="engine dtype (auto: bfloat16 on CUDA, float32 on CPU)",
     )
+    parser.add_argument(
+        "--stream-write-timeout",
+        type=float,
+        default=ServerLimits.stream_write_timeout_s,
+        help="seconds a streaming client may take no data before its request is cancelled",
+    )
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     if not (args.api_key or args.allow_unauthenticated_public or is_loopback(args.host)):
@@ -90,6 +98,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     app = create_app(
         engine,
         args.served_model_name or args.model,
+        limits=ServerLimits(stream_write_timeout_s=args.stream_write_timeout),
         api_key=args.api_key,
         loopback=is_loopback(args.host),
     )

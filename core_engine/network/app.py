@@ -147,7 +147,7 @@ def create_app(
             prompt_tokens=prompt_tokens,
             include_usage=body.include_usage,
         )
-        return EventStreamResponse(sse_stream(events, ctx), events)
+        return EventStreamResponse(sse_stream(events, ctx), events, limits.stream_write_timeout_s)
 
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest) -> Response:

@@ -4,7 +4,9 @@ Refusals are OpenAI-style errors: 413 for a body over the size limit, 400 for a 
 over a limit or a prompt too long for the context, 429 when the admission queue is full, 503
 when a queued request waited too long. Each check runs before the work it bounds. No request
 ever spawns a thread per sequence (see `bridge.py`), so the in-flight bound is the server's
-whole generation concurrency.
+whole generation concurrency. A stream whose client takes none of a write for
+`stream_write_timeout_s` is cancelled (`stream.py`), so a client that stops reading holds its
+share of that bound no longer.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class ServerLimits:
     max_sequences_in_flight: int = 256  # prompts x n over every request being generated
     max_queued_requests: int = 64  # requests waiting for room; one more is a 429
     queue_timeout_s: float = 60.0  # a queued request waiting longer is a 503
+    stream_write_timeout_s: float = 30.0  # a stream write not taken by then cancels the stream
     # A prompt of more characters than context x this is refused before it is tokenized.
     # Prose averages about 4 characters per token and code 3 to 6, so only a prompt made
     # mostly of long runs of whitespace or punctuation can be refused although it would fit.

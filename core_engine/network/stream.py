@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from core_engine.network.bridge import HandleEvents
 from core_engine.network.detok import IncrementalText
@@ -17,6 +19,8 @@ from core_engine.network.errors import engine_error
 from core_engine.network.formats import OutputFormat
 from core_engine.serving import TokenEvent
 from core_engine.task import GenerationResult
+
+log = logging.getLogger(__name__)
 
 
 def sse(payload: dict[str, Any] | str) -> str:
@@ -133,19 +137,41 @@ def _flush(
     return chunks
 
 
+class _ClientStalled(Exception):
+    """A stream write the client did not take in time."""
+
+
 class EventStreamResponse(StreamingResponse):
     """An SSE response that cancels the request's unfinished engine tasks when it ends,
-    however it ends: completed, client disconnected, or server shutting down."""
+    however it ends: completed, client disconnected, server shutting down, or a write the
+    client did not take within `write_timeout_s` (it stopped reading: the server's buffers
+    for it are full). The connection is then closed once what is buffered is sent."""
 
-    def __init__(self, content: AsyncIterator[str], events: HandleEvents) -> None:
+    def __init__(
+        self, content: AsyncIterator[str], events: HandleEvents, write_timeout_s: float
+    ) -> None:
         super().__init__(content, media_type="text/event-stream")
         self.headers["Cache-Control"] = "no-cache"
         self._events = events
+        self._write_timeout_s = write_timeout_s
         self.on_close: Callable[[], Awaitable[None]] | None = None  # after the stream ends
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_in_time(message: Message) -> None:
+            try:
+                with anyio.fail_after(self._write_timeout_s):
+                    await send(message)
+            except TimeoutError:
+                raise _ClientStalled from None
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send_in_time)
+        except _ClientStalled:
+            log.warning(
+                "%s: the client took no data for %g s; the stream is cancelled",
+                scope.get("client"),
+                self._write_timeout_s,
+            )
         finally:
             self._events.cancel()
             if self.on_close is not None:

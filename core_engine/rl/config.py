@@ -179,6 +179,13 @@ class GRPOConfig:
         `max_episode_tokens` (its turns and observations)."""
         return self.max_episode_tokens if self.environment is not None else self.max_tokens
 
+    @property
+    def sample_version_span(self) -> int:
+        """How many versions after its stamp (its oldest token's) a sample's tokens may come
+        from: an update lands mid-sample only `in_flight`, and the staleness bound keeps the
+        newest within `max_policy_lag` of the oldest."""
+        return self.max_policy_lag if self.pipeline == "in_flight" else 0
+
     def generates_in_process(self, device_type: str) -> bool:
         """A pipelined full-weight job on a CPU generates in a child process over the shared
         weights (`core_engine.rl.rollout.process`), with its own KV pool."""

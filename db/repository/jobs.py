@@ -111,6 +111,16 @@ class JobsMixin(RepositoryBase):
         with self._read() as session:
             return session.scalar(statement)
 
+    def output_dirs(self) -> dict[int, str]:
+        """job id -> the ``output_dir`` its config names, for every train job that names one."""
+        statement = select(Job.id, Job.config).where(Job.kind == JobKind.TRAIN)
+        with self._read() as session:
+            rows = session.execute(statement).all()
+        named = {job_id: config.get("output_dir") for job_id, config in rows}
+        return {
+            job_id: folder for job_id, folder in named.items() if folder and isinstance(folder, str)
+        }
+
     def set_celery_task_id(self, job_id: int, celery_task_id: str) -> JobInfo:
         """Remember the Celery task that runs the job (to revoke it while queued)."""
         with self._write() as session:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -14,11 +16,19 @@ HANG_GUARD_S = 120  # starting or stopping the server (quiet: milliseconds); onl
 
 
 @contextlib.contextmanager
-def running_server(app: FastAPI) -> Iterator[str]:
-    """Serve `app` on a background thread; yields its base URL, shuts it down on exit."""
+def running_server(app: FastAPI, send_buffer: int | None = None) -> Iterator[str]:
+    """Serve `app` on a background thread; yields its base URL, shuts it down on exit.
+    `send_buffer`: the bytes of the kernel's send buffer of each connection (default: the
+    kernel's, which grows to megabytes on loopback)."""
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error")
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
+    run = server.run
+    if send_buffer is not None:  # accepted connections inherit the listener's buffer size
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+        listener.bind(("127.0.0.1", 0))
+        run = functools.partial(server.run, sockets=[listener])
+    thread = threading.Thread(target=run, name="test-uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + HANG_GUARD_S
     while not server.started:

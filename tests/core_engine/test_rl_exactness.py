@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from core_engine.rl.objective import update as update_module
+from core_engine.rl.objective.logprobs import packed_response_logprobs
 from core_engine.rl.objective.loss import policy_loss
 from core_engine.rl.trainer.checkpoint import latest_checkpoint, read_trainer_state
 from core_engine.rl.trainer.grpo import TrainingError
@@ -81,13 +82,13 @@ def test_a_non_finite_step_is_rejected_and_nothing_advances(checkpoint, tmp_path
         drop_zero_variance_groups=False,  # every batch reaches the loss
     )
     before = weights_of(trainer)
-    real = update_module.packed_response_logprobs
+    real = update_module.packed_response_scores
 
     def poisoned(*args, **kwargs):
-        rows = real(*args, **kwargs)
-        return [rows[0] * float("nan"), *rows[1:]]
+        rows, entropies = real(*args, **kwargs)
+        return [rows[0] * float("nan"), *rows[1:]], entropies
 
-    monkeypatch.setattr(update_module, "packed_response_logprobs", poisoned)
+    monkeypatch.setattr(update_module, "packed_response_scores", poisoned)
     record = trainer.step()
     assert record.status == "rejected" and "non_finite" in record.reasons[-1]
     assert trainer.version == trainer.engine.version == 0 and trainer.step_index == 0
@@ -128,7 +129,7 @@ def test_gradients_equal_hugging_face_with_pad_inside_the_response(arch, tied):
     ours, hf = make_pair(arch, seed=3, pad_token_id=0, tie_word_embeddings=tied)
     ours.train()
     prompt, response = [4, 13, 17], [0, 0, 9]
-    update_module.packed_response_logprobs(ours, [prompt], [response], 1.0)[0].sum().backward()
+    packed_response_logprobs(ours, [prompt], [response], 1.0)[0].sum().backward()
     logits = hf(torch.tensor([prompt + response])).logits[0].float()
     logp = logits.log_softmax(-1)[len(prompt) - 1 : -1]
     logp.gather(-1, torch.tensor(response)[:, None]).sum().backward()

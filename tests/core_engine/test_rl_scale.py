@@ -161,6 +161,26 @@ def test_retention_keeps_the_last_and_every_nth_and_optimizer_state_only_for_the
     assert resumed.version == 7 and resumed.optimizer.state
 
 
+def test_an_in_flight_run_keeps_the_versions_its_kept_samples_span(checkpoint, tmp_path):
+    """A sample stamped with a kept version may hold tokens of the next `max_policy_lag`
+    versions (an update landed mid-sample): with full weights its audit said "weights not
+    kept" unless those were kept too (issue 32)."""
+    trainer = make_trainer(
+        checkpoint,
+        tmp_path,
+        steps=7,
+        checkpoint_every=1,
+        pipeline="in_flight",
+        max_policy_lag=1,
+        keep_last=1,
+        keep_every=3,
+        drop_zero_variance_groups=False,
+    )
+    trainer.train()
+    kept = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "run").glob("version-*"))
+    assert kept == [1, 3, 4, 6, 7]  # version 0, the model itself, is kept: so is 1
+
+
 def test_engine_shares_the_trainers_weights_when_the_dtypes_match(checkpoint, tmp_path):
     trainer = make_trainer(checkpoint, tmp_path)
     assert trainer.engine.model is trainer.model

@@ -1,5 +1,7 @@
-"""`/health` answers at once while the heaviest requests the limits let in are served
-(issue 24, item 2).
+"""`/health` answers while the heaviest requests the limits let in are served (issue 24,
+item 2), asserted by where the heavy work runs and by order, never by a number of milliseconds
+(issue 32: a test asserts behaviour, not speed; `benchmarks/bench_server_latency.py` measures
+the latency).
 
 Each heavy request below is an input that once held the server's event loop: a 2 MiB prompt
 (tokenized on the loop before any limit: three delayed `/health` by 18.5 s), 64 prompts at the
@@ -8,21 +10,32 @@ collection of the whole heap: 250 ms), streams with the most and the longest sto
 (every token decoded the whole output and scanned every stop string: four such requests
 delayed `/health` by 40.7 s), and a response with the log-probs of 64 samples (decoded and
 serialized on the loop). This mix delayed `/health` by up to 3.8 s before the fix.
+
+While the mix is served, the functions doing that work (tokenizing, detokenizing, stop
+matching, serializing a response body) are probed: every call must run on a thread with no
+event loop, and the first call of each kind is held inside the function until `/health` has
+answered: had it run on the loop, `/health` could not answer before it returned.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
-import statistics
 import threading
-import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import pytest
 
 from core_engine.engine import load_engine
+from core_engine.network import app as app_module
 from core_engine.network import create_app
 from core_engine.network.limits import ServerLimits
+from core_engine.network.stops import StopMatcher
 from core_engine.scheduler import EngineConfig
 from core_engine.toy import save_tiny_checkpoint
 
@@ -33,27 +46,81 @@ CONTEXT = 256
 LIMITS = ServerLimits()  # the defaults
 PROMPT = "hey"
 MAX_TOKENS = CONTEXT - 8  # room for the prompt's tokens
-# The issue's goal is 100 ms. On a 2-core machine that also runs the engine, the clients and
-# the tokenizing threads, /health is one short loop callback, but each of its GIL hand-overs
-# may wait a 5 ms switch interval per busy thread, and a 2 MiB JSON body is parsed on the loop
-# in one C call (10-25 ms). Measured here: p95 7-13 ms, max 23-71 ms (before: max 3.8 s).
-# So the goal bounds the 95th percentile, and a single poll may take 2.5 times as long.
-P95_BOUND_S = 0.100
-MAX_BOUND_S = 0.250
+# Hang guards, not speed bounds. A held call waits at most this long for the test to release
+# it once `/health` has answered (a round trip: milliseconds; about a second on a loaded
+# machine): only a call that blocks the event loop waits it out, and the test then fails.
+HOLD_LIMIT_S = 60.0
+REQUESTS_LIMIT_S = 600.0  # the whole mix: about 10 s on a quiet 2-core machine
+HEAVY_KINDS = ("tokenize", "detokenize", "stop matching", "response body")
+
+
+@dataclass
+class Hold:
+    """The next matching call of one kind waits inside the function until `release`."""
+
+    entered: threading.Event = field(default_factory=threading.Event)
+    released: threading.Event = field(default_factory=threading.Event)
+    returned: threading.Event = field(default_factory=threading.Event)
+    waited_out: bool = False  # the hang guard released it, not the test
+
+
+@dataclass
+class Probe:
+    """Where each heavy call ran (kind -> [ran on an event loop's thread?]), and the holds."""
+
+    engine_threads: set[int]  # the threads that step the engine (none is an event loop)
+    calls: dict[str, list[bool]] = field(default_factory=lambda: defaultdict(list))
+    holds: dict[str, Hold] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def wrap(self, kind: str, fn: Callable[..., Any], holdable: Callable[..., bool]) -> Any:
+        @functools.wraps(fn)
+        def probed(*args: Any, **kwargs: Any) -> Any:
+            with self.lock:
+                self.calls[kind].append(_on_event_loop())
+                hold = self.holds.get(kind)
+                # held: the first call of the kind made for a request (not by the engine)
+                held = not (
+                    hold is None
+                    or hold.entered.is_set()
+                    or threading.get_ident() in self.engine_threads
+                    or not holdable(*args, **kwargs)
+                )
+                if held:
+                    hold.entered.set()
+            if not held:
+                return fn(*args, **kwargs)
+            hold.waited_out = not hold.released.wait(HOLD_LIMIT_S)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                hold.returned.set()
+
+        return probed
+
+
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 @pytest.fixture(scope="module")
-def url(tmp_path_factory):
+def served(tmp_path_factory):
     path = save_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), max_position_embeddings=CONTEXT)
     engine = load_engine(path, EngineConfig(max_batch_size=256, kv_cache_bytes=64 << 20))
     with running_server(create_app(engine, MODEL, limits=LIMITS)) as base:
-        yield base
+        yield base, engine
 
 
 def send(url: str, path: str, body: bytes) -> tuple[int, bytes]:
     """POST a JSON body; the status and the raw response (a stream read to its end)."""
     headers = {"content-type": "application/json"}
-    with httpx.stream("POST", url + path, content=body, headers=headers, timeout=120) as r:
+    with httpx.stream(
+        "POST", url + path, content=body, headers=headers, timeout=REQUESTS_LIMIT_S
+    ) as r:
         return r.status_code, b"".join(r.iter_raw())
 
 
@@ -69,7 +136,7 @@ def stop_strings(url: str) -> list[str]:
 
 
 def heavy_requests(stops: list[str]) -> dict[str, tuple[str, bytes]]:
-    """Name -> (path, JSON body) of each heavy request, serialized before the measurement."""
+    """Name -> (path, JSON body) of each heavy request, serialized before they are sent."""
     completions, chat = "/v1/completions", "/v1/chat/completions"
     at_char_limit = "ab" * (CONTEXT * LIMITS.max_chars_per_token // 2)
     samples = {"n": 4, "max_tokens": MAX_TOKENS, "ignore_eos": True}
@@ -104,29 +171,78 @@ def finish_reasons(stream: bytes) -> list[str]:
     return [c["finish_reason"] for chunk in chunks for c in chunk["choices"] if c["finish_reason"]]
 
 
-def test_health_answers_at_once_under_the_heaviest_legal_requests(url):
+@pytest.fixture
+def probe(served, monkeypatch) -> Iterator[Probe]:
+    """The heavy functions of the server, probed: a tokenizer call, a stop matcher's feed and
+    the serialization of a non-streaming body."""
+    _, engine = served
+    engine_threads: set[int] = set()
+    engine.add_listener(lambda _events: engine_threads.add(threading.get_ident()))
+    probe = Probe(engine_threads)
+    tokenizer = engine.tokenizer
+    at_limit = CONTEXT * LIMITS.max_chars_per_token
+
+    def long_text(text: Any, *_: Any, **__: Any) -> bool:
+        return isinstance(text, str) and len(text) >= at_limit
+
+    def anything(*_: Any, **__: Any) -> bool:
+        return True
+
+    for name, kind, holdable in (
+        ("encode", "tokenize", long_text),
+        ("decode", "detokenize", anything),
+    ):
+        monkeypatch.setattr(tokenizer, name, probe.wrap(kind, getattr(tokenizer, name), holdable))
+    monkeypatch.setattr(
+        StopMatcher, "feed", probe.wrap("stop matching", StopMatcher.feed, anything)
+    )
+    body = probe.wrap("response body", app_module.json_bytes, anything)
+    monkeypatch.setattr(app_module, "json_bytes", body)
+    yield probe
+    for hold in probe.holds.values():  # whatever happened, nothing stays held
+        hold.released.set()
+
+
+def test_health_answers_while_each_heavy_call_of_the_heaviest_legal_requests_runs(served, probe):
+    url, _ = served
     requests = heavy_requests(stop_strings(url))
+    probe.holds.update({kind: Hold() for kind in HEAVY_KINDS})
+    probe.calls.clear()
     outcomes: dict[str, tuple[int, bytes]] = {}
     threads = [
         threading.Thread(
             target=lambda name=name, path=path, body=body: outcomes.__setitem__(
                 name, send(url, path, body)
-            )
+            ),
+            daemon=True,
         )
         for name, (path, body) in requests.items()
     ]
-    latencies = []
-    with httpx.Client(base_url=url, timeout=60) as client:
+    answered_while_held: dict[str, bool] = {}
+    with httpx.Client(base_url=url, timeout=REQUESTS_LIMIT_S) as client:
         assert client.get("/health").status_code == 200
         for thread in threads:
             thread.start()
-        while any(thread.is_alive() for thread in threads):
-            start = time.perf_counter()
-            assert client.get("/health").status_code == 200
-            latencies.append(time.perf_counter() - start)
-            time.sleep(0.01)
+        for kind, hold in probe.holds.items():
+            # the heavy requests need these calls: the hang guard bounds a server that hangs
+            assert hold.entered.wait(REQUESTS_LIMIT_S), f"no {kind} call came"
+            health = client.get("/health")
+            # answered while the held call was still inside the function, waiting for us
+            answered_while_held[kind] = not hold.returned.is_set() and not hold.waited_out
+            hold.released.set()
+            assert health.status_code == 200 and health.json()["status"] == "ok"
     for thread in threads:
-        thread.join()
+        thread.join(timeout=REQUESTS_LIMIT_S)
+    assert not any(thread.is_alive() for thread in threads), "a heavy request hangs"
+
+    # every heavy call ran on a thread with no event loop, and each kind was called
+    for kind in HEAVY_KINDS:
+        assert probe.calls[kind], f"no {kind} call: the probe misses the server's path"
+        on_loop = sum(probe.calls[kind])
+        assert not on_loop, f"{on_loop} of {len(probe.calls[kind])} {kind} calls ran on the loop"
+    # and the loop answered /health while each kind of heavy call was in progress
+    blocked = [kind for kind, answered in answered_while_held.items() if not answered]
+    assert not blocked, f"/health was not answered while these calls were held: {blocked}"
 
     for name in [f"2 MiB prompt {i}" for i in range(3)] + ["prompts at the char limit"]:
         status, raw = outcomes[name]
@@ -140,13 +256,3 @@ def test_health_answers_at_once_under_the_heaviest_legal_requests(url):
     choices = json.loads(raw)["choices"]
     assert status == 200 and len(choices) == 64
     assert {len(c["logprobs"]["tokens"]) for c in choices} == {MAX_TOKENS}
-    latencies.sort()
-    p95 = latencies[int(0.95 * len(latencies))]
-    summary = (
-        f"{len(latencies)} polls: median {statistics.median(latencies) * 1e3:.1f} ms, "
-        f"p95 {p95 * 1e3:.1f} ms, max {latencies[-1] * 1e3:.1f} ms"
-    )
-    print(summary)
-    assert len(latencies) >= 50, summary  # the heavy requests kept the server busy a while
-    assert p95 < P95_BOUND_S, summary
-    assert latencies[-1] < MAX_BOUND_S, summary

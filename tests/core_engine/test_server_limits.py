@@ -43,7 +43,9 @@ def server(tmp_path_factory):
     engine = load_engine(path, EngineConfig(max_batch_size=8))
     app = create_app(engine, MODEL, limits=LIMITS, api_key=KEY)
     with running_server(app) as url:
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=30)
+        client = openai.OpenAI(
+            base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=HANG_GUARD_S
+        )
         yield engine, app, url, client
         client.close()
 
@@ -121,6 +123,7 @@ def test_in_flight_bound_queues_then_refuses_without_a_thread_per_sequence(serve
         thread.start()
         return thread
 
+    client.completions.create(model=MODEL, prompt="w", max_tokens=1)  # the server's threads
     threads_before = threading.active_count()
     patient = dataclasses.replace(LIMITS, queue_timeout_s=HANG_GUARD_S)
     with engine.lock:  # nothing generates: the first request holds the whole budget

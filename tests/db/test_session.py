@@ -21,10 +21,17 @@ def test_default_is_a_sqlite_file_in_the_data_dir(
     assert (tmp_path / "data" / SQLITE_FILENAME).is_file()
 
 
-def test_default_data_dir_is_relative_data(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_data_dir_is_per_user(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("DATABASE_URL", raising=False)
     monkeypatch.delenv("RLWB_DATA_DIR", raising=False)
-    assert resolve_url().database == str(Path("data") / SQLITE_FILENAME)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    expected = tmp_path / ".local" / "share" / "rlwb" / SQLITE_FILENAME
+    assert resolve_url().database == str(expected)
+    monkeypatch.setenv("XDG_DATA_HOME", "relative/ignored")  # the XDG spec: absolute only
+    assert resolve_url().database == str(expected)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert resolve_url().database == str(tmp_path / "xdg" / "rlwb" / SQLITE_FILENAME)
 
 
 def test_database_url_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,8 +4,8 @@ launching a compare job."""
 import re
 
 from ui.handlers.compare import (
-    compare_job_status,
     compare_versions,
+    follow_compare_job,
     histogram,
     launch_compare,
     newest_job_with_samples,
@@ -90,19 +90,21 @@ def test_an_invalid_compare_job_is_not_enqueued(services, world, job):
 def test_a_launched_compare_job_is_followed_until_it_finishes(services, world, job):
     repo = world["repo"]
     _, launched = launch_compare(services, job.id, 0, 3, "always7", 8, 1, 4)
-    assert compare_job_status(services, launched) == (
+    assert follow_compare_job(services, launched, job.id, 0, 3) == (
         f"Compare job **#{launched}** is queued.",
         False,
+        None,
     )
     repo.mark_running(launched)
     repo.update_progress(launched, 1, 2)
-    message, finished = compare_job_status(services, launched)
+    message, finished, shown = follow_compare_job(services, launched, job.id, 0, 3)
     assert message.endswith("is running: 1 of 2 versions answered.") and not finished
     repo.mark_failed(launched, "version 3: weights not kept")
-    message, finished = compare_job_status(services, launched)
+    message, finished, shown = follow_compare_job(services, launched, job.id, 0, 3)
     assert from_inert(message).endswith("failed: version 3: weights not kept") and finished
+    assert shown is None
     repo.delete_job(launched)
-    message, finished = compare_job_status(services, launched)
+    message, finished, shown = follow_compare_job(services, launched, job.id, 0, 3)
     assert from_inert(message) == f"**job {launched} does not exist**" and finished
 
 
@@ -145,4 +147,40 @@ def test_compare_defaults_to_versions_with_samples_and_finds_the_held_out_pairs(
     assert services.repository.get_sample(sample).job_id == held.id
     repo.mark_succeeded(train.id)
     repo.delete_job(held.id)
+    repo.delete_job(train.id)
+
+
+def test_the_held_out_comparison_shows_its_pairs_when_it_finishes(services, world):
+    """Compare said the held-out comparison had finished but showed no pairs until another
+    pick (issue 32): the poll that sees it finish shows them."""
+    from db import BatchRecord, PolicyVersionRecord
+    from tests.ui.helpers import _sample
+    from ui.handlers.compare import NO_PAIRS
+
+    repo, model = world["repo"], world["model"]
+    train = repo.create_job("train", {"model": str(model), "task": "always7"}, total_steps=1)
+    repo.mark_running(train.id)
+    for version in (0, 1):  # each version answered a prompt of its own: no pair
+        parent = version - 1 if version else None
+        repo.record_policy_version(PolicyVersionRecord(train.id, version, parent))
+        samples = [_sample(model, version, version, 0)]
+        repo.record_batch(BatchRecord(train.id, version, version, "accepted", samples))
+    repo.mark_succeeded(train.id)
+    assert compare_versions(services, train.id, 0, 1)[3] == NO_PAIRS
+    _, launched = launch_compare(services, train.id, 0, 1, "always7", 8, 1, 4)
+    repo.mark_running(launched)
+    for version in (0, 1):  # the compare job's answers to one held-out prompt
+        repo.record_policy_version(PolicyVersionRecord(launched, version, None))
+        samples = [_sample(model, version, 2, 0)]
+        repo.record_batch(BatchRecord(launched, version, version, "accepted", samples))
+    assert follow_compare_job(services, launched, train.id, 0, 1)[2] is None  # still running
+    repo.mark_succeeded(launched)
+
+    message, finished, shown = follow_compare_job(services, launched, train.id, 0, 1)
+    assert "finished" in message and finished
+    assert shown is not None
+    _, _, _, pairs, sample = shown
+    assert f"compare job #{launched}" in pairs and pairs.count('<tr class="pair">') == 1
+    assert services.repository.get_sample(sample).job_id == launched
+    repo.delete_job(launched)
     repo.delete_job(train.id)

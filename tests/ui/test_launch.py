@@ -3,7 +3,6 @@
 import dataclasses
 import json
 import sys
-import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import pytest
 
 from core_engine.rl.data import count_jsonl
-from tests.core_engine.test_user_files import fifo, sparse, within
+from tests.core_engine.test_user_files import HANG_GUARD_S, fifo, sparse, within
 from ui.handlers.launch import (
     JSONL_SOURCE,
     MAX_UPLOAD_BYTES,
@@ -333,9 +332,7 @@ def test_the_form_refuses_huge_and_non_finite_numbers_and_too_many_samples(
     ):
         assert inert(problem) in launch_job(services, **form(**change))
     monkeypatch.setenv("RLWB_HOST_MEMORY", str(16 * 2**30))
-    started = time.perf_counter()
     refused = launch_job(services, **form(batch_size=65_536, group_size=64, max_tokens=1))
-    assert time.perf_counter() - started < 1.0
     assert inert("footprint: one step's rollouts need at least 20.9 GiB") in refused
     assert world["queue"].submitted == []
 
@@ -350,8 +347,11 @@ def test_special_files_under_the_roots_are_not_offered_and_refused_at_once(servi
         (folder / "model.safetensors").write_bytes(b"")
     fifo(tmp_path / "data" / "pipe.jsonl")
     sparse(tmp_path / "data" / "huge.jsonl")
-    assert model_choices(mine) == [("built-in demo policy", DEMO_MODEL)]
-    assert dataset_choices(mine) == []
+    # scanning the roots opens none of them (an opened FIFO would block for ever)
+    assert within(HANG_GUARD_S, lambda: model_choices(mine)) == [
+        ("built-in demo policy", DEMO_MODEL)
+    ]
+    assert within(HANG_GUARD_S, lambda: dataset_choices(mine)) == []
     for change, problem in (
         ({"model": str(tmp_path / "models" / "pipe")}, "config.json is a FIFO"),
         ({"model": str(tmp_path / "models" / "sparse")}, "over the 64.0 MiB limit"),
@@ -359,7 +359,7 @@ def test_special_files_under_the_roots_are_not_offered_and_refused_at_once(servi
         ({"source": JSONL_SOURCE, "data": str(tmp_path / "data" / "huge.jsonl")}, "4,096.0"),
     ):
         tracemalloc.start()
-        message = within(2.0, lambda c=change: launch_job(mine, **form(**c)))
+        message = within(HANG_GUARD_S, lambda c=change: launch_job(mine, **form(**c)))
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         assert inert(problem) in message and "Nothing was enqueued" in message
@@ -385,10 +385,9 @@ def test_a_64_mib_upload_of_tiny_records_is_parsed_once(services, world, tmp_pat
     _, stored, message = upload_dataset(mine, str(upload))
     assert stored is not None and f"{MAX_UPLOAD_BYTES // len(line)} records" in message
     for _ in range(2):
-        started = time.perf_counter()
         launched = launch_job(mine, **form(source=JSONL_SOURCE, task=None, data=stored))
-        assert time.perf_counter() - started < 1.0 and "is queued" in launched
-    assert len(parses) == 1  # at upload only (was ~23 s per Launch click)
+        assert "is queued" in launched
+    assert len(parses) == 1  # at upload only, not per Launch click (each took ~23 s)
 
 
 def test_the_stored_uploads_have_a_quota(services, tmp_path, monkeypatch):

@@ -18,6 +18,8 @@ class ThreadQueue:
         self.repo = repo
         self.settings = dataclasses.replace(Settings.from_env(), data_dir=data_dir)
         self.threads: dict[int, threading.Thread] = {}
+        self._answer: threading.Event | None = None  # see hold_workers_answer
+        self._answer_limit_s = 0.0
 
     def submit(self, kind: str, config: dict[str, Any]) -> JobInfo:
         total_steps = validate(kind, config)
@@ -43,7 +45,15 @@ class ThreadQueue:
     def cancel(self, job_id: int) -> JobInfo:
         return self.repo.request_cancel(job_id)
 
+    def hold_workers_answer(self, limit_s: float) -> threading.Event:
+        """From now on `overview` (the workers' answer, a broadcast on a real deployment) waits
+        until the returned event is set, or ``limit_s`` seconds (a hang guard)."""
+        self._answer, self._answer_limit_s = threading.Event(), limit_s
+        return self._answer
+
     def overview(self) -> dict[str, Any]:
+        if self._answer is not None:
+            self._answer.wait(self._answer_limit_s)
         running = [
             {"worker": "thread@test", "task_id": thread.name, "name": "run_job", "args": [job]}
             for job, thread in self.threads.items()
@@ -60,6 +70,8 @@ class ThreadQueue:
         }
 
     def join(self, timeout: float) -> None:
+        if self._answer is not None:
+            self._answer.set()  # nothing stays held
         for thread in self.threads.values():
             thread.join(timeout)
 

@@ -23,6 +23,8 @@ from tests.workers.helpers import REGISTERED_REWARDS, running, wait_for
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 CLAIM_KEY = "rlwb:tests:claimed"
+# A hang guard for one command against the deployment (quiet: 1-7 s); only a hang reaches it.
+COMMAND_LIMIT_S = 300
 
 
 def claim_redis() -> Iterator[str]:
@@ -70,7 +72,9 @@ class Stack:
             "PYTHONPATH": str(ROOT),
             "RLWB_REWARDS": REGISTERED_REWARDS,
             "RLWB_MODEL_ROOTS": tempfile.gettempdir(),  # where the tests' models are
-            "RLWB_HEARTBEAT_TIMEOUT": "5",  # recovery re-queues a dead worker's job after 5 s
+            # recovery re-queues a dead worker's job after 10 s without a heartbeat (one every
+            # 2 s): five missed in a row, which a live worker on a loaded machine never misses
+            "RLWB_HEARTBEAT_TIMEOUT": "10",
         }
         upgrade(database)
         self.repo = Repository.from_url(database)
@@ -90,7 +94,12 @@ class Stack:
         """The Celery command line against this deployment."""
         argv = [sys.executable, "-m", "celery", "-A", "workers.app", *args]
         done = subprocess.run(
-            argv, cwd=self.root, env=self.env, capture_output=True, text=True, timeout=60
+            argv,
+            cwd=self.root,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_LIMIT_S,
         )
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
@@ -105,7 +114,7 @@ class Stack:
             env=self.env,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=COMMAND_LIMIT_S,
             check=True,
         )
         return json.loads(done.stdout.splitlines()[-1])
@@ -122,7 +131,12 @@ class Stack:
         """The ``rlwb`` command line against this deployment; its output."""
         argv = [sys.executable, "-m", "ui", *args]
         done = subprocess.run(
-            argv, cwd=self.root, env=self.env, capture_output=True, text=True, timeout=120
+            argv,
+            cwd=self.root,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_LIMIT_S,
         )
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout

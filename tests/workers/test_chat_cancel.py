@@ -1,7 +1,8 @@
 """A running Playground reply stops when the UI gives up on it (issue 24, item 1): the UI's
 `workers.api.chat` revokes the task when its timeout passes, and the interactive worker (a
 threads pool, which Celery cannot terminate) ends the generation at its next decode step, so
-the next request is not held behind it."""
+the next request is not held behind it. Judged by the revoked reply's own result (cut short,
+cancelled), never by a clock (issue 32)."""
 
 import re
 from pathlib import Path
@@ -13,7 +14,10 @@ from workers.chat import MAX_TOKENS_LIMIT
 
 HELLO = [{"role": "user", "content": "hello"}]
 EOS = 2  # the toy tokenizer's `</s>`, the checkpoint's only end-of-sequence id
-GIVE_UP_S = 1.5  # the timeout the long request is sent with
+# The timeout the long request is sent with: the worker must have started it by then (it is
+# idle and warm: ~0.1 s here), and a full 1,024-token reply takes ~20 s here.
+GIVE_UP_S = 3.0
+RESULT_WAIT_S = 120  # a hang guard for the revoked task's result (it is there at once)
 
 
 @pytest.fixture(scope="module")
@@ -62,20 +66,17 @@ def test_a_reply_the_ui_gave_up_on_stops_on_the_worker(request, deployment, slow
     long = f"api.chat({job}, 0, {HELLO!r}, 0.0, {MAX_TOKENS_LIMIT}, 0, timeout={GIVE_UP_S})"
     with stack.worker("chat0", "--interactive"):
         # warm the engine, give up on a 1024-token reply, then ask again at once
-        warm, _, given_up, asked, after, answered = stack.api(
-            f"(lambda now: [{short}, now(), {long}, now(), {short}, now()])"
-            "(__import__('time').perf_counter)"
+        warm, given_up, after = stack.api(f"[{short}, {long}, {short}]")
+        _, revoked_id, _ = re.findall(r"workers\.chat\[([^]]+)\] received", stack.log("chat0"))
+        revoked = stack.api(
+            f"api.celery_app().AsyncResult({revoked_id!r}).get(timeout={RESULT_WAIT_S})"
         )
     assert len(warm["output_ids"]) == 4 and len(after["output_ids"]) == 4
     assert given_up == {"problem": f"stopped: the worker took longer than {GIVE_UP_S:g} s"}
-    # the next reply waited for one decode step of the revoked one, not for its 1024
-    assert answered - asked < 6, answered - asked
-    runtimes = [
-        float(s)
-        for s in re.findall(r"workers\.chat\[[^]]+\] succeeded in ([\d.]+)s", stack.log("chat0"))
-    ]
-    # in the order they ended: the warm-up, the revoked one (1,024 steps: ~15-30 s), the next
-    assert len(runtimes) == 3 and runtimes[1] < GIVE_UP_S + 6, runtimes
+    # the revoked reply stopped at a decode step after the revoke, far short of its 1,024
+    # tokens (~100-150 here), so the next reply was not held behind the rest of it
+    assert revoked["finish_reason"] == "abort" and revoked["error"]["code"] == "cancelled"
+    assert 0 < len(revoked["output_ids"]) < MAX_TOKENS_LIMIT, len(revoked["output_ids"])
 
 
 def test_a_request_no_worker_took_says_to_start_one(stack):

@@ -1,8 +1,13 @@
 """A real ``celery worker`` (threads pool, one job at a time) against a real Redis
-(`tests.workers.stack`), on SQLite."""
+(`tests.workers.stack`), on SQLite; the start order also on the embedded broker."""
 
+import json
 import os
 import signal
+import subprocess
+import sys
+
+import pytest
 
 from db import JobStatus
 from tests.workers.helpers import SLOW_REWARD, assert_consistent, train_config, wait_for
@@ -84,3 +89,43 @@ def test_a_killed_worker_loses_nothing_and_its_job_resumes(stack, tiny_model):
     assert_consistent(repo, job, steps, 4)
     after = {v.version: v.weights_checksum for v in repo.list_versions(job)}
     assert {v: after[v] for v in before} == before  # what was committed is untouched
+
+
+# Submits six jobs while the clock reads just short of a 20th digit of nanoseconds, cancels the
+# second and third while they are queued, then submits a seventh once the clock has gained its
+# digit (the embedded broker stamps its message files with the clock; Redis ignores it).
+SUBMIT_ACROSS_A_DIGIT = """
+import itertools, json, sys, types
+from workers import api, embedded_broker
+clock = itertools.count(10**19 - 1000)
+embedded_broker.time = types.SimpleNamespace(time_ns=lambda: next(clock))
+configs = json.loads(sys.argv[1])
+ids = [api.submit_job("train", config).id for config in configs[:-1]]
+for job in ids[1:3]:
+    api.cancel_job(job)
+clock = itertools.count(10**19)
+print(json.dumps([*ids, api.submit_job("train", configs[-1]).id]))
+"""
+
+
+@pytest.mark.parametrize("deployment", ["embedded_stack", "stack"])
+def test_jobs_start_in_submission_order(deployment, request, tiny_model):
+    """A job submitted later started before four queued earlier, after two queued jobs were
+    cancelled (issue 32): the embedded broker's file names, which order its queue, gained a
+    digit then and sorted the newer first."""
+    stack = request.getfixturevalue(deployment)
+    with stack.worker("gpu0"):
+        [running] = stack.submit(train_config(tiny_model, steps=1000, reward=SLOW_REWARD))
+        wait_for(lambda: stack.status(running) is JobStatus.RUNNING, 120, "the first job")
+        configs = json.dumps([train_config(tiny_model, steps=1)] * 7)
+        argv = [sys.executable, "-c", SUBMIT_ACROSS_A_DIGIT, configs]
+        done = subprocess.run(argv, cwd=stack.root, env=stack.env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        queued = json.loads(done.stdout)
+        stack.repo.request_cancel(running)
+        jobs = [running, *queued]
+        wait_for(lambda: all(stack.status(j).is_terminal for j in jobs), 600, "every job")
+    infos = [stack.repo.get_job(job) for job in jobs]
+    started = sorted((i for i in infos if i.started_at is not None), key=lambda i: i.started_at)
+    assert [i.id for i in started] == [running, queued[0], *queued[3:]], stack.log("gpu0")
+    assert [i.status for i in infos if i.id in queued[1:3]] == [JobStatus.CANCELLED] * 2

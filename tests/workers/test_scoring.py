@@ -118,6 +118,21 @@ def test_cli_audit_reports_each_sample_and_refuses_bad_requests(repo, trained, c
     assert "refused" in capsys.readouterr().out
 
 
+def test_cli_audit_says_when_it_checks_fewer_than_asked(repo, settings, tiny_model, capsys):
+    """``--samples 300`` audited 200 and said nothing of the other 100 (issue 32)."""
+    config = train_config(tiny_model, steps=4, batch_size=16, group_size=4, keep_last=0)
+    job = repo.create_job("train", config, total_steps=4)
+    assert run_job(repo, job.id, settings).status == "succeeded"  # 256 samples, all kept
+
+    assert commands.run_audit(job.id, 300) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert sum(line.startswith("sample ") for line in lines) == 200
+    assert lines[-2] == (
+        "asked for 300 samples, audited 200: one audit checks at most 200 (run it again for others)"
+    )
+    assert lines[-1].startswith("200 checked (200 pass, 0 fail), 0 not checkable")
+
+
 @pytest.fixture
 def pruned(repo, settings, tiny_model, tmp_path):
     """Versions 0-3 (samples of 0-2), of which retention dropped the weights of version 1
@@ -137,7 +152,11 @@ def test_cli_audit_draws_from_kept_weights_and_reports_its_coverage(repo, pruned
 
     assert commands.run_audit(pruned, 20) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [int(line.split()[1]) for line in lines[:-1]] == checkable  # all of v0, v2; no v1
+    assert [int(line.split()[1]) for line in lines[:-2]] == checkable  # all of v0, v2; no v1
+    assert lines[-2] == (
+        f"asked for 20 samples, audited {len(checkable)}: the versions whose weights were "
+        "kept hold no more samples with a response"
+    )
     assert lines[-1].startswith(
         f"{len(checkable)} checked ({len(checkable)} pass, 0 fail), {gone} not checkable: "
         "weights not kept for versions 1 (tolerance"
@@ -148,5 +167,7 @@ def test_cli_audit_draws_from_kept_weights_and_reports_its_coverage(repo, pruned
         gone += len(_samples(repo, pruned, version))
     assert commands.run_audit(pruned, 20) == 1  # nothing could be checked
     assert capsys.readouterr().out.startswith(
-        f"0 checked (0 pass, 0 fail), {gone} not checkable: weights not kept for versions 0-2"
+        "asked for 20 samples, audited 0: the versions whose weights were kept hold no more "
+        f"samples with a response\n0 checked (0 pass, 0 fail), {gone} not checkable: weights "
+        "not kept for versions 0-2"
     )

@@ -171,3 +171,51 @@ def test_a_tracker_failing_while_logging_warns_once_and_is_dropped(tmp_path, mon
     [warning] = caplog.records
     assert "report_to trackio dropped" in warning.getMessage()
     assert "No space left on device" in warning.getMessage()
+
+
+def _entropy(checkpoint: str, prompt_text: str, response: list[int]) -> list[float]:
+    """The entropy of each response token's distribution (T = 1), by transformers."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    prompt = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1]
+    logp = logits.float().log_softmax(-1)
+    return (-(logp.exp() * logp).sum(-1)).tolist()
+
+
+def test_learning_rate_entropy_and_the_share_of_zero_std_groups_by_trl_names(
+    repo, settings, tiny_model
+):
+    """TRL logs ``learning_rate``, ``entropy`` and ``frac_reward_zero_std``; the trackers
+    missed them (issue 32). Each is checked against what it means: the optimizer's rate, the
+    trained tokens' mean entropy under the weights they were trained from (transformers), the
+    share of the trained batch's groups whose rewards all agree (the stored rewards)."""
+    from db import SampleFilter
+
+    config = train_config(tiny_model, lr=0.002, reward="regex:.*[0-4].*", report_to=["tensorboard"])
+    job = repo.create_job("train", config, total_steps=3)
+    assert run_job(repo, job.id, settings).status == "succeeded"
+    scalars = _scalars(settings.jobs_dir / str(job.id) / "runs" / "tensorboard")
+    checkpoints = {v.version: v.checkpoint_path for v in repo.list_versions(job.id)}
+
+    assert scalars["train/learning_rate"] == [(v, pytest.approx(0.002)) for v in (1, 2, 3)]
+    shares, entropies = [], []
+    for version in (1, 2, 3):  # trained on the batch sampled by the version before
+        where = SampleFilter(job.id, min_version=version - 1, max_version=version - 1)
+        samples = [repo.get_sample(s.id) for s in repo.list_samples(where).items]
+        groups: dict[int, set[float]] = {}
+        for sample in samples:
+            groups.setdefault(sample.prompt_index, set()).add(sample.reward)
+        shares.append((version, sum(len(r) == 1 for r in groups.values()) / len(groups)))
+        tokens = [
+            value
+            for s in samples
+            for value in _entropy(checkpoints[version - 1], s.prompt_text, s.response_token_ids)
+        ]
+        entropies.append((version, sum(tokens) / len(tokens)))
+    assert scalars["train/frac_reward_zero_std"] == [(v, pytest.approx(f)) for v, f in shares]
+    assert scalars["train/entropy"] == [(v, pytest.approx(e, rel=1e-4)) for v, e in entropies]

@@ -269,10 +269,21 @@ def compare_job_line(job: JobInfo) -> str:
     return f"{name} is {job.status.value}."
 
 
-def compare_job_status(services: Services, job_id: int) -> tuple[str, bool]:
-    """A launched compare job's line (`compare_job_line`) and whether it has finished."""
+def follow_compare_job(
+    services: Services,
+    launched: int,
+    job_id: float | str | None,
+    version_a: float | str | None,
+    version_b: float | str | None,
+) -> tuple[str, bool, Comparison | None]:
+    """A launched compare job's line (`compare_job_line`), whether it has finished and, once
+    it has succeeded, the comparison of the versions on view (`compare_versions`), which now
+    shows its pairs: no other pick needed."""
     try:
-        job = services.repository.get_job(job_id)
+        job = services.repository.get_job(launched)
     except NotFound as exc:
-        return f"**{inert(exc)}**", True
-    return compare_job_line(job), job.status.is_terminal
+        return f"**{inert(exc)}**", True, None
+    comparison = None
+    if job.status is JobStatus.SUCCEEDED:
+        comparison = compare_versions(services, job_id, version_a, version_b)
+    return compare_job_line(job), job.status.is_terminal, comparison

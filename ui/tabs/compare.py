@@ -8,9 +8,9 @@ import pandas as pd
 
 from ui.handlers.compare import (
     METRIC_COLUMNS,
-    compare_job_status,
     compare_versions,
     default_versions,
+    follow_compare_job,
     job_task,
     launch_compare,
     newest_job_with_samples,
@@ -51,12 +51,16 @@ def _launch(services: Services, *form: object) -> tuple[str, int | None, gr.Time
     return message, launched, gr.Timer(active=launched is not None)
 
 
-def _follow(services: Services, launched: int | None) -> tuple[object, gr.Timer]:
-    """The launched compare job's status; the polling stops once it has finished."""
+def _follow(
+    services: Services, outputs: int, launched: int | None, *view: object
+) -> tuple[object, ...]:
+    """The launched compare job's status, and the comparison on view (its ``outputs``) once
+    the job has succeeded (`follow_compare_job`); the polling stops once it has finished."""
+    unchanged = (gr.update(),) * outputs
     if launched is None:
-        return gr.update(), gr.Timer(active=False)
-    message, finished = compare_job_status(services, launched)
-    return message, gr.Timer(active=not finished)
+        return gr.update(), gr.Timer(active=False), *unchanged
+    message, finished, comparison = follow_compare_job(services, launched, *view)
+    return message, gr.Timer(active=not finished), *(comparison or unchanged)
 
 
 def build(services: Services, tab: gr.Tab) -> None:
@@ -116,9 +120,9 @@ def build(services: Services, tab: gr.Tab) -> None:
         api_name="launch_compare",
     )
     poll.tick(
-        partial(_follow, services),
-        launched_job,
-        [launched, poll],
+        partial(_follow, services, len(comparison)),
+        [launched_job, job, version_a, version_b],
+        [launched, poll, *comparison],
         api_name="compare_job_status",
         show_progress="hidden",
     )

@@ -91,7 +91,8 @@ def build(services: Services) -> dict[str, gr.components.Component]:
             value=d["model"],
             allow_custom_value=True,  # API callers may name any checkpoint under a root
             label="Model",
-            info="the built-in demo policy, or a checkpoint under RLWB_MODEL_ROOTS",
+            info="the built-in demo policy, a checkpoint under RLWB_MODEL_ROOTS, or a "
+            "Hugging Face Hub id (the worker downloads it)",
             elem_id="launch-model",
             scale=3,
         )

@@ -22,7 +22,6 @@ import contextlib
 import importlib
 import json
 import os
-import resource
 import select
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from core_engine.rl.episodes.environments import (
     check_tools,
     environment_target,
 )
+from core_engine.rl.registry import limit_address_space
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MEMORY_BYTES = 1 << 30
@@ -262,18 +262,12 @@ def _send(protocol: BinaryIO, reply: dict) -> None:
     protocol.flush()
 
 
-def _limit_memory(memory_bytes: int) -> None:
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    limit = memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-
 def _serve(target: str, memory_bytes: int) -> None:
     """The child: one JSON line per item on the original stdout; what the environment prints
     goes to stderr."""
     protocol = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    _limit_memory(memory_bytes)
+    limit_address_space(memory_bytes)
     try:
         module_name, _, attr = target.partition(":")
         factory = getattr(importlib.import_module(module_name), attr)

@@ -12,25 +12,31 @@ from core_engine.model import CausalLM
 
 
 class _SelectiveLogSoftmax(torch.autograd.Function):
-    """log_softmax(hidden @ weight.T / temperature)[row, target] by chunks of rows.
+    """log_softmax(hidden @ weight.T / temperature)[row, target] by chunks of rows, and each
+    row's entropy -sum(p log p) (no gradient), from the chunk's log-probs, which replace its
+    logits in place: one pass more over what the forward holds anyway.
 
-    The backward recomputes each chunk's logits instead of keeping them: the largest
-    vocabulary-wide tensor alive at any time is [chunk_rows, vocab] (fp32)."""
+    The backward recomputes each chunk's logits instead of keeping them: the vocabulary-wide
+    tensors alive at any time are [chunk_rows, vocab] (fp32), and the one temporary
+    `torch.logsumexp` takes too."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, chunk_rows):
         out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        entropy = torch.empty_like(out)
         for start in range(0, hidden.shape[0], chunk_rows):
             rows = slice(start, start + chunk_rows)
             logits = _chunk_logits(hidden[rows], weight, temperature)
-            picked = logits.gather(1, targets[rows, None]).squeeze(1)
-            out[rows] = picked - torch.logsumexp(logits, dim=-1)
+            logp = logits.sub_(torch.logsumexp(logits, dim=-1, keepdim=True))  # in place
+            out[rows] = logp.gather(1, targets[rows, None]).squeeze(1)
+            entropy[rows] = -logp.exp().mul_(logp).sum(-1)
         ctx.save_for_backward(hidden, weight, targets)
+        ctx.mark_non_differentiable(entropy)
         ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
-        return out
+        return out, entropy
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, _grad_entropy):
         hidden, weight, targets = ctx.saved_tensors
         grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
@@ -62,8 +68,9 @@ def selective_logprobs(
     targets: torch.Tensor,
     temperature: float = 1.0,
     chunk_rows: int = 256,
-) -> torch.Tensor:
-    """[N] log-probs of `targets` [N] under logits `hidden` [N, H] @ `weight` [V, H]^T / T."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N] log-probs of `targets` [N] under logits `hidden` [N, H] @ `weight` [V, H]^T / T,
+    and [N] entropies of those distributions (no gradient)."""
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     return _SelectiveLogSoftmax.apply(hidden, weight, targets, temperature or 1.0, chunk_rows)
@@ -80,6 +87,20 @@ def packed_response_logprobs(
     """log-softmax(logits / T) of every response token (teacher forcing), one [len(response)]
     tensor per sample. The samples are packed into one padding-free sequence; greedy
     (T = 0) scores at T = 1."""
+    args = (model, prompt_ids, response_ids, temperature, chunk_rows, checkpointing)
+    return packed_response_scores(*args)[0]
+
+
+def packed_response_scores(
+    model: CausalLM,
+    prompt_ids: Sequence[Sequence[int]],
+    response_ids: Sequence[Sequence[int]],
+    temperature: float,
+    chunk_rows: int = 256,
+    checkpointing: bool = False,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """`packed_response_logprobs`, and the entropy of the distribution (at T) each response
+    token was predicted from, per sample (no gradient)."""
     if not all(prompt_ids):
         raise ValueError("every sample needs a non-empty prompt to be scored")
     device = model.lm_head.weight.device
@@ -92,7 +113,8 @@ def packed_response_logprobs(
         offset += len(prompt) + len(response)
     index = torch.cat(rows).to(device)
     hidden = model.hidden_states_packed(ids, [len(s) for s in sequences], checkpointing)
-    logp = selective_logprobs(
+    logp, entropy = selective_logprobs(
         hidden[index], model.lm_head.weight, ids[index + 1], temperature, chunk_rows
     )
-    return list(logp.split([len(r) for r in response_ids]))
+    lengths = [len(r) for r in response_ids]
+    return list(logp.split(lengths)), list(entropy.split(lengths))

@@ -18,7 +18,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from core_engine.model import CausalLM
-from core_engine.rl.objective.logprobs import packed_response_logprobs
+from core_engine.rl.objective.logprobs import packed_response_scores
 from core_engine.rl.objective.loss import Importance, policy_loss
 
 
@@ -66,6 +66,7 @@ class UpdateResult:
     logprobs: list[list[float]]  # the trainer's log-probs, before this update
     # summed over the step's corrected tokens (`objective.importance_sums`)
     importance: dict[str, float] = field(default_factory=dict)
+    entropy: float | None = None  # the trained tokens' mean entropy, before this update
 
     def importance_metrics(self) -> dict[str, float]:
         """On-policy corrected tokens' mean weight and over-cap share (`tis_*`); lagged
@@ -129,16 +130,20 @@ def accumulate_gradients(
     ratio_max = 1.0
     importance: dict[str, float] = {}
     logprobs: list[list[float]] = [[] for _ in samples]
+    entropy_sum, trained = 0.0, 0
     micro_batches = pack_micro_batches([s.num_tokens for s in samples], settings.max_tokens)
     for indices in micro_batches:
         part = [samples[i] for i in indices]
-        logp = _score(model, part, settings)
+        logp, entropies = _score(model, part, settings)
         for i, row in zip(indices, logp, strict=True):
             logprobs[i] = row.detach().tolist()
+        masks = [_mask(s, row) for s, row in zip(part, logp, strict=True)]
+        entropy_sum += float(sum(e[m].sum() for e, m in zip(entropies, masks, strict=True)))
+        trained += sum(s.trained_tokens for s in part)
         ref = None
         if reference is not None and settings.kl_coef:
             with torch.no_grad():
-                ref = _padded(_score(reference, part, settings))
+                ref = _padded(_score(reference, part, settings)[0])
         proximal = _padded(
             [
                 row.detach() if s.old is None else _tensor(s.old, row)
@@ -153,7 +158,7 @@ def accumulate_gradients(
             proximal,
             _padded([_tensor(s.behaviour, logp[0]) for s in part]),
             torch.tensor([s.advantage for s in part], device=proximal.device),
-            _padded([_mask(s, row) for s, row in zip(part, logp, strict=True)]),
+            _padded(masks),
             None if lags is None else lags.to(proximal.device),
             settings.importance,
             settings.clip_eps,
@@ -176,6 +181,7 @@ def accumulate_gradients(
         micro_batches=len(micro_batches),
         logprobs=logprobs,
         importance=importance,
+        entropy=entropy_sum / trained if trained else None,
     )
 
 
@@ -187,7 +193,7 @@ def _score(model: CausalLM, part: Sequence[TrainSample], settings: UpdateSetting
         else contextlib.nullcontext()
     )
     with autocast:
-        return packed_response_logprobs(
+        return packed_response_scores(
             model,
             [s.prompt for s in part],
             [s.response for s in part],

@@ -12,7 +12,8 @@ length) and returns one float per completion. A reward spec is one of:
   can make scoring slow);
 - the name of a function the operator registered on the worker: the ``rlwb.rewards``
   entry-point group, or ``RLWB_REWARDS="name=package.module:function,..."``. It runs in a
-  child process with a time limit (``RLWB_REWARD_TIMEOUT`` seconds, default 60).
+  child process with a time limit (``RLWB_REWARD_TIMEOUT`` seconds, default 60) and a memory
+  limit (``RLWB_REWARD_MEMORY`` bytes of address space, default 1 GiB).
 
 Nothing else: a spec never names a module to import. `check_reward_spec` checks the syntax
 only (what the UI may do); `resolve_reward` also needs the registration (what the worker does).
@@ -28,7 +29,7 @@ from collections.abc import Callable, Sequence
 import re2
 
 from core_engine.rl.registry import NAME, registered
-from core_engine.rl.rewards.sandbox import RewardError, SandboxedReward
+from core_engine.rl.rewards.sandbox import DEFAULT_MEMORY_BYTES, RewardError, SandboxedReward
 
 __all__ = ["BUILTIN_REWARDS", "RewardError", "check_reward_spec", "resolve_reward", "score"]
 
@@ -139,13 +140,23 @@ def reward_timeout() -> float:
     return float(os.environ.get("RLWB_REWARD_TIMEOUT", DEFAULT_TIMEOUT_S))
 
 
+def reward_memory() -> int:
+    """``RLWB_REWARD_MEMORY``: the bytes of address space a sandboxed reward may use."""
+    return int(os.environ.get("RLWB_REWARD_MEMORY") or DEFAULT_MEMORY_BYTES)
+
+
+def _sandboxed(target: str) -> SandboxedReward:
+    """The reward ``module:function`` in the sandbox, with the worker's limits."""
+    return SandboxedReward(target, reward_timeout(), reward_memory())
+
+
 def resolve_reward(spec: str) -> RewardFn:
     """The reward function of a spec (see the module docstring); ValueError if not allowed."""
     check_reward_spec(spec)
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec]
     if spec == "math":
-        return SandboxedReward(MATH_TARGET, reward_timeout())
+        return _sandboxed(MATH_TARGET)
     if spec == "format":
         return regex_reward(format_pattern())
     if spec.startswith("regex:"):
@@ -156,7 +167,7 @@ def resolve_reward(spec: str) -> RewardFn:
             f"unknown reward {spec!r}: not registered on this worker "
             f"(registered: {sorted(registered_rewards()) or 'none'})"
         )
-    return SandboxedReward(target, reward_timeout())
+    return _sandboxed(target)
 
 
 def score(

@@ -1,11 +1,16 @@
-"""Operator-registered reward functions, scored in a child process with a time limit.
+"""Operator-registered reward functions, scored in a child process with a time limit and a
+memory limit.
 
-The child (``python -m core_engine.rl.rewards.sandbox module:function``) imports the function
-once and answers one JSON line per batch. The limit covers the whole call: writing the request
-(a child that does not read blocks a large one on the pipe), the function and reading the
-reply. A batch that runs over kills the child (the next batch starts a fresh one) and raises
-`RewardError` with ``reward_timeout``, so a slow or stuck reward never blocks the worker
-(cancel, shutdown, broker replies).
+The child (``python -m core_engine.rl.rewards.sandbox module:function MEMORY``) imports the
+function once and answers one JSON line per batch. The time limit covers the whole call:
+writing the request (a child that does not read blocks a large one on the pipe), the function
+and reading the reply. A batch that runs over kills the child (the next batch starts a fresh
+one) and raises `RewardError` with ``reward_timeout``, so a slow or stuck reward never blocks
+the worker (cancel, shutdown, broker replies). The memory limit bounds the child's address
+space (``RLIMIT_AS``, set in the child before it imports the function): an allocation past it
+fails in the child alone, never in the worker. A function that lets the `MemoryError` through
+fails its batch (`RewardError` naming the limit), and the child answers the next one; one that
+catches it (math-verify reads a failed evaluation as no answer) just scores what it could.
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ import time
 import weakref
 from collections.abc import Sequence
 
+from core_engine.rl.registry import limit_address_space
+
+DEFAULT_MEMORY_BYTES = 1 << 30  # 1 GiB of address space: the sandbox's own ~70 MiB, then data
+
 
 class RewardError(RuntimeError):
     """The reward function failed or returned unusable values (the batch is rejected)."""
@@ -29,18 +38,24 @@ class RewardError(RuntimeError):
 class SandboxedReward:
     """A reward function ``module:function`` that runs in a child process."""
 
-    def __init__(self, target: str, timeout: float) -> None:
+    def __init__(
+        self, target: str, timeout: float, memory_bytes: int = DEFAULT_MEMORY_BYTES
+    ) -> None:
         self.target = target
         self.timeout = timeout
+        self.memory_bytes = memory_bytes  # the child's address space
         self._child: subprocess.Popen | None = None
 
     def __repr__(self) -> str:
-        return f"SandboxedReward({self.target!r}, timeout={self.timeout})"
+        return (
+            f"SandboxedReward({self.target!r}, timeout={self.timeout}, "
+            f"memory_bytes={self.memory_bytes})"
+        )
 
     def _start(self) -> subprocess.Popen:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         child = subprocess.Popen(
-            [sys.executable, "-m", __name__, self.target],
+            [sys.executable, "-m", __name__, self.target, str(self.memory_bytes)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -73,7 +88,9 @@ class SandboxedReward:
             raise RewardError(f"reward {self.target} stopped: {exc}") from None
         if not line:
             self.close()
-            raise RewardError(f"reward {self.target} exited (import or crash; see worker log)")
+            raise RewardError(
+                f"reward {self.target} exited (import, crash or its memory limit; see worker log)"
+            )
         reply = json.loads(line)
         if "error" in reply:
             raise RewardError(f"reward function raised {reply['error']}")
@@ -110,9 +127,10 @@ def _kill(child: subprocess.Popen) -> None:
         child.wait()
 
 
-def _serve(target: str) -> None:
-    """The child: answer one JSON line per request on the original stdout; anything the
-    function prints goes to stderr."""
+def _serve(target: str, memory_bytes: int) -> None:
+    """The child: within ``memory_bytes`` of address space, answer one JSON line per request
+    on the original stdout; anything the function prints goes to stderr."""
+    limit_address_space(memory_bytes)
     protocol = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     module_name, _, attr = target.partition(":")
@@ -122,6 +140,8 @@ def _serve(target: str) -> None:
         try:
             values = fn(request["completions"], request["references"], request["prompts"])
             reply = {"scores": [float(v) for v in values]}
+        except MemoryError:
+            reply = {"error": f"MemoryError: over its memory limit of {memory_bytes:,} bytes"}
         except Exception as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         protocol.write(json.dumps(reply) + "\n")
@@ -129,4 +149,4 @@ def _serve(target: str) -> None:
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1])
+    _serve(sys.argv[1], int(sys.argv[2]))

@@ -9,8 +9,10 @@ between two updates of one rollout batch, `pending_rollout.json` (the rollout th
 reuses). Never pickle.
 
 Retention (`prune_checkpoints`): the newest version keeps everything; older ones keep their
-weights only if they are among the last `keep_last` or a multiple of `keep_every`, and never
-their optimizer state.
+weights only if they are among the last `keep_last` or a multiple of `keep_every`, or one of the
+`span` versions after such a multiple (an `in_flight` run's samples stamped with it may hold
+their tokens: its audit needs them, `GRPOConfig.sample_version_span`), and never their
+optimizer state.
 """
 
 from __future__ import annotations
@@ -97,7 +99,9 @@ def read_pending_rollout(path: str | Path) -> dict[str, Any] | None:
     return json.loads(file.read_text()) if file.is_file() else None
 
 
-def prune_checkpoints(root: str | Path, keep_last: int, keep_every: int = 0) -> list[int]:
+def prune_checkpoints(
+    root: str | Path, keep_last: int, keep_every: int = 0, span: int = 0
+) -> list[int]:
     """Apply the retention policy (module docstring); returns the versions whose weights were
     dropped. `keep_last` = 0 keeps every version's weights."""
     dropped = []
@@ -106,7 +110,8 @@ def prune_checkpoints(root: str | Path, keep_last: int, keep_every: int = 0) -> 
             continue
         (path / OPTIMIZER_FILE).unlink(missing_ok=True)
         (path / PENDING_ROLLOUT).unlink(missing_ok=True)
-        kept = rank < keep_last or (keep_every and version % keep_every == 0) or not keep_last
+        every = keep_every and version % keep_every <= span
+        kept = rank < keep_last or every or not keep_last
         if not kept:
             shutil.rmtree(path)
             dropped.append(version)

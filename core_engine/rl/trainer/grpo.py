@@ -223,7 +223,7 @@ class GRPOTrainer:
                 metrics.update(mismatch_metrics(rollout, rows, update.logprobs))
             if cfg.pipeline != "sync" or rollout.policy_version != self.version:
                 metrics.update(lag_metrics(rollout, rows, self.version))
-            metrics.update(update_metrics(update, grad_norm))
+            metrics.update(update_metrics(update, grad_norm, self.optimizer.param_groups[0]["lr"]))
             timings["train_s"] = time.perf_counter() - start
             version = self._publish_next_version(metrics, timings)
         self._consecutive_failures = self._consecutive_filtered = 0
@@ -240,7 +240,8 @@ class GRPOTrainer:
         )
         self._emit(record)
         if cfg.keep_last or cfg.keep_every:
-            prune_checkpoints(self.output_dir, cfg.keep_last, cfg.keep_every)
+            span = cfg.sample_version_span
+            prune_checkpoints(self.output_dir, cfg.keep_last, cfg.keep_every, span)
         return record
 
     def _training_phase(self):

@@ -26,6 +26,7 @@ def rollout_metrics(
         "reward_std": float(rewards.std(unbiased=False)),
         "response_length": sum(lengths) / rollout.num_samples,
         "zero_variance_groups": int(zero_variance.sum()),
+        "zero_variance_fraction": float(zero_variance.float().mean()),
         "rollout_version": rollout.policy_version,
         "rollout_fresh": float(fresh),
         "tokens_per_s": sum(lengths) / max(generate_s, 1e-9),
@@ -51,7 +52,9 @@ def episode_metrics(rollout: RolloutResult) -> dict[str, float]:
     return metrics
 
 
-def update_metrics(update: UpdateResult, grad_norm: float) -> dict[str, float]:
+def update_metrics(update: UpdateResult, grad_norm: float, lr: float) -> dict[str, float]:
+    """The update's numbers, the optimizer's learning rate and the trained tokens' mean
+    entropy (before the update, as TRL logs it)."""
     metrics = {
         "loss": update.loss,
         "kl": update.kl,
@@ -59,8 +62,11 @@ def update_metrics(update: UpdateResult, grad_norm: float) -> dict[str, float]:
         "ratio_outside_fraction": update.ratio_outside_fraction,
         "ratio_max": update.ratio_max,
         "grad_norm": grad_norm,
+        "learning_rate": lr,
         "micro_batches": update.micro_batches,
     }
+    if update.entropy is not None:
+        metrics["entropy"] = update.entropy
     metrics.update(update.importance_metrics())
     return metrics
 
