@@ -165,11 +165,12 @@ def test_an_update_from_another_thread_lands_between_steps(versions):
     results = []
     worker = threading.Thread(target=lambda: results.extend(engine.run_batch(PROMPTS, params)))
     worker.start()
-    started.wait(timeout=30)
+    assert started.wait(timeout=120)  # a hang guard
     for version in (1, 2):
         ack = engine.update_weights(weights[version], version, mode="in_flight")
         assert ack.version == version
-    worker.join(timeout=60)
+    worker.join(timeout=120)  # a hang guard
+    assert not worker.is_alive()
     for result in results:
         per_token = expand_runs(result.token_versions)
         assert len(per_token) == len(result.output_ids) == 40

@@ -100,7 +100,7 @@ def test_one_step_hides_generation_behind_training(checkpoint, tmp_path, monkeyp
         batch = started[-1]
         producing = threading.current_thread().name == "rollout-producer"
         if producing and batch > 0 and all(overlapped):  # after a failure: no more waits
-            overlapped.append(backward_began[batch - 1].wait(timeout=30))  # a hang guard
+            overlapped.append(backward_began[batch - 1].wait(timeout=120))  # a hang guard
         return engine_step(*args, **kwargs)
 
     trainer.engine.step = gated_step
@@ -236,7 +236,7 @@ def test_an_in_flight_update_lands_mid_sequence(checkpoint, tmp_path, monkeypatc
         if threading.current_thread().name == "rollout-producer" and batch > 0:
             steps_of_batch[batch] += 1
             if steps_of_batch[batch] == 2:
-                landed.append(writing[batch].wait(timeout=60))  # a hang guard
+                landed.append(writing[batch].wait(timeout=120))  # a hang guard
         return engine_step(*args, **kwargs)
 
     trainer.engine.step = gated_step
