@@ -9,7 +9,7 @@ export GRADIO_ANALYTICS_ENABLED := False
 export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: install up demo demo-policy test lint format bench gpu-check
+.PHONY: install up demo demo-policy calculator-policy test lint format bench gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ demo: install
 # Rebuild the shipped demo policy (core_engine/assets/demo-policy; a few minutes of warm-up).
 demo-policy: install
 	$(PY) -m core_engine.rl.demo_policy
+
+# Rebuild the calculator demo policy (core_engine/assets/calculator-policy; minutes of warm-up).
+calculator-policy: install
+	$(PY) -m core_engine.rl.calculator_policy
 
 test: install lint
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -51,8 +51,8 @@ from workers.job_files import (
     model_roots,
 )
 from workers.settings import GPU_QUEUE, Settings
+from workers.shipped import CALCULATOR_MODEL, DEMO_MODEL, MODEL_PRESETS
 from workers.specs import (
-    DEMO_MODEL,
     HELDOUT_EVERY,
     HELDOUT_MEAN_AT_K_METRIC,
     HELDOUT_METRIC,
@@ -66,6 +66,7 @@ from workers.trackers import TRACKERS
 
 __all__ = [
     "ALL_LINEAR",
+    "CALCULATOR_MODEL",
     "COMMANDS",
     "DEMO_MODEL",
     "HELDOUT_MEAN_AT_K_METRIC",
@@ -76,6 +77,7 @@ __all__ = [
     "LINEAR_MODULES",
     "MAX_DATA_BYTES",
     "MAX_TEXT_BYTES",
+    "MODEL_PRESETS",
     "PIPELINE_MODES",
     "REWARDS",
     "SAVABLE_MODULES",
@@ -130,12 +132,10 @@ LORA_DEFAULTS = LoraSettings()
 LAUNCH_DEFAULTS: dict[str, Any] = {
     **TRAINER_DEFAULTS,
     "model": DEMO_MODEL,
-    "task": "addition",
-    "steps": 600,
+    **MODEL_PRESETS[DEMO_MODEL],
     "batch_size": 16,
     "group_size": 8,
     "lr": mode_defaults(lora=False)["lr"],
-    "max_tokens": 6,
     "heldout_every": HELDOUT_EVERY,
     "heldout_prompts": HELDOUT_PROMPTS,
     "report_to": [],

@@ -37,29 +37,30 @@ from db import Repository, data_dir
 from workers import hub
 from workers.chat import checkpoint_context
 from workers.settings import Settings
-from workers.specs import DEMO_MODEL, SpecError, data_columns, heldout_settings
+from workers.shipped import SHIPPED_MODEL_NAMES, shipped_policy
+from workers.specs import SpecError, data_columns, heldout_settings
 
 PROMPTS_CHECKED = 64  # the records of the longest prompts (characters) rendered at submission
 SHIPPED_MODELS = SHIPPED_POLICY.parent  # the checkpoints the package ships: always allowed
 
 
 class DemoPolicyMissing(FileNotFoundError):
-    """The shipped demo policy is not where the package keeps it."""
+    """A shipped demo policy is not where the package keeps it."""
 
 
 def resolve_model(model: str, download: Callable[[str], None] | None = None) -> str:
-    """The checkpoint directory for ``model``: `DEMO_MODEL` is the policy shipped in the
-    repository (`core_engine.assets.SHIPPED_POLICY`); a Hugging Face Hub id
+    """The checkpoint directory for ``model``: a shipped model name (`SHIPPED_MODEL_NAMES`) is
+    the policy shipped in the repository (`shipped_policy`); a Hugging Face Hub id
     (`workers.hub.is_hub_id`) its snapshot in the Hugging Face cache, downloaded first when
     ``download`` is given (told how far it is), else the id until it is there; anything else a
     directory."""
-    if model == DEMO_MODEL:
-        if not (SHIPPED_POLICY / "config.json").is_file():
+    if model in SHIPPED_MODEL_NAMES:
+        path, builder = shipped_policy(model)
+        if not (path / "config.json").is_file():
             raise DemoPolicyMissing(
-                f"the demo policy is missing from {SHIPPED_POLICY}: rebuild it with "
-                "`python -m core_engine.rl.demo_policy` (make demo-policy)"
+                f"the {model} policy is missing from {path}: rebuild it with `python -m {builder}`"
             )
-        return str(SHIPPED_POLICY)
+        return str(path)
     if hub.is_hub_id(model) and download is not None:
         return str(hub.download(model, download))
     if hub.is_hub_id(model):
@@ -68,7 +69,7 @@ def resolve_model(model: str, download: Callable[[str], None] | None = None) -> 
 
 
 def model_parameters(model: str) -> int | None:
-    """The parameter count of ``model`` (`DEMO_MODEL` or a checkpoint directory), None when
+    """The parameter count of ``model`` (a shipped model name or a checkpoint directory), None when
     it cannot be read: what the LoRA learning-rate default depends on."""
     try:
         return approx_parameters(resolve_model(model))
@@ -233,14 +234,14 @@ def _load_tokenizer(model: str, identity: tuple[tuple[str, int, int], ...]) -> A
 
 def absolute_paths(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` with its relative paths made absolute from the directory it is submitted in
-    (the worker may run in another); a ``model`` that is no local path (`DEMO_MODEL`, a Hub
+    (the worker may run in another); a ``model`` that is no local path (a shipped name, a Hub
     id) stays as it is."""
     paths = {}
     for key in ("model", "data", "heldout_data", "output_dir"):
         value = config.get(key)
         if not isinstance(value, str) or not value or os.path.isabs(value):
             continue
-        if key != "model" or (value != DEMO_MODEL and Path(value).exists()):
+        if key != "model" or (value not in SHIPPED_MODEL_NAMES and Path(value).exists()):
             paths[key] = os.path.abspath(value)
     return {**config, **paths}
 
@@ -249,7 +250,7 @@ def check_paths(config: dict[str, Any], settings: Settings) -> None:
     """`SpecError` unless every file the job names is one it may use (see the docstring)."""
     roots = model_roots(settings.data_dir)
     model = config.get("model")
-    if isinstance(model, str) and model != DEMO_MODEL:
+    if isinstance(model, str) and model not in SHIPPED_MODEL_NAMES:
         checkpoint = check_model(model, roots)
         if checkpoint is not None:
             check_adapter_base(checkpoint, model, roots)

@@ -1,9 +1,9 @@
 """The settings of each job kind, as stored in the job row's ``config`` (plain JSON).
 
 train: the fields of `core_engine.rl.config.GRPOConfig`; ``output_dir`` is optional (the
-worker uses ``RLWB_DATA_DIR/jobs/<id>``), ``model`` may be `DEMO_MODEL` and ``environment``
-must be registered (`check_environment`). Worker-run jobs always resume and save a
-checkpoint for every version (`checkpoint_every` = 1).
+worker uses ``RLWB_DATA_DIR/jobs/<id>``), ``model`` may name a shipped policy
+(`workers.shipped`) and ``environment`` must be registered (`check_environment`).
+Worker-run jobs always resume and save a checkpoint for every version (`checkpoint_every` = 1).
 evaluate: ``job_id`` (a training job) + ``version``, or ``model``; and `EvalSettings` fields.
 compare: ``job_id`` and ``versions`` (two of its versions); and `EvalSettings` fields.
 Validation here imports no torch (the UI submits through `workers.api`).
@@ -32,8 +32,6 @@ from core_engine.task import SamplingParams
 from db import JobKind
 from workers.sizes import eval_size_problems, train_size_problems
 from workers.trackers import TRACKERS, is_installed
-
-DEMO_MODEL = "demo"  # the built-in demo policy, built by the worker on first use
 
 
 class SpecError(ValueError):

@@ -23,32 +23,34 @@ weights says how it was built and what it scores.
 
 from __future__ import annotations
 
-import argparse
-import copy
-import json
-import platform
 import random
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import transformers
 
 from core_engine.assets import SHIPPED_POLICY
-from core_engine.atomic_dir import atomic_dir
-from core_engine.engine import load_engine
-from core_engine.model import CausalLM, build_model, load_state
+from core_engine.model import CausalLM
 from core_engine.rl.data.tasks import addition_records
 from core_engine.rl.rewards import exact_match
 from core_engine.rl.trainer.evaluate import evaluate
-from core_engine.scheduler import EngineConfig, InferenceScheduler
+from core_engine.rl.warmup import (
+    WarmupResult,
+    build_environment,
+    eval_engine,
+    initial_model,
+    rebuild_main,
+    save_policy,
+    supervised_batch,
+    supervised_step,
+)
+from core_engine.scheduler import InferenceScheduler
 from core_engine.task import SamplingParams
 from core_engine.toy import char_tokenizer, tiny_config
-from core_engine.weights import canonical_weights, model_checksum, save_weights
+from core_engine.weights import canonical_weights, model_checksum
 
 DEMO_ALPHABET = "0123456789+="
 # Renders only the user turns: the prompt is exactly `a+b=`.
@@ -104,25 +106,9 @@ def heldout_records(count: int = 1000) -> list[dict[str, str]]:
     return addition_records(count, seed=HELDOUT_SEED)
 
 
-def eval_engine(model: CausalLM, tokenizer, batch_size: int = 1000) -> InferenceScheduler:
-    """An engine serving a copy of `model`, for greedy evaluation."""
-    config = EngineConfig(max_batch_size=batch_size)
-    return load_engine(copy.deepcopy(model).eval(), config, tokenizer=tokenizer)
-
-
 def greedy_accuracy(engine: InferenceScheduler, records: Sequence[dict[str, str]]) -> float:
     """Exact-match accuracy of greedy answers from the engine's current weights."""
     return evaluate(engine, records, exact_match, GREEDY).mean_reward
-
-
-def initial_model(tokenizer, seed: int) -> tuple[CausalLM, transformers.LlamaConfig]:
-    """Our decoder with Hugging Face's seeded initialisation (normal, std 0.02)."""
-    config = demo_config(len(tokenizer))
-    torch.manual_seed(seed)
-    reference = transformers.AutoModelForCausalLM.from_config(config)
-    model = build_model(config)
-    load_state(model, reference.state_dict())
-    return model.train(), config
 
 
 def problem_stream(seed: int, exclude: set[str]):
@@ -135,52 +121,19 @@ def problem_stream(seed: int, exclude: set[str]):
             yield prompt, str(a + b)
 
 
-def supervised_batch(
+def addition_batch(
     problems: Sequence[tuple[str, str]], tokenizer
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded `prompt answer </s>` ids and next-token targets (-100 outside the answer
-    and EOS, so the prompt is never a training target)."""
+    """Right-padded `prompt answer </s>` ids and next-token targets on the answer and EOS
+    only (the prompt is never a training target)."""
     prompts, answers = zip(*problems, strict=True)
     prompt_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
     answer_ids = tokenizer(list(answers), add_special_tokens=False)["input_ids"]
-    rows = [p + a + [tokenizer.eos_token_id] for p, a in zip(prompt_ids, answer_ids, strict=True)]
-    width = max(map(len, rows))
-    inputs = torch.full((len(rows), width), tokenizer.pad_token_id)
-    targets = torch.full((len(rows), width), -100)
-    for i, (row, prompt) in enumerate(zip(rows, prompt_ids, strict=True)):
-        inputs[i, : len(row)] = torch.tensor(row)
-        # position len(prompt) - 1 predicts the first answer token; the last predicts nothing
-        targets[i, len(prompt) - 1 : len(row) - 1] = torch.tensor(row[len(prompt) :])
-    return inputs, targets
-
-
-def supervised_step(model: CausalLM, optimizer, inputs, targets) -> float:
-    """One teacher-forced AdamW step; returns the loss."""
-    logits = model(inputs)
-    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
-    return float(loss.detach())
-
-
-def save_policy(path: Path, model: CausalLM, config, tokenizer, info: dict) -> Path:
-    """A Hugging Face checkpoint directory, written atomically (`core_engine.atomic_dir`)."""
-    with atomic_dir(path) as tmp:
-        save_weights(model, tmp)
-        config.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / INFO_FILE).write_text(json.dumps(info, indent=1))
-    return path
-
-
-@dataclass(frozen=True)
-class WarmupResult:
-    seed: int
-    steps: int
-    loss: float
-    accuracy: float
-    seconds: float
+    examples = [
+        (p + a + [tokenizer.eos_token_id], [0] * len(p) + [1] * (len(a) + 1))
+        for p, a in zip(prompt_ids, answer_ids, strict=True)
+    ]
+    return supervised_batch(examples, tokenizer.pad_token_id)
 
 
 def warm_up(
@@ -207,7 +160,7 @@ def warm_up(
         if step >= max_steps or (max_minutes is not None and minutes >= max_minutes):
             break
         batch = [next(problems) for _ in range(settings.batch_size)]
-        loss = supervised_step(model, optimizer, *supervised_batch(batch, tokenizer))
+        loss = supervised_step(model, optimizer, *addition_batch(batch, tokenizer))
         step += 1
         if step % settings.eval_every == 0 or step == max_steps:
             engine.update_weights(canonical_weights(model), step)
@@ -249,7 +202,8 @@ def build_demo_policy(
         minutes_left = None
         if max_minutes is not None:
             minutes_left = max_minutes - (time.perf_counter() - start) / 60
-        model, config = initial_model(tokenizer, seed)
+        config = demo_config(len(tokenizer))
+        model = initial_model(config, seed)
         budget = min(settings.seed_patience, remaining)
         result = warm_up(
             model, tokenizer, seed, target_accuracy, minutes_left, budget, settings, log
@@ -268,43 +222,15 @@ def build_demo_policy(
         "reached_target": result.accuracy >= target_accuracy,
         "heldout": {"seed": HELDOUT_SEED, "prompts": settings.eval_count, "metric": "greedy"},
         "settings": asdict(settings),
-        "built_with": build_environment(),
+        "built_with": build_environment("core_engine.rl.demo_policy.build_demo_policy"),
         "weights_checksum": model_checksum(model),
     }
-    return save_policy(path, model.eval(), config, tokenizer, info)
-
-
-def build_environment() -> dict[str, str]:
-    """What a build's numerics depend on: the builder, torch and the CPU."""
-    return {
-        "builder": "core_engine.rl.demo_policy.build_demo_policy",
-        "torch": torch.__version__,
-        "machine": platform.machine(),
-        "cpu": _cpu_name(),
-        "date": time.strftime("%Y-%m-%d"),
-    }
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    return save_policy(path, model.eval(), config, tokenizer, (INFO_FILE, info))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Rebuild the demo policy (by default the shipped one, replaced)."""
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--out", type=Path, default=SHIPPED_POLICY, help="checkpoint directory")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)  # the numerics the README's figures were measured with
-    if (args.out / "config.json").is_file():
-        shutil.rmtree(args.out)
-    build_demo_policy(args.out, log=print)
-    print(json.dumps(json.loads((args.out / INFO_FILE).read_text()), indent=1))
+    rebuild_main(main.__doc__, SHIPPED_POLICY, build_demo_policy, INFO_FILE, argv)
 
 
 if __name__ == "__main__":

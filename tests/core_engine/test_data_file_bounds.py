@@ -13,9 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from core_engine.rl.data import DataError, files
+from core_engine.rl.data import MAX_RECORDS, DataError, count_jsonl, files
 from core_engine.rl.data.files import load_records
-from core_engine.rl.data.tables import MAX_RECORDS
 from core_engine.rl.rewards import resolve_reward, score
 
 MIB = 2**20
@@ -126,3 +125,17 @@ def test_only_a_gsm8k_shaped_answer_is_cut_to_its_number(tmp_path):
         tmp_path / "mixed.csv", index=False
     )
     assert [r["output"] for r in load_records(tmp_path / "mixed.csv")] == ["5", markdown]
+
+
+def test_a_jsonl_file_of_more_rows_than_a_prompt_set_holds_is_refused(tmp_path):
+    """JSONL is bounded by rows too, not only by its bytes: a million tiny records decode to
+    far more than the file's 31 MiB (a dict and strings per row)."""
+    many = tmp_path / "many.jsonl"
+    many.write_text('{"instruction":"q","output":"1"}\n' * (MAX_RECORDS + 1))
+    limit = r"^\S+many\.jsonl: more than 1,000,000 rows \(the limit of a prompt set\)$"
+    with pytest.raises(DataError, match=limit):
+        load_records(many)
+    with pytest.raises(DataError, match=limit):
+        count_jsonl(many)
+    many.write_text('{"instruction":"q","output":"1"}\n' * MAX_RECORDS)
+    assert len(load_records(many)) == MAX_RECORDS

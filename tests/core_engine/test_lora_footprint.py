@@ -8,7 +8,7 @@ from peft import LoraConfig, get_peft_model
 from core_engine.lora_settings import LoraSettings
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.footprint.estimate import GIB, count_parameters, training_footprint
-from core_engine.rl.footprint.table import markdown_table, qwen25_config, table_rows
+from core_engine.rl.footprint.table import markdown_table, shape_config, table_rows
 from core_engine.toy import tiny_config
 
 JOB = dict(model="m", output_dir="o", task="addition")
@@ -43,6 +43,9 @@ def test_the_readme_table_puts_a_7b_lora_job_under_20_gib():
     assert rows["Qwen2.5-0.5B"].lora.adapter_parameters == 8_798_208  # 24 x 16 x sum(in + out)
     assert seven.kv_bytes_per_token == 2 * 28 * 4 * 128 * 2
     table = markdown_table(list(rows.values()))
-    assert table.count("\n") == 6 and "| Qwen2.5-14B |" in table
+    assert table.count("\n") == 7 and "| Qwen2.5-14B |" in table
+    assert rows["Llama-3.1-8B"].full.parameters == 8_030_261_248  # Llama-3.1-8B's published count
+    assert rows["Llama-3.1-8B"].kv_bytes_per_token == 2 * 32 * 8 * 128 * 2
     assert LoraSettings(rank=16).target_modules == "all-linear"
-    assert qwen25_config("Qwen2.5-3B").tie_word_embeddings
+    assert shape_config("Qwen2.5-3B").tie_word_embeddings
+    assert not shape_config("Llama-3.1-8B").tie_word_embeddings

@@ -14,13 +14,13 @@ from core_engine.rl.demo_policy import (
     INFO_FILE,
     SHIPPED_POLICY,
     WarmupSettings,
+    addition_batch,
     build_demo_policy,
     demo_tokenizer,
-    eval_engine,
     greedy_accuracy,
     heldout_records,
-    supervised_batch,
 )
+from core_engine.rl.warmup import eval_engine
 from core_engine.weights import model_checksum
 
 TINY = WarmupSettings(batch_size=8, eval_every=1, eval_count=16)
@@ -67,7 +67,7 @@ def test_same_seed_same_weights(policy, tmp_path):
 
 def test_supervised_targets_are_the_answer_and_eos_only():
     tokenizer = demo_tokenizer()
-    inputs, targets = supervised_batch([("1+2=", "3"), ("10+20=", "30")], tokenizer)
+    inputs, targets = addition_batch([("1+2=", "3"), ("10+20=", "30")], tokenizer)
     ids = tokenizer.convert_tokens_to_ids
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     assert inputs.tolist() == [
@@ -120,7 +120,7 @@ def test_the_shipped_policy_is_what_its_metadata_says():
     hf = transformers.AutoModelForCausalLM.from_pretrained(SHIPPED_POLICY)
     assert model_checksum(hf) == info["weights_checksum"]
     tokenizer = transformers.AutoTokenizer.from_pretrained(SHIPPED_POLICY)
-    engine = eval_engine(model, tokenizer)
+    engine = eval_engine(model, tokenizer, info["heldout"]["prompts"])
     accuracy = greedy_accuracy(engine, heldout_records(info["heldout"]["prompts"]))
     assert accuracy == pytest.approx(info["accuracy"], abs=0.01)
     size = sum(f.stat().st_size for f in SHIPPED_POLICY.iterdir())

@@ -19,6 +19,7 @@ API_NAMES = {
     "launch_lora_shown",
     "launch_lora",
     "launch_environment",
+    "launch_model_preset",
     "launch_rescan",
     "launch_upload",
     "jobs",

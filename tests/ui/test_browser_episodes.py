@@ -109,3 +109,25 @@ def test_launch_a_job_with_an_environment(app):
         _choose(page, "launch-environment", "none: single-turn")
         expect(max_turns).to_be_hidden()
         expect(page.locator("#launch-reward")).to_be_visible()
+
+
+def test_choosing_the_calculator_policy_fills_in_its_task_and_environment(app):
+    """The shipped calculator policy's preset (issue 30, item 8): picking it in the Model
+    dropdown sets word problems in the calculator environment with the policy's lengths, and
+    Launch sends that job."""
+    sync_api = _require_browser()
+    expect = sync_api.expect
+    url, _ = app
+    with _opened(sync_api, url) as page:
+        _choose(page, "launch-model", re.compile("^built-in calculator policy"))
+        expect(page.locator("#launch-max-turns")).to_be_visible()
+        expect(page.locator("#launch-reward")).to_be_hidden()
+        expect(page.locator("#launch-environment input")).to_have_value("calculator")
+        max_tokens = page.locator("#launch-max-tokens").locator("textarea, input").first
+        expect(max_tokens).to_have_value("48")
+        page.locator("#launch-button").click()
+        status = page.locator("#launch-status")
+        expect(status).to_contain_text(
+            "train calculator-demo on word_problems in environment calculator"
+        )
+        expect(status).to_contain_text("max_turns 5, max_episode_tokens 384")

@@ -18,12 +18,12 @@ from ui.handlers.launch import (
     TASK_SOURCE,
     dataset_choices,
     launch_job,
-    model_choices,
     upload_dataset,
 )
+from ui.handlers.model_form import SHIPPED_CHOICES, model_choices
 from ui.render import inert
 from workers import api
-from workers.specs import DEMO_MODEL
+from workers.shipped import CALCULATOR_MODEL, DEMO_MODEL
 
 
 def form(**overrides: Any) -> dict[str, Any]:
@@ -53,6 +53,7 @@ def form(**overrides: Any) -> dict[str, Any]:
 def test_model_choices_offer_the_demo_and_checkpoints_under_the_roots(services, world):
     assert model_choices(services) == [
         ("built-in demo policy", DEMO_MODEL),
+        ("built-in calculator policy: word problems with a tool", CALCULATOR_MODEL),
         (str(world["model"]), str(world["model"])),
     ]
 
@@ -348,9 +349,7 @@ def test_special_files_under_the_roots_are_not_offered_and_refused_at_once(servi
     fifo(tmp_path / "data" / "pipe.jsonl")
     sparse(tmp_path / "data" / "huge.jsonl")
     # scanning the roots opens none of them (an opened FIFO would block for ever)
-    assert within(HANG_GUARD_S, lambda: model_choices(mine)) == [
-        ("built-in demo policy", DEMO_MODEL)
-    ]
+    assert within(HANG_GUARD_S, lambda: model_choices(mine)) == SHIPPED_CHOICES
     assert within(HANG_GUARD_S, lambda: dataset_choices(mine)) == []
     for change, problem in (
         ({"model": str(tmp_path / "models" / "pipe")}, "config.json is a FIFO"),
@@ -378,7 +377,7 @@ def test_a_64_mib_upload_of_tiny_records_is_parsed_once(services, world, tmp_pat
 
     monkeypatch.setattr(api, "count_jsonl", counting)
     mine = isolated(services, tmp_path)
-    line = json.dumps({"instruction": "7?"}) + "\n"
+    line = json.dumps({"instruction": "What is 7? " + "x" * 60}) + "\n"  # 0.9M records
     upload = tmp_path / "tiny.jsonl"
     upload.write_text(line * (MAX_UPLOAD_BYTES // len(line)))
     assert upload.stat().st_size > 63 * 2**20

@@ -10,9 +10,11 @@ import pytest
 from tests.ui.test_launch import form
 from ui.app import build_app
 from ui.handlers.clone import clone_form
-from ui.handlers.launch import SINGLE_TURN, environment_choices, launch_job
+from ui.handlers.launch import SINGLE_TURN, TASK_SOURCE, environment_choices, launch_job
+from ui.handlers.model_form import PRESET_FIELDS, model_choices, preset_values
 from ui.render import inert
-from ui.tabs.launch import _show_environment
+from ui.tabs.launch import _apply_preset, _show_environment
+from workers import api
 
 
 def _submitted(world) -> dict:
@@ -115,3 +117,50 @@ def test_offering_and_checking_environments_imports_no_torch():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert result.stdout.strip() == "False"
+
+
+def test_the_calculator_policy_comes_with_its_task_environment_and_lengths(services, world):
+    """Choosing the shipped calculator policy fills in word problems in the calculator
+    environment, with turns and lengths that fit its context: Launch accepts that job as it
+    stands (its prompts checked against the policy's 384-token context)."""
+    assert ("built-in calculator policy: word problems with a tool", "calculator-demo") in (
+        model_choices(services)
+    )
+    preset = preset_values(api.CALCULATOR_MODEL)
+    assert preset == {
+        "source": TASK_SOURCE,
+        "task": "word_problems",
+        "environment": "calculator",
+        "steps": 100,
+        "max_tokens": 48,
+        "max_turns": 5,
+        "max_episode_tokens": 384,
+    }
+    message = launch_job(services, **form(model=api.CALCULATOR_MODEL, **preset))
+    launched = "train calculator-demo on word_problems in environment calculator"
+    assert f"is queued: {inert(launched)}" in message
+    config = _submitted(world)
+    assert (config["max_tokens"], config["max_turns"], config["max_episode_tokens"]) == (
+        48,
+        5,
+        384,
+    )
+    assert preset_values(api.DEMO_MODEL)["environment"] == SINGLE_TURN
+    assert preset_values(api.DEMO_MODEL)["task"] == "addition"
+
+
+def test_a_preset_is_filled_in_for_a_shipped_policy_only(world):
+    filled = _apply_preset(api.CALCULATOR_MODEL)
+    assert [update["value"] for update in filled] == [
+        preset_values(api.CALCULATOR_MODEL)[name] for name in PRESET_FIELDS
+    ]
+    assert all("value" not in update for update in _apply_preset(str(world["model"])))
+
+
+def test_the_calculator_policy_is_refused_where_its_context_is_too_short(services, world):
+    """The preset's lengths are what fit: a turn budget past the policy's context is refused
+    at Launch, by the prompt check, before anything is queued."""
+    preset = {**preset_values(api.CALCULATOR_MODEL), "max_tokens": 300, "max_episode_tokens": 900}
+    message = launch_job(services, **form(model=api.CALCULATOR_MODEL, **preset))
+    assert message.startswith("**Nothing was enqueued.**") and inert("384-token context") in message
+    assert world["queue"].submitted == []

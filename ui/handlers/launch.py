@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from db import InvalidValue
-from ui.files import UploadRefused, find_checkpoints, find_data_files, save_upload
+from ui.files import UploadRefused, find_data_files, save_upload
 from ui.handlers.common import parse_number
 from ui.handlers.data_form import DATA_FIELDS, data_settings
 from ui.handlers.reward_form import REWARD_FIELDS, TASK_DEFAULT_REWARD, reward_config
@@ -63,13 +63,6 @@ class InvalidLaunch(ValueError):
     def __init__(self, problems: list[str]) -> None:
         super().__init__("; ".join(problems))
         self.problems = problems
-
-
-def model_choices(services: Services) -> list[tuple[str, str]]:
-    """(label, value): the demo policy, then every checkpoint found under the model roots."""
-    return [("built-in demo policy", api.DEMO_MODEL)] + [
-        (str(path), str(path)) for path in find_checkpoints(services.model_roots)
-    ]
 
 
 def dataset_choices(services: Services) -> list[str]:
@@ -139,7 +132,7 @@ def _without_paths(message: str, upload: Path, stored: Path | None) -> str:
 def _check_model(services: Services, model: str | None, problems: list[str]) -> None:
     if not model:
         problems.append("model: choose the demo policy or a checkpoint")
-    elif model != api.DEMO_MODEL:
+    elif model not in api.MODEL_PRESETS:
         try:
             api.check_model(model, services.model_roots)
         except api.SpecError as exc:

@@ -15,11 +15,11 @@ from ui.handlers.launch import (
     environment_choices,
     launch_job,
     lr_for_mode,
-    model_choices,
     reward_choices,
     task_choices,
     upload_dataset,
 )
+from ui.handlers.model_form import PRESET_FIELDS, model_choices, preset_values
 from ui.handlers.reward_form import EXTRA_REWARDS
 from ui.handlers.train_form import PIPELINE_CHOICES, PIPELINE_INFO
 from ui.services import Services
@@ -49,6 +49,14 @@ def _number(value: float | None, label: str, **options: Any) -> gr.Textbox:
     number box drops the characters it cannot read (``1e-3.5`` became ``1e-35``) and a
     rounded one rounds, both unseen."""
     return gr.Textbox("" if value is None else str(value), label=label, max_lines=1, **options)
+
+
+def _apply_preset(model: str | None) -> tuple[dict, ...]:
+    """A shipped policy's preset filled in (`PRESET_FIELDS`); another model changes nothing."""
+    values = preset_values(model)
+    if values is None:
+        return tuple(gr.update() for _ in PRESET_FIELDS)
+    return tuple(gr.update(value=values[name]) for name in PRESET_FIELDS)
 
 
 def _more_rewards() -> tuple[gr.components.Component, ...]:
@@ -91,8 +99,8 @@ def build(services: Services) -> dict[str, gr.components.Component]:
             value=d["model"],
             allow_custom_value=True,  # API callers may name any checkpoint under a root
             label="Model",
-            info="the built-in demo policy, a checkpoint under RLWB_MODEL_ROOTS, or a "
-            "Hugging Face Hub id (the worker downloads it)",
+            info="a built-in policy (choosing one fills in its task), a checkpoint under "
+            "RLWB_MODEL_ROOTS, or a Hugging Face Hub id (the worker downloads it)",
             elem_id="launch-model",
             scale=3,
         )
@@ -265,7 +273,10 @@ def build(services: Services) -> dict[str, gr.components.Component]:
         [episode_group, reward, more_rewards],
         api_name="launch_environment",
     )  # also on Clone
-    # the user's switch alone moves the learning rate (Clone fills in the job's own)
+    # the user's choice alone fills in a preset and moves the learning rate (Clone fills in
+    # the job's own)
+    preset = [form[name] for name in PRESET_FIELDS]
+    model.input(_apply_preset, model, preset, api_name="launch_model_preset")
     lora.input(lr_for_mode, [lora, lr, model], lr, api_name="launch_lora")
     rescan.click(partial(_rescan, services), None, [model, data], api_name="launch_rescan")
     upload.upload(

@@ -22,6 +22,11 @@ from core_engine.user_files import MAX_DATA_BYTES, UnsafeFileError, open_regular
 Batch = dict[str, list[str]]
 RowMapper = Callable[[Any, str], dict[str, str]]  # (a parsed row, where it is) -> a record
 MAX_PROBLEMS = 20  # malformed lines reported; reading stops at the last
+MAX_RECORDS = 1_000_000  # rows of a prompt set, in any format
+
+
+def too_many_rows(path: str | Path) -> DataError:
+    return DataError(f"{path}: more than {MAX_RECORDS:,} rows (the limit of a prompt set)")
 
 
 class DataError(ValueError):
@@ -122,7 +127,8 @@ def _read_jsonl(
     path: str | Path, convert: RowMapper, keep: bool
 ) -> tuple[list[dict[str, str]], int]:
     """(the records if ``keep``, their count): each line parsed once; reading stops at the
-    `MAX_PROBLEMS`-th malformed line."""
+    `MAX_PROBLEMS`-th malformed line, and past `MAX_RECORDS` records with `DataError` (what
+    they decode to is bounded by rows, not only by the file's bytes)."""
     records, count, problems = [], 0, []
     try:
         file = open_regular(path, MAX_DATA_BYTES)
@@ -144,6 +150,8 @@ def _read_jsonl(
                 problems.append(str(exc))
             else:
                 count += 1
+                if count > MAX_RECORDS:
+                    raise too_many_rows(path)
                 if keep:
                     records.append(record)
             if len(problems) >= MAX_PROBLEMS:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from core_engine.rl.data import DataError
+from core_engine.rl.data import MAX_RECORDS, DataError, too_many_rows
 from core_engine.user_files import (
     MAX_DATA_BYTES,
     MAX_TEXT_BYTES,
@@ -34,7 +34,6 @@ from core_engine.user_files import (
     size_text,
 )
 
-MAX_RECORDS = 1_000_000  # rows of a prompt set
 MAX_COLUMNS = 10_000
 MAX_HEADER_CHARS = 2**20  # a CSV file's first line
 BATCH_ROWS = 1024  # rows decoded at once from Parquet
@@ -54,7 +53,7 @@ def table_rows(path: Path, choose: Choose) -> Iterator[dict[str, Any]]:
         rows = readers[path.suffix.lower()](path, choose)
     for number, row in enumerate(rows, start=1):
         if number > MAX_RECORDS:
-            raise DataError(f"{path}: more than {MAX_RECORDS:,} rows (the limit of a prompt set)")
+            raise too_many_rows(path)
         yield row
 
 

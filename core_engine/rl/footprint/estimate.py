@@ -7,6 +7,12 @@ engine's own copy when it computes in a lower precision, and the engine's KV poo
 kept during the training phase. A LoRA job instead holds its frozen base once, in the engine's
 dtype (the engine serves it, its adapter disabled it is the KL reference), plus 16 (12) bytes
 per adapter parameter, counted as fp32.
+Over N devices (ranks), each device's share: with full weights FSDP2 shards the trainer's
+weights, gradients and moments (and the frozen KL reference) into N parts, and all-gathers one
+decoder layer at a time in its compute dtype (bf16 on CUDA); forward and backward prefetch may
+hold a second one, counted on top like the activations. Each rank's engine keeps its own full
+copy and KV pool. A LoRA job replicates its frozen base and its adapter on every rank: nothing
+of it shrinks with N.
 Activations, the log-softmax chunks and the process itself come on top, so a job refused here
 could never have run; one that passes may still need more.
 """
@@ -20,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from core_engine.adapters import count_adapter_parameters
 from core_engine.cache.sizing import kv_budget_bytes
@@ -46,6 +53,8 @@ class Footprint:
     kv_bytes: int
     adapter_parameters: int = 0  # LoRA: the trained parameters
     base_bytes: int = 0  # LoRA: the frozen base, shared by the trainer and the engine
+    devices: int = 1  # ranks of the job; every byte count here is one device's
+    gathered_bytes: int = 0  # FSDP2: one decoder layer's parameters all-gathered in flight
 
     @property
     def total_bytes(self) -> int:
@@ -55,10 +64,12 @@ class Footprint:
             + self.engine_copy_bytes
             + self.kv_bytes
             + self.base_bytes
+            + self.gathered_bytes
         )
 
     def describe(self) -> str:
-        parts = [f"{self.trainer_bytes / GIB:.2f} GiB fp32 weights + gradients + AdamW"]
+        shard = f" (1/{self.devices} shard)" if self.gathered_bytes else ""
+        parts = [f"{self.trainer_bytes / GIB:.2f} GiB fp32 weights + gradients + AdamW{shard}"]
         if self.adapter_parameters:
             parts = [
                 f"{self.base_bytes / GIB:.2f} GiB frozen base shared with the engine",
@@ -66,24 +77,60 @@ class Footprint:
                 "parameters) + gradients + AdamW",
             ]
         if self.reference_bytes:
-            parts.append(f"{self.reference_bytes / GIB:.2f} GiB KL reference")
+            parts.append(f"{self.reference_bytes / GIB:.2f} GiB KL reference{shard}")
+        if self.gathered_bytes:
+            parts.append(f"{self.gathered_bytes / GIB:.2f} GiB one layer gathered")
         if self.engine_copy_bytes:
             parts.append(f"{self.engine_copy_bytes / GIB:.2f} GiB engine copy")
         if self.kv_bytes:
             parts.append(f"{self.kv_bytes / GIB:.2f} GiB KV kept while training")
-        return f"{self.parameters:,} parameters: " + " + ".join(parts)
+        per_device = f" per device over {self.devices}" if self.devices > 1 else ""
+        return f"{self.parameters:,} parameters{per_device}: " + " + ".join(parts)
+
+
+def meta_model(hf_config: Any) -> CausalLM:
+    """The model a config describes, built on the meta device: nothing is allocated, even
+    while initialising."""
+    with torch.device("meta"):
+        return CausalLM(ModelConfig.from_hf(hf_config))
+
+
+def numel(module: nn.Module) -> int:
+    """Distinct parameters of `module` (tied ones once)."""
+    return sum(p.numel() for p in module.parameters())
 
 
 def count_parameters(hf_config: Any) -> int:
-    """Distinct parameters of the model a config describes (tied embeddings once), counted on
-    the meta device: nothing is allocated."""
-    with torch.device("meta"):  # built there: nothing is allocated, even while initialising
-        model = CausalLM(ModelConfig.from_hf(hf_config))
-    return sum(p.numel() for p in model.parameters())
+    """Distinct parameters of the model a config describes (tied embeddings once)."""
+    return numel(meta_model(hf_config))
 
 
-def training_footprint(config: GRPOConfig, hf_config: Any, device: torch.device) -> Footprint:
-    parameters = count_parameters(hf_config)
+def shard_parameters(model: nn.Module, devices: int) -> int:
+    """One device's share of `model`'s parameters under FSDP2, which splits every parameter on
+    its first dimension into `devices` shards of ceil(rows / devices) rows (short ones padded).
+    All of them at 1."""
+    return sum(-(-p.shape[0] // devices) * (p.numel() // p.shape[0]) for p in model.parameters())
+
+
+def layer_parameters(model: CausalLM) -> int:
+    """Parameters of one decoder layer (FSDP2's unit; all layers are the same shape)."""
+    return numel(model.model.layers[0])
+
+
+def fsdp_compute_dtype(device: torch.device) -> torch.dtype:
+    """The dtype FSDP2 gathers a layer in: bf16 mixed precision on CUDA, fp32 elsewhere (the
+    engine's "auto")."""
+    return resolve_dtype("auto", device)
+
+
+def training_footprint(
+    config: GRPOConfig, hf_config: Any, device: torch.device, devices: int = 1
+) -> Footprint:
+    """One device's floor for `config` on a job of `devices` ranks (see the module docstring)."""
+    if devices < 1:
+        raise ValueError(f"devices must be at least 1, got {devices}")
+    model = meta_model(hf_config)
+    parameters = numel(model)
     engine_dtype = resolve_dtype(config.engine_dtype, device)
     engine_copy = 0 if engine_dtype == torch.float32 else parameters * engine_dtype.itemsize
     kv = 0
@@ -92,7 +139,7 @@ def training_footprint(config: GRPOConfig, hf_config: Any, device: torch.device)
         pools = 2 if config.generates_in_process(device.type) else 1  # + the child's engine
         kv = pools * kv_budget_bytes(config.kv_cache_bytes, 1.0, device)
     per_trained = 8 + optimizer_state_bytes(config.optimizer_state_dtype)
-    if config.lora is not None:
+    if config.lora is not None:  # replicated on every rank: nothing depends on `devices`
         adapter = count_adapter_parameters(hf_config, config.lora)
         return Footprint(
             parameters=parameters,
@@ -102,13 +149,20 @@ def training_footprint(config: GRPOConfig, hf_config: Any, device: torch.device)
             kv_bytes=kv,
             adapter_parameters=adapter,
             base_bytes=parameters * engine_dtype.itemsize,
+            devices=devices,
         )
+    shard = shard_parameters(model, devices)
+    gathered = 0
+    if devices > 1:
+        gathered = layer_parameters(model) * fsdp_compute_dtype(device).itemsize
     return Footprint(
         parameters=parameters,
-        trainer_bytes=per_trained * parameters,
-        reference_bytes=4 * parameters if config.kl_coef else 0,
+        trainer_bytes=per_trained * shard,
+        reference_bytes=4 * shard if config.kl_coef else 0,
         engine_copy_bytes=engine_copy,
         kv_bytes=kv,
+        devices=devices,
+        gathered_bytes=gathered,
     )
 
 
@@ -132,12 +186,13 @@ def check_footprint(footprint: Footprint, available: int, device: torch.device) 
         )
 
 
-def check_room_for(config: GRPOConfig, device: torch.device) -> Footprint:
-    """Refuse (`InsufficientMemoryError`) a job whose floor exceeds what `device` has free."""
+def check_room_for(config: GRPOConfig, device: torch.device, devices: int = 1) -> Footprint:
+    """Refuse (`InsufficientMemoryError`) a job whose floor on each of `devices` ranks exceeds
+    what `device` has free."""
     from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(config.model, local_files_only=True)
-    footprint = training_footprint(config, hf_config, device)
+    footprint = training_footprint(config, hf_config, device, devices)
     check_footprint(footprint, available_bytes(device), device)
     return footprint
 

@@ -1,0 +1,122 @@
+"""The footprint rule over N devices: FSDP2 divides the full-weight trainer state by N and
+gathers one decoder layer at a time; LoRA replicates its base; the README shows the table."""
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from core_engine.rl.config import GRPOConfig
+from core_engine.rl.footprint.estimate import (
+    InsufficientMemoryError,
+    check_footprint,
+    meta_model,
+    shard_parameters,
+    training_footprint,
+)
+from core_engine.rl.footprint.table import (
+    DEVICE_COUNTS,
+    devices_rows,
+    devices_table,
+    markdown_table,
+    shape_config,
+    table_rows,
+)
+from core_engine.toy import tiny_config
+
+CUDA = torch.device("cuda")
+JOB = dict(model="m", output_dir="o", task="addition", device="cuda")
+README = Path(__file__).resolve().parents[2] / "README.md"
+SEVEN_B = 7_615_616_512  # Qwen2.5-7B's published count
+EIGHT_B = 8_030_261_248  # Llama-3.1-8B's published count
+
+
+def layer_parameters_from_shape(name: str, biases: bool) -> int:
+    """One decoder layer: attention (q, k, v with biases in Qwen2, o), gated MLP, two norms."""
+    config = shape_config(name)
+    hidden, inter = config.hidden_size, config.intermediate_size
+    kv = config.num_key_value_heads * (hidden // config.num_attention_heads)
+    attention = 2 * hidden * hidden + 2 * hidden * kv + (hidden + 2 * kv if biases else 0)
+    return attention + 3 * hidden * inter + 2 * hidden
+
+
+@pytest.mark.parametrize("devices", [2, 4, 8])
+def test_fsdp2_divides_weights_gradients_moments_and_reference_by_n(devices):
+    config = shape_config("Qwen2.5-7B")
+    job = GRPOConfig(**JOB, kl_coef=0.1)
+    one = training_footprint(job, config, CUDA)
+    many = training_footprint(job, config, CUDA, devices)
+    assert one.trainer_bytes == 16 * SEVEN_B and one.reference_bytes == 4 * SEVEN_B
+    assert many.trainer_bytes * devices == one.trainer_bytes  # to the byte
+    assert many.reference_bytes * devices == one.reference_bytes
+    assert many.engine_copy_bytes == one.engine_copy_bytes == 2 * SEVEN_B  # each rank's engine
+    assert many.parameters == SEVEN_B and many.devices == devices
+    assert many.total_bytes == (16 + 4) * SEVEN_B // devices + 2 * SEVEN_B + many.gathered_bytes
+    assert f"(1/{devices} shard)" in many.describe()
+    assert f"per device over {devices}" in many.describe()
+
+
+@pytest.mark.parametrize(("name", "biases"), [("Qwen2.5-7B", True), ("Llama-3.1-8B", False)])
+def test_the_gathered_layer_is_one_decoder_layer_in_the_compute_dtype(name, biases):
+    config, job = shape_config(name), GRPOConfig(**JOB)
+    layer = layer_parameters_from_shape(name, biases)
+    assert layer == (233_057_792 if biases else 218_112_000)
+    assert training_footprint(job, config, CUDA).gathered_bytes == 0  # one process: no FSDP2
+    for devices in (2, 8):
+        assert training_footprint(job, config, CUDA, devices).gathered_bytes == 2 * layer
+    cpu_job = GRPOConfig(**{**JOB, "device": "cpu"})
+    cpu = training_footprint(cpu_job, config, torch.device("cpu"), 2)
+    assert cpu.gathered_bytes == 4 * layer  # fp32 without mixed precision
+
+
+def test_lora_replicates_its_base_and_adapter_on_every_device():
+    config = shape_config("Llama-3.1-8B")
+    job = GRPOConfig(**JOB, lora={"rank": 16})
+    one = training_footprint(job, config, CUDA)
+    assert one.base_bytes == 2 * EIGHT_B and one.adapter_parameters == 41_943_040
+    for devices in (2, 4, 8):
+        many = training_footprint(job, config, CUDA, devices)
+        assert many.base_bytes == 2 * EIGHT_B  # not divided by N
+        assert many.trainer_bytes == 16 * 41_943_040 and many.gathered_bytes == 0
+        assert many.total_bytes == one.total_bytes
+
+
+def test_shards_match_fsdp2_on_a_fake_group_padding_included():
+    """`fully_shard` per layer then the root, as the trainer shards; rank 0 holds the
+    largest (padded) shard: 1001 vocabulary rows over 4 ranks are 251 rows each."""
+    config = tiny_config("qwen2", vocab_size=1001)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    try:
+        model = meta_model(config)
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        local = sum(p.to_local().numel() for p in model.parameters())
+    finally:
+        dist.destroy_process_group()
+    assert local == shard_parameters(meta_model(config), 4)
+    assert model.model.embed_tokens.weight.to_local().shape[0] == 251
+
+
+def test_a_job_refused_on_one_device_fits_on_eight():
+    config, job = shape_config("Qwen2.5-7B"), GRPOConfig(**JOB)
+    card = 80 * 2**30
+    with pytest.raises(InsufficientMemoryError, match="GiB fp32 weights"):
+        check_footprint(training_footprint(job, config, CUDA), card, CUDA)
+    check_footprint(training_footprint(job, config, CUDA, 8), card, CUDA)
+    with pytest.raises(ValueError, match="devices must be at least 1"):
+        training_footprint(job, config, CUDA, 0)
+
+
+def test_the_readme_shows_both_tables_as_the_module_prints_them():
+    rows = devices_rows()
+    assert [row.devices for row in rows] == list(DEVICE_COUNTS) == [1, 2, 4, 8]
+    table = devices_table(rows)
+    assert table.count("\n") == 1 + len(DEVICE_COUNTS)
+    assert "| 1 | 127.7 GiB (113.5 + 14.2 + 0.00) | 14.8 GiB |" in table
+    readme = README.read_text()
+    assert markdown_table(table_rows()) in readme
+    assert table in readme

@@ -1,0 +1,32 @@
+"""The policies the package ships (`core_engine.assets`), by the name a job gives as its
+model: where each one is, the module that rebuilds it, and what Launch fills in when it is
+chosen. Imports no torch."""
+
+from pathlib import Path
+from typing import Any
+
+from core_engine.assets import CALCULATOR_POLICY, SHIPPED_POLICY
+
+DEMO_MODEL = "demo"  # 3-digit addition (`core_engine.rl.demo_policy`)
+CALCULATOR_MODEL = "calculator-demo"  # word problems with the calculator tool
+SHIPPED_MODEL_NAMES = (DEMO_MODEL, CALCULATOR_MODEL)
+# What Launch fills in when a shipped policy is chosen: the task, environment and lengths it
+# was built for, and a run long enough to see it learn on a CPU (README, "The demo policies").
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    DEMO_MODEL: {"task": "addition", "environment": None, "steps": 600, "max_tokens": 6},
+    CALCULATOR_MODEL: {
+        "task": "word_problems",
+        "environment": "calculator",
+        "steps": 100,
+        "max_tokens": 48,  # per turn: a tool call, or the answer
+        "max_turns": 5,  # a problem has 2-4 worked lines, then the answer
+        "max_episode_tokens": 384,  # the policy's context
+    },
+}
+
+
+def shipped_policy(model: str) -> tuple[Path, str]:
+    """A shipped model name's checkpoint directory and the module that rebuilds it."""
+    if model == CALCULATOR_MODEL:
+        return CALCULATOR_POLICY, "core_engine.rl.calculator_policy"
+    return SHIPPED_POLICY, "core_engine.rl.demo_policy"
