@@ -25,7 +25,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,7 @@ from core_engine.rl.rewards import exact_match
 from core_engine.rl.trainer.evaluate import EvalResult, evaluate
 from core_engine.rl.warmup import (
     WarmupResult,
-    build_environment,
+    build_record,
     eval_engine,
     initial_model,
     rebuild_main,
@@ -57,7 +57,7 @@ from core_engine.scheduler import InferenceScheduler
 from core_engine.task import SamplingParams
 from core_engine.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from core_engine.toy import byte_bpe_tokenizer, tiny_config
-from core_engine.weights import canonical_weights, model_checksum
+from core_engine.weights import canonical_weights
 
 ENVIRONMENT = "calculator"
 PAD, TURN_START, TURN_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
@@ -303,11 +303,14 @@ def build_calculator_policy(
     config = calculator_config(tokenizer)
     model = initial_model(config, seed)
     result = warm_up(model, tokenizer, seed, target_accuracy, max_steps, settings, log)
-    info = {
-        **asdict(result),
-        "target_accuracy": target_accuracy,
-        "reached_target": result.accuracy >= target_accuracy,
-        "heldout": {
+    builder = "core_engine.rl.calculator_policy.build_calculator_policy"
+    info = build_record(
+        result,
+        target_accuracy,
+        settings,
+        builder,
+        model,
+        heldout={
             "seed": HELDOUT_SEED,
             "prompts": settings.eval_count,
             "metric": "greedy episodes",
@@ -316,12 +319,9 @@ def build_calculator_policy(
             "max_tokens": TURN_TOKENS,
             "max_episode_tokens": CONTEXT,
         },
-        "tokenizer": {"rows": tokenizer_rows, "vocab_size": len(tokenizer)},
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "settings": asdict(settings),
-        "built_with": build_environment("core_engine.rl.calculator_policy.build_calculator_policy"),
-        "weights_checksum": model_checksum(model),
-    }
+        tokenizer={"rows": tokenizer_rows, "vocab_size": len(tokenizer)},
+        parameters=sum(p.numel() for p in model.parameters()),
+    )
     return save_policy(path, model.eval(), config, tokenizer, (INFO_FILE, info))
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -39,7 +39,7 @@ from core_engine.rl.rewards import exact_match
 from core_engine.rl.trainer.evaluate import evaluate
 from core_engine.rl.warmup import (
     WarmupResult,
-    build_environment,
+    build_record,
     eval_engine,
     initial_model,
     rebuild_main,
@@ -50,7 +50,7 @@ from core_engine.rl.warmup import (
 from core_engine.scheduler import InferenceScheduler
 from core_engine.task import SamplingParams
 from core_engine.toy import char_tokenizer, tiny_config
-from core_engine.weights import canonical_weights, model_checksum
+from core_engine.weights import canonical_weights
 
 DEMO_ALPHABET = "0123456789+="
 # Renders only the user turns: the prompt is exactly `a+b=`.
@@ -213,18 +213,18 @@ def build_demo_policy(
             break
         if log and seed != seeds[-1]:
             log(f"seed {seed} short of {target_accuracy:.0%} after {budget} steps: next seed")
-    info = {
-        **asdict(result),
-        "seeds_tried": [a.seed for a in attempts],
-        "total_steps": sum(a.steps for a in attempts),
-        "total_seconds": round(time.perf_counter() - start, 1),
-        "target_accuracy": target_accuracy,
-        "reached_target": result.accuracy >= target_accuracy,
-        "heldout": {"seed": HELDOUT_SEED, "prompts": settings.eval_count, "metric": "greedy"},
-        "settings": asdict(settings),
-        "built_with": build_environment("core_engine.rl.demo_policy.build_demo_policy"),
-        "weights_checksum": model_checksum(model),
-    }
+    builder = "core_engine.rl.demo_policy.build_demo_policy"
+    info = build_record(
+        result,
+        target_accuracy,
+        settings,
+        builder,
+        model,
+        seeds_tried=[a.seed for a in attempts],
+        total_steps=sum(a.steps for a in attempts),
+        total_seconds=round(time.perf_counter() - start, 1),
+        heldout={"seed": HELDOUT_SEED, "prompts": settings.eval_count, "metric": "greedy"},
+    )
     return save_policy(path, model.eval(), config, tokenizer, (INFO_FILE, info))
 
 

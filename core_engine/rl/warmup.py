@@ -12,7 +12,7 @@ import platform
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from core_engine.atomic_dir import atomic_dir
 from core_engine.engine import load_engine
 from core_engine.model import CausalLM, build_model, load_state
 from core_engine.scheduler import EngineConfig, InferenceScheduler
-from core_engine.weights import save_weights
+from core_engine.weights import model_checksum, save_weights
 
 IGNORED = -100  # a target the loss skips (`F.cross_entropy(ignore_index=...)`)
 
@@ -99,6 +99,28 @@ def save_policy(
         tokenizer.save_pretrained(tmp)
         (tmp / name).write_text(json.dumps(record, indent=1))
     return path
+
+
+def build_record(
+    result: WarmupResult,
+    target_accuracy: float,
+    settings: Any,
+    builder: str,
+    model: CausalLM,
+    **details: Any,
+) -> dict[str, Any]:
+    """What a policy's record file says of its build: the warm-up's result and target, the
+    builder's `details`, its settings, where it ran (`build_environment`) and the weights'
+    checksum."""
+    return {
+        **asdict(result),
+        "target_accuracy": target_accuracy,
+        "reached_target": result.accuracy >= target_accuracy,
+        **details,
+        "settings": asdict(settings),
+        "built_with": build_environment(builder),
+        "weights_checksum": model_checksum(model),
+    }
 
 
 def build_environment(builder: str) -> dict[str, str]:
