@@ -1,0 +1,90 @@
+"""The process group of a job's ranks: joined from torchrun-style environment variables, with a
+timeout on every collective, and left cleanly.
+
+torchrun (or the worker, for one node) starts one process per device and sets ``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``; multi-node jobs rendezvous
+the same way through ``torchrun --nnodes``. The backend follows the device: ``nccl`` on CUDA
+(one device per rank, ``cuda:LOCAL_RANK``), ``gloo`` on CPU. A rank that dies or stops
+answering makes the others' next collective raise within `timeout` instead of hanging
+(DESIGN.md, invariant 8).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+# The longest a rank waits in one collective: above the slowest rank's step, also the share
+# one rank computes while the others wait at the gradient reduction.
+DEFAULT_TIMEOUT = timedelta(minutes=10)
+RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+class RankSetupError(RuntimeError):
+    """The environment does not describe a rank of a process group."""
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """This process's place in the job: its rank among `world_size`, its device."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+
+def rank_from_environment(environ: Mapping[str, str], device_type: str) -> RankInfo:
+    """The rank the torchrun-style variables in `environ` describe (`RankSetupError` when one
+    is missing or out of range)."""
+    missing = [name for name in RANK_VARIABLES if not environ.get(name)]
+    if missing:
+        raise RankSetupError(f"a rank needs the environment variables {', '.join(missing)}")
+    try:
+        rank, world, local = (int(environ[n]) for n in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+        int(environ["MASTER_PORT"])
+    except ValueError as exc:
+        raise RankSetupError(f"rank environment: {exc}") from None
+    if world < 1 or not 0 <= rank < world or not 0 <= local <= rank:
+        raise RankSetupError(f"no rank {rank} (local {local}) in a world of {world}")
+    device = torch.device("cuda", local) if device_type == "cuda" else torch.device("cpu")
+    return RankInfo(rank, world, local, device)
+
+
+def init_ranks(device_type: str, timeout: timedelta = DEFAULT_TIMEOUT) -> RankInfo:
+    """Join the job's process group (``nccl`` on CUDA, ``gloo`` on CPU) as the rank the
+    environment names; every collective of the group raises after `timeout`."""
+    info = rank_from_environment(os.environ, device_type)
+    if device_type == "cuda":
+        torch.cuda.set_device(info.device)
+    dist.init_process_group(
+        "nccl" if device_type == "cuda" else "gloo",
+        init_method="env://",
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=timeout,
+        device_id=info.device if device_type == "cuda" else None,
+    )
+    return info
+
+
+def leave_ranks() -> None:
+    """Leave the process group, if this process is in one (also after a failed collective)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def rank_group(device_type: str, timeout: timedelta = DEFAULT_TIMEOUT) -> Iterator[RankInfo]:
+    """`init_ranks` for the duration, then `leave_ranks`, however the block ends."""
+    info = init_ranks(device_type, timeout)
+    try:
+        yield info
+    finally:
+        leave_ranks()

@@ -1,0 +1,267 @@
+"""One job across several devices (`core_engine.rl.ranks`, issue 31).
+
+Two `gloo` ranks run in processes spawned here, on a tiny Llama. Their step on a batch split
+across them is checked against the one-process step on the whole batch (what `GRPOTrainer`
+runs: `accumulate_gradients`, `clip_grad_norm_`, the optimizer step): the gradients, their
+norm, the statistics and the weights after the optimizer step agree, with full weights
+(FSDP2) and with LoRA. A rank that dies or stops answering makes the other's collective fail
+within the group's timeout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import multiprocessing
+import os
+import signal
+import socket
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from core_engine.adapters import add_adapter, base_view
+from core_engine.lora_settings import LoraSettings
+from core_engine.model import CausalLM, load_model
+from core_engine.rl.objective.loss import group_advantages
+from core_engine.rl.objective.update import TrainSample, UpdateSettings, accumulate_gradients
+from core_engine.rl.ranks import (
+    RankSetupError,
+    distribute_policy,
+    is_sharded,
+    rank_from_environment,
+    rank_group,
+    rank_share,
+    train_step,
+)
+from core_engine.rl.trainer.optimizer import build_optimizer
+from core_engine.toy import save_tiny_checkpoint
+
+WORLD = 2
+GROUP_SIZE = 2
+STEPS = 2  # the second step also checks the optimizer state and (LoRA) the A matrices
+# lr: Adam's first step is lr * g / (|g| + 1e-8). Where cancellation leaves |g| near 1e-9,
+# the summation order alone changes g by ~2e-10 and so the step by up to ~lr / 50 (measured:
+# 1.3e-6 at lr 1e-4); at 1e-5 that stays under the tolerance, while most weights move by lr.
+LR, WEIGHT_DECAY, MAX_GRAD_NORM = 1e-5, 0.01, 0.5
+WEIGHT_TOLERANCE = 1e-6
+SETTINGS = UpdateSettings(
+    temperature=0.9, clip_eps=0.2, kl_coef=0.05, max_tokens=16, chunk_rows=8
+)  # 16 tokens: rank 0 packs more micro-batches than rank 1
+LORA = LoraSettings(rank=4, alpha=8.0, modules_to_save=("lm_head",))
+STEP_TIMEOUT = timedelta(seconds=120)  # generous: the ranks share two loaded cores
+FAULT_TIMEOUT = timedelta(seconds=15)  # how long rank 0 waits for a rank that stopped answering
+JOIN_TIMEOUT_S = 300.0  # a test whose ranks hang fails instead of hanging the suite
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> str:
+    return str(save_tiny_checkpoint(tmp_path_factory.mktemp("llama"), arch="llama"))
+
+
+def _batch(vocab: int) -> list[TrainSample]:
+    """Three groups of two (rank 0 takes two, rank 1 one), uneven lengths, a partly masked
+    response and a lagged token (importance correction), behaviour log-probs off the policy's
+    so that some ratios leave the clip range."""
+    rewards = torch.tensor([[1.0, 0.0], [0.5, 0.2], [0.0, 1.0]])
+    advantages = group_advantages(rewards)[0].view(-1).tolist()
+    generator = torch.Generator().manual_seed(7)
+    samples = []
+    for i, advantage in enumerate(advantages):
+        prompt = torch.randint(3, vocab, (3 + i % 3,), generator=generator).tolist()
+        response = torch.randint(3, vocab, (2 + (5 * i) % 6,), generator=generator).tolist()
+        behaviour = (torch.randn(len(response), generator=generator) * 0.4 - 3.0).tolist()
+        mask = [1, 0] * (len(response) // 2) + [1] * (len(response) % 2) if i == 3 else None
+        lags = [1] + [0] * (len(response) - 1) if i in (1, 4) else None
+        samples.append(TrainSample(prompt, response, behaviour, advantage, None, lags, mask))
+    return samples
+
+
+def _policy(mode: str, checkpoint: str, adapter_seed: int) -> tuple[CausalLM, CausalLM]:
+    """The fp32 policy (with a fresh adapter seeded by `adapter_seed` for LoRA) and its KL
+    reference, as `core_engine.rl.trainer.policy` builds them."""
+    model = load_model(checkpoint, torch.float32, "cpu").eval()
+    if mode == "full":
+        return model, load_model(checkpoint, torch.float32, "cpu").eval()
+    torch.manual_seed(adapter_seed)
+    add_adapter(model, LORA)
+    return model.eval(), base_view(model)
+
+
+def _optimizer(model: CausalLM) -> torch.optim.Optimizer:
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return build_optimizer(trainable, LR, WEIGHT_DECAY, "float32")
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """A whole tensor (FSDP2's shards gathered: a collective, on every rank)."""
+    return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().clone()
+
+
+def _record(model: CausalLM, update, norm: float) -> dict:
+    grads = {n: _full(p.grad) for n, p in model.named_parameters() if p.grad is not None}
+    return {"update": dataclasses.asdict(update), "norm": norm, "grads": grads}
+
+
+def _one_process(mode: str, checkpoint: str) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    """The reference: the whole batch in this process, as `GRPOTrainer` steps."""
+    model, reference = _policy(mode, checkpoint, adapter_seed=0)
+    optimizer = _optimizer(model)
+    batch = _batch(model.config.vocab_size)
+    steps = []
+    for _ in range(STEPS):
+        optimizer.zero_grad(set_to_none=True)
+        update = accumulate_gradients(model, batch, SETTINGS, reference)
+        norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM))
+        steps.append(_record(model, update, norm))
+        optimizer.step()
+    return steps, {n: _full(p) for n, p in model.named_parameters()}
+
+
+def _step_on_rank(rank: int, mode: str, checkpoint: str, out: str) -> None:
+    """Rank `rank` of the 2-rank step; rank 1 starts from another adapter (rank 0's must
+    reach it)."""
+    with rank_group("cpu", STEP_TIMEOUT) as info:
+        model, reference = _policy(mode, checkpoint, adapter_seed=rank)
+        model = distribute_policy(model, lora=mode == "lora")
+        assert is_sharded(model) == (mode == "full")
+        optimizer = _optimizer(model)
+        share = rank_share(_batch(model.config.vocab_size), GROUP_SIZE, rank, info.world_size)
+        steps = []
+        for _ in range(STEPS):
+            update, norm = train_step(model, optimizer, share, SETTINGS, MAX_GRAD_NORM, reference)
+            steps.append(_record(model, update, norm))
+        weights = {n: _full(p) for n, p in model.named_parameters()}
+        torch.save({"steps": steps, "weights": weights}, Path(out) / f"rank{rank}.pt")
+
+
+def _dead_or_silent_peer(rank: int, how: str, out: str) -> None:
+    """Rank 1 dies (SIGKILL) or stops answering (alive, in no collective) once the group is
+    up; rank 0's next collective must raise, and rank 0 writes what it raised."""
+    report = Path(out) / "rank0.txt"
+    with rank_group("cpu", FAULT_TIMEOUT):
+        dist.barrier()
+        if rank == 1:
+            if how == "dies":
+                os.kill(os.getpid(), signal.SIGKILL)
+            deadline = time.monotonic() + JOIN_TIMEOUT_S
+            while not report.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            os._exit(0)  # gone without leaving the group
+        try:
+            dist.all_reduce(torch.ones(1))
+            report.write_text("no error")
+        except Exception as exc:  # what the job would report as the step's failure
+            report.write_text(f"{type(exc).__name__}: {exc}")
+
+
+def _rank_main(target, rank: int, port: int, args: tuple) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(WORLD),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(1)
+    target(rank, *args)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run_ranks(target, *args) -> list[int | None]:
+    """`target(rank, *args)` in `WORLD` spawned processes; their exit codes. Processes still
+    running after `JOIN_TIMEOUT_S` are killed and fail the test."""
+    context = multiprocessing.get_context("spawn")
+    port = _free_port()
+    processes = [
+        context.Process(target=_rank_main, args=(target, rank, port, args)) for rank in range(WORLD)
+    ]
+    for process in processes:
+        process.start()
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    hung = [rank for rank, process in enumerate(processes) if process.is_alive()]
+    for rank in hung:
+        processes[rank].kill()
+        processes[rank].join()
+    assert not hung, f"ranks {hung} still running after {JOIN_TIMEOUT_S:.0f} s"
+    return [process.exitcode for process in processes]
+
+
+def _assert_update_equal(got: dict, want: dict) -> None:
+    for key in ("loss", "kl", "clip_fraction", "ratio_outside_fraction", "ratio_max", "entropy"):
+        assert math.isclose(got[key], want[key], rel_tol=1e-6, abs_tol=1e-6), key
+    assert got["importance"].keys() == want["importance"].keys()
+    for key, value in want["importance"].items():
+        assert math.isclose(got["importance"][key], value, rel_tol=1e-6, abs_tol=1e-6), key
+    assert len(got["logprobs"]) == len(want["logprobs"])
+    for row, expected in zip(got["logprobs"], want["logprobs"], strict=True):
+        # fp32 log-probs of about -log(vocab): a few units in the last place
+        torch.testing.assert_close(torch.tensor(row), torch.tensor(expected), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_a_step_on_two_ranks_equals_the_one_process_step(llama, tmp_path, mode):
+    assert _run_ranks(_step_on_rank, mode, llama, str(tmp_path)) == [0, 0]
+    want_steps, want_weights = _one_process(mode, llama)
+    assert want_steps[0]["norm"] > MAX_GRAD_NORM  # the clip is exercised
+    assert want_steps[0]["update"]["clip_fraction"] > 0 and want_steps[0]["update"]["importance"]
+    for rank in range(WORLD):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        for step, want in zip(got["steps"], want_steps, strict=True):
+            assert math.isclose(step["norm"], want["norm"], rel_tol=1e-6)
+            _assert_update_equal(step["update"], want["update"])
+            assert step["grads"].keys() == want["grads"].keys()
+            for name, grad in want["grads"].items():
+                torch.testing.assert_close(step["grads"][name], grad, rtol=1e-5, atol=1e-7)
+        assert got["weights"].keys() == want_weights.keys()
+        for name, weight in want_weights.items():
+            torch.testing.assert_close(got["weights"][name], weight, rtol=0, atol=WEIGHT_TOLERANCE)
+    start = dict(_policy(mode, llama, adapter_seed=0)[0].named_parameters())
+    moved = max(float((w - start[n].detach()).abs().max()) for n, w in want_weights.items())
+    assert moved > 10 * WEIGHT_TOLERANCE  # the comparison of the weights is not vacuous
+
+
+@pytest.mark.parametrize("how", ["dies", "stops_answering"])
+def test_a_lost_rank_fails_the_others_collective_instead_of_hanging(tmp_path, how):
+    exit_codes = _run_ranks(_dead_or_silent_peer, how, str(tmp_path))
+    report = (tmp_path / "rank0.txt").read_text()
+    assert exit_codes[0] == 0
+    assert exit_codes[1] == (-signal.SIGKILL if how == "dies" else 0)
+    assert report.startswith(("DistBackendError", "RuntimeError")), report
+    waited = f"Timed out waiting {FAULT_TIMEOUT // timedelta(milliseconds=1)}ms"
+    if how == "dies":  # gloo sees the connection go (or, at the latest, the group's timeout)
+        assert "Connection" in report or waited in report, report
+    else:  # only the group's timeout ends the wait
+        assert waited in report, report
+
+
+@pytest.mark.parametrize(
+    ("samples", "shares"),
+    [(6, [[0, 1, 2, 3], [4, 5]]), (4, [[0, 1], [2, 3]]), (2, [[0, 1], []])],
+)
+def test_a_batch_splits_into_whole_groups_in_order(samples, shares):
+    assert [rank_share(list(range(samples)), 2, r, 2) for r in range(2)] == shares
+    with pytest.raises(ValueError, match="whole groups"):
+        rank_share(list(range(5)), 2, 0, 2)
+
+
+def test_a_rank_is_read_from_torchrun_variables():
+    environ = dict(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="h", MASTER_PORT="1")
+    info = rank_from_environment(environ, "cpu")
+    assert (info.rank, info.world_size, info.device) == (1, 2, torch.device("cpu"))
+    with pytest.raises(RankSetupError, match="MASTER_PORT"):
+        rank_from_environment({**environ, "MASTER_PORT": ""}, "cpu")
+    with pytest.raises(RankSetupError, match="no rank 2"):
+        rank_from_environment({**environ, "RANK": "2"}, "cpu")
