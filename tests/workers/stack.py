@@ -92,17 +92,7 @@ class Stack:
 
     def celery(self, *args: str) -> str:
         """The Celery command line against this deployment."""
-        argv = [sys.executable, "-m", "celery", "-A", "workers.app", *args]
-        done = subprocess.run(
-            argv,
-            cwd=self.root,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=COMMAND_LIMIT_S,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done.stdout
+        return self._run([sys.executable, "-m", "celery", "-A", "workers.app", *args])
 
     def api(self, expression: str) -> Any:
         """Evaluate ``expression`` (with ``api`` = `workers.api`) in a fresh process."""
@@ -129,7 +119,11 @@ class Stack:
 
     def rlwb(self, *args: str) -> str:
         """The ``rlwb`` command line against this deployment; its output."""
-        argv = [sys.executable, "-m", "ui", *args]
+        return self._run([sys.executable, "-m", "ui", *args])
+
+    def _run(self, argv: list[str]) -> str:
+        """``argv`` run in this deployment's directory and environment; its output (it must
+        succeed within `COMMAND_LIMIT_S`)."""
         done = subprocess.run(
             argv,
             cwd=self.root,
