@@ -65,10 +65,11 @@ def published_weights(model: nn.Module, engine_dtype: torch.dtype) -> dict[str, 
     return {k: v.detach().to(engine_dtype) for k, v in canonical_weights(model).items()}
 
 
-def save_weights(model: nn.Module, directory: Path) -> None:
-    """The model's canonical weights (tied copies once) as ``directory/model.safetensors``,
-    which `load_model` and Hugging Face read back."""
-    weights = {k: v.detach().contiguous() for k, v in canonical_weights(model).items()}
+def save_weights(model: nn.Module | Mapping[str, torch.Tensor], directory: Path) -> None:
+    """The model's canonical weights (tied copies once), or the given ones, as
+    ``directory/model.safetensors``, which `load_model` and Hugging Face read back."""
+    given = canonical_weights(model) if isinstance(model, nn.Module) else model
+    weights = {k: v.detach().contiguous() for k, v in given.items()}
     save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
 
 

@@ -208,6 +208,8 @@ class Sample(Base):
     # an episode's assistant turns and the turns whose tool call could not be parsed (filters)
     turns: Mapped[int | None] = mapped_column(Integer)
     tool_errors: Mapped[int | None] = mapped_column(Integer)
+    # the rank of a several-device job that generated it (0 for one device; None: not recorded)
+    rank: Mapped[int | None] = mapped_column(Integer)
     response_token_ids: Mapped[list[int]] = mapped_column(Int32Array)
     behaviour_logprobs: Mapped[list[float]] = mapped_column(Float32Array)
     temperature_logprobs: Mapped[list[float] | None] = mapped_column(Float32Array)

@@ -76,7 +76,8 @@ class SampleRecord:
     order, ``{"role", "start", "end", "text", ...}`` covering the response exactly (role
     ``assistant``: sampled tokens, trained; any other: the template's tokens between turns,
     never trained), and ``episode_finish`` (``done``, ``max_turns``, ``context_exceeded``,
-    ``tool_parse_error``, ``env_error``, ``env_timeout`` or ``error``).
+    ``tool_parse_error``, ``env_error``, ``env_timeout`` or ``error``). ``rank``: the rank of
+    the job's ranks (one per device) that generated it, 0 for one device; None: not recorded.
     """
 
     prompt_index: int
@@ -102,6 +103,7 @@ class SampleRecord:
     resumed_at: Sequence[int] | None = None
     segments: Sequence[Mapping[str, Any]] | None = None
     episode_finish: str | None = None
+    rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -259,6 +261,7 @@ class SampleDetail:
     episode_finish: str | None = None
     turns: int | None = None
     tool_errors: int | None = None
+    rank: int | None = None  # the rank that generated it (`SampleRecord`); None: not recorded
 
     @property
     def sampled_tokens(self) -> list[bool]:

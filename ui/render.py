@@ -118,7 +118,7 @@ def components_text(components: dict[str, float] | None, weights: dict[str, floa
     return " + ".join(terms) if components else "—"
 
 
-def _facts(detail: SampleDetail, weights: dict[str, float] | None = None) -> str:
+def _facts(detail: SampleDetail, weights: dict[str, float] | None = None, devices: int = 1) -> str:
     sampled = [
         lp for lp, s in zip(detail.behaviour_logprobs, detail.sampled_tokens, strict=True) if s
     ]
@@ -131,6 +131,7 @@ def _facts(detail: SampleDetail, weights: dict[str, float] | None = None) -> str
         ("job", detail.job_id),
         ("batch", f"{detail.batch_id} ({detail.batch_status.value})"),
         ("policy version", detail.policy_version),
+        *([("rank", f"{fmt(detail.rank)} of {devices}")] if devices > 1 else []),
         ("prompt / group", f"{detail.prompt_index} / {detail.group_index}"),
         ("finish reason", detail.finish_reason.value),
         ("error", error),
@@ -176,10 +177,12 @@ def sample_html(
     texts: list[str] | None,
     weights: dict[str, float] | None = None,
     response: str | None = None,
+    devices: int = 1,
 ) -> str:
-    """The whole sample: facts (its reward components with the job's `weights`), prompt
-    messages, reference, and the response: ``response`` (a `response_block`), else its
-    tokens coloured by behaviour log-prob."""
+    """The whole sample: facts (its reward components with the job's `weights`; the rank that
+    generated it of a job on several ``devices``), prompt messages, reference, and the
+    response: ``response`` (a `response_block`), else its tokens coloured by behaviour
+    log-prob."""
     reference = detail.reference_output
     if response is None:
         tokens = token_spans(
@@ -193,7 +196,7 @@ def sample_html(
         )
     return (
         f'<div class="sample-detail" data-sample-id="{detail.id}">'
-        f"{_facts(detail, weights)}"
+        f"{_facts(detail, weights, devices)}"
         f"<h4>Prompt</h4>{_messages(detail)}"
         "<h4>Reference output</h4>"
         f'<div class="reference" style="{BLOCK_STYLE}">'

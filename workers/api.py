@@ -50,7 +50,7 @@ from workers.job_files import (
     model_parameters,
     model_roots,
 )
-from workers.settings import GPU_QUEUE, Settings
+from workers.settings import GPU_QUEUE, TASK_FOR_KIND, Settings
 from workers.shipped import CALCULATOR_MODEL, DEMO_MODEL, MODEL_PRESETS
 from workers.specs import (
     HELDOUT_EVERY,
@@ -82,6 +82,7 @@ __all__ = [
     "REWARDS",
     "SAVABLE_MODULES",
     "TASKS",
+    "TASK_FOR_KIND",
     "TRACKERS",
     "TRAINER_DEFAULTS",
     "WORKER_COMMANDS",
@@ -119,6 +120,7 @@ __all__ = [
     "submit_job",
     "token_diff",
     "validate_job",
+    "worker_device",
 ]
 
 TASKS: dict[str, str] = {name: task.description for name, task in BUILTIN_TASKS.items()}
@@ -289,6 +291,11 @@ def deployment() -> str:
     """Where this deployment keeps its data and which broker it uses (one line)."""
     settings = Settings.from_env()
     return f"data: {settings.data_dir}; broker: {_broker(settings)}"
+
+
+def worker_device() -> str:
+    """The device a job that names none runs on: its worker's (``RLWB_DEVICE``, default cpu)."""
+    return Settings.from_env().device
 
 
 def _tasks(reply: dict[str, list[dict[str, Any]]] | None) -> list[dict[str, Any]]:

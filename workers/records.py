@@ -29,7 +29,8 @@ def sample_records(
     trainer_logprobs: Sequence[Sequence[float] | None] | None = None,
 ) -> list[SampleRecord]:
     """One record per sample: prompt ``prompt_offset + i // G``, sample ``i % G`` of its group;
-    ``trainer_logprobs`` (per sample, None where not trained) as the trainer scored them."""
+    ``trainer_logprobs`` (per sample, None where not trained) as the trainer scored them; the
+    rank that generated it (``rollout.ranks``; none listed: one rank, 0)."""
     records = []
     for i in range(rollout.num_samples):
         group = rollout.group_of(i)
@@ -59,6 +60,7 @@ def sample_records(
                 resumed_at=(rollout.resumed_at[i] or None) if rollout.resumed_at else None,
                 segments=rollout.segments[i] if rollout.segments else None,
                 episode_finish=rollout.episode_finishes[i] if rollout.episode_finishes else None,
+                rank=rollout.ranks[i] if rollout.ranks else 0,
             )
         )
     return records

@@ -8,20 +8,22 @@ evaluate: ``job_id`` (a training job) + ``version``, or ``model``; and `EvalSett
 compare: ``job_id`` and ``versions`` (two of its versions); and `EvalSettings` fields.
 Validation here imports no torch (the UI submits through `workers.api`).
 
-What a job may ask of a worker: its sizes (`check_sizes`, limits in `workers.sizes`), the files
-it names in `workers.job_files`. Checked when a job is submitted (`workers.api`, the UI,
-``rlwb submit``) and again by the worker before it runs a queued job, so a hand-made job row
-cannot bypass them.
+What a job may ask of a worker: its sizes (`check_sizes`, limits in `workers.sizes`), its
+devices (`device_problems`), the files it names in `workers.job_files`. Checked when a job is
+submitted (`workers.api`, the UI, ``rlwb submit``) and again by the worker before it runs a
+queued job, so a hand-made job row cannot bypass them.
 
 Numbers: each field's type and range is a row of one table (`core_engine.rl.limits`,
 `JOB_FIELDS`): an int field refuses floats, NaN and infinities.
 """
 
+import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from core_engine.rl.config import GRPOConfig
+from core_engine.rl.config import GRPOConfig, torch_device_type
 from core_engine.rl.data.files import Columns
 from core_engine.rl.data.tasks import default_reward
 from core_engine.rl.episodes.environments import environment_target
@@ -208,11 +210,38 @@ def check_sizes(kind: JobKind | str, config: dict[str, Any]) -> None:
         trainer = train_config(config, "unused")
         samples = trainer.batch_size * trainer.group_size
         problems = train_size_problems(trainer.tokens_per_sample, samples, trainer.steps)
+        problems.extend(device_problems(trainer))
     else:
         settings = (evaluate_spec if kind is JobKind.EVALUATE else compare_spec)(config).eval
         problems = eval_size_problems(settings.max_tokens, settings.num_prompts)
     if problems:
         raise SpecError("too large for the workers: " + "; ".join(problems))
+
+
+def machine_devices(device_type: str) -> int | None:
+    """The devices of `device_type` ("cpu" or "cuda") a worker has: ``RLWB_DEVICES`` when set
+    (the operator's count, e.g. where the submitting host has no GPU), else this machine's: its
+    cores on CPU; on CUDA torch's count when this process has loaded torch already (the worker,
+    re-checking before it runs a job), else None (unknown: these checks never import torch,
+    since the UI runs them, so the worker's re-check is the one that refuses)."""
+    configured = os.environ.get("RLWB_DEVICES")
+    if configured:
+        return int(configured)
+    if device_type == "cpu":
+        return os.cpu_count() or 1
+    torch = sys.modules.get("torch")
+    return None if torch is None else torch.cuda.device_count()
+
+
+def device_problems(trainer: GRPOConfig) -> list[str]:
+    """`devices` ranks need as many devices of the job's type; one device is checked where the
+    job runs, as before."""
+    device_type = torch_device_type(trainer.device)
+    available = machine_devices(device_type)
+    if trainer.devices == 1 or available is None or trainer.devices <= available:
+        return []
+    unit = "CPU cores" if device_type == "cpu" else "CUDA devices"
+    return [f"devices = {trainer.devices} > the {available} {unit} a worker has (RLWB_DEVICES)"]
 
 
 # Held-out evaluation during training (`workers.evaluation.HeldoutEval`): every

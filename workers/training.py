@@ -15,11 +15,12 @@ job row (`Repository.record_base_checksum`); the trainer refuses to resume on an
 """
 
 import shutil
-from contextlib import closing
+from contextlib import ExitStack, closing
 from pathlib import Path
 
 from core_engine.atomic_dir import Writer, recover
 from core_engine.rl.data.tasks import prompt_records
+from core_engine.rl.ranks.launch import RankFailedError, job_ranks
 from core_engine.rl.trainer.checkpoint import checkpoint_dir, is_complete, list_checkpoints
 from core_engine.rl.trainer.grpo import GRPOTrainer, TrainingError
 from core_engine.rl.trainer.records import StepRecord, StopReason, TrainerHooks
@@ -180,27 +181,29 @@ def run_training(
     if heldout.every:
         records, evaluation = heldout_eval(config, heldout, columns, records)
     run = tracked_run(job, Path(config.output_dir), settings.data_dir)
-    with closing(Trackers(report_to(job.config), run)) as trackers:
-        recorder = Recorder(repo, job.id, control, config.steps, evaluation, trackers)
-        writer = checkpoint_writer(repo, control)
-        trainer = recorder.trainer = GRPOTrainer(
-            config, records, TrainerHooks(recorder.on_step, control.should_stop, writer)
-        )
-        if trainer.base_checksum is not None:
-            repo.record_base_checksum(job.id, trainer.base_checksum, fence=control.fence)
-        if trainer.version == 0 and repo.latest_version(job.id) is None:
-            metrics = PolicyMetrics(extra=recorder.heldout_metrics(0))
-            start = model if config.lora is None else str(trainer.save())  # LoRA: an adapter
-            checksum = model_checksum(trainer.model)
-            repo.record_policy_version(
-                PolicyVersionRecord(job.id, 0, None, start, checksum, metrics), fence=control.fence
+    try:
+        with closing(Trackers(report_to(job.config), run)) as trackers, ExitStack() as stack:
+            recorder = Recorder(repo, job.id, control, config.steps, evaluation, trackers)
+            writer = checkpoint_writer(repo, control)
+            ranks = None if config.devices == 1 else stack.enter_context(job_ranks(config, records))
+            trainer = recorder.trainer = GRPOTrainer(
+                config, records, TrainerHooks(recorder.on_step, control.should_stop, writer), ranks
             )
-            trackers.log(metrics, 0)
-        control.report(trainer.step_index, config.steps, version=trainer.version)  # phase over
-        try:
+            if trainer.base_checksum is not None:
+                repo.record_base_checksum(job.id, trainer.base_checksum, fence=control.fence)
+            if trainer.version == 0 and repo.latest_version(job.id) is None:
+                metrics = PolicyMetrics(extra=recorder.heldout_metrics(0))
+                start = model if config.lora is None else str(trainer.save())  # LoRA: an adapter
+                checksum = model_checksum(trainer.whole_model)
+                repo.record_policy_version(
+                    PolicyVersionRecord(job.id, 0, None, start, checksum, metrics),
+                    fence=control.fence,
+                )
+                trackers.log(metrics, 0)
+            control.report(trainer.step_index, config.steps, version=trainer.version)  # phase over
             reason = trainer.train()
-        except TrainingError as exc:
-            return Outcome("failed", f"training stopped: {exc}")
+    except (TrainingError, RankFailedError) as exc:
+        return Outcome("failed", f"training stopped: {exc}")
     if reason is StopReason.DONE:
         return Outcome("succeeded")
     if reason is StopReason.STOPPED:

@@ -1,14 +1,26 @@
-"""`python -m core_engine.rl train CONFIG`: run a GRPO job without the UI."""
+"""`python -m core_engine.rl train CONFIG`: run a GRPO job without the UI.
+
+A job with `devices = N` runs as N ranks: started here on one machine (this process is rank
+0), or, across machines, by ``torchrun`` (one process per device on each node, e.g.
+``torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500
+-m core_engine.rl train job.toml`` with `devices = 16`): the ranks then join the group its
+environment variables describe. Rank 0 prints and writes the checkpoints.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
+from collections.abc import Iterator
 
 from tqdm import tqdm
 
-from core_engine.rl.config import GRPOConfig
+from core_engine.rl.config import GRPOConfig, torch_device_type
 from core_engine.rl.data.tasks import prompt_records
+from core_engine.rl.ranks import RankInfo, RankSetupError, rank_group
+from core_engine.rl.ranks.launch import RankFailedError, job_ranks
 from core_engine.rl.trainer.grpo import GRPOTrainer, TrainingError
 from core_engine.rl.trainer.records import StepRecord, TrainerHooks
 
@@ -42,14 +54,34 @@ def main(argv: list[str] | None = None) -> int:
         if record.status == "accepted":
             bar.update(1)
 
-    trainer = GRPOTrainer(config, records, TrainerHooks(on_step=on_step))
-    bar.update(trainer.step_index)
     try:
-        reason = trainer.train()
-    except TrainingError as exc:
+        with job_ranks_of(config, records) as ranks:
+            hooks = TrainerHooks(on_step=on_step) if ranks is None or ranks.rank == 0 else None
+            trainer = GRPOTrainer(config, records, hooks, ranks)
+            bar.update(trainer.step_index)
+            reason = trainer.train()
+    except (TrainingError, RankFailedError, RankSetupError) as exc:
         print(f"training stopped: {exc}", file=sys.stderr)
         return 1
     finally:
         bar.close()
-    print(f"{reason.value}: version {trainer.version}, checkpoints in {config.output_dir}")
+    if trainer.writes_files:
+        print(f"{reason.value}: version {trainer.version}, checkpoints in {config.output_dir}")
     return 0
+
+
+@contextlib.contextmanager
+def job_ranks_of(config: GRPOConfig, records: list[dict[str, str]]) -> Iterator[RankInfo | None]:
+    """This process's rank: None for one device; under torchrun (``WORLD_SIZE`` set) the rank
+    its environment names; else rank 0, the others started here (`ranks.launch.job_ranks`)."""
+    if "WORLD_SIZE" in os.environ:
+        world = int(os.environ["WORLD_SIZE"])
+        if world != config.devices:
+            raise RankSetupError(f"torchrun started {world} ranks for devices = {config.devices}")
+        with rank_group(torch_device_type(config.device)) as info:
+            yield info
+    elif config.devices == 1:
+        yield None
+    else:
+        with job_ranks(config, records) as info:
+            yield info

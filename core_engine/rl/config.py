@@ -101,6 +101,8 @@ class GRPOConfig:
     seed: int = 0
     resume: bool = True
     device: str = "cpu"  # trainer and engine
+    # ranks the job runs as, one per device of `device`'s type (`core_engine.rl.ranks`)
+    devices: int = 1
     engine_dtype: str = "auto"  # float32 | bfloat16 | float16 | auto (bf16 on CUDA, else fp32)
     # The importance correction (`core_engine.rl.objective.loss`): "truncate" (TIS, as TRL) or
     # "mask" (AReaL's decoupled PPO) of pi_prox / pi_behaviour at `importance_cap`, on tokens
@@ -142,6 +144,7 @@ class GRPOConfig:
         if self.kv_strategy not in KV_STRATEGIES:
             problems.append(f"kv_strategy must be one of {', '.join(KV_STRATEGIES)}")
         problems.extend(self._pipeline_problems(numbers))
+        problems.extend(self._devices_problems(numbers))
         if self.reject_scope not in ("batch", "group"):
             problems.append("reject_scope must be 'batch' or 'group'")
         if self.optimizer_state_dtype not in OPTIMIZER_STATE_DTYPES:
@@ -207,6 +210,32 @@ class GRPOConfig:
         if isinstance(self.lora, LoraSettings) and self.lora.dropout:
             # the engine generates through the very modules the trainer puts in train mode
             problems.append(f"pipeline {self.pipeline!r} needs LoRA dropout 0")
+        return problems
+
+    def _devices_problems(self, numbers: list[str]) -> list[str]:
+        """What `devices` > 1 (`core_engine.rl.ranks`) needs: a GRPO group per rank at least,
+        one device type (each rank takes its own device), and, for now, the synchronous loop
+        with one update per batch."""
+        if self.devices == 1 or numbers:
+            return []
+        problems = []
+        if self.batch_size < self.devices:
+            problems.append(
+                f"devices = {self.devices} needs batch_size >= {self.devices} (each rank "
+                "generates whole GRPO groups)"
+            )
+        if self.device not in DEVICE_TYPES:
+            problems.append(
+                f"devices = {self.devices}: device must be 'cpu' or 'cuda' (each "
+                f"rank takes its own), got {self.device!r}"
+            )
+        if self.pipeline != "sync":
+            problems.append(
+                f"devices = {self.devices} runs pipeline 'sync' only (one_step and in_flight "
+                "over ranks are not built yet)"
+            )
+        if self.updates_per_batch != 1:
+            problems.append(f"devices = {self.devices} needs updates_per_batch = 1")
         return problems
 
     def _resolve_lora(self) -> list[str]:

@@ -89,6 +89,7 @@ TRAINER_FIELDS: dict[str, Field] = {
     "keep_last": whole(0, 10**6),
     "keep_every": whole(0, 10**9),
     "engine_batch_size": whole(1, 2**16),
+    "devices": whole(1, 64),
     "seed": whole(SEED_MIN, SEED_MAX),
     "resume": FLAG,
     "importance_cap": real(0, 1e6, above_low=True),

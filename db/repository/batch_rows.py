@@ -107,6 +107,14 @@ def _resumed_at(sample: SampleRecord, where: str) -> list[int] | None:
     return indexes
 
 
+def _rank(sample: SampleRecord, where: str) -> int | None:
+    """The sample's checked ``rank``: a whole number >= 0, or None (not recorded)."""
+    rank = sample.rank
+    if rank is not None and not (_is_count(rank) and rank >= 0):
+        raise InvalidValue(f"{where}.rank: {rank!r} is not a whole number >= 0")
+    return rank
+
+
 def _token_version_runs(
     sample: SampleRecord, batch: BatchRecord, where: str
 ) -> list[list[int]] | None:
@@ -199,6 +207,7 @@ def _sample_row(sample: SampleRecord, batch: BatchRecord, where: str) -> dict[st
         "segments": _segments(sample, where),
         "episode_finish": _episode_finish(sample, where),
         **_episode_counts(sample),
+        "rank": _rank(sample, where),
         "response_token_ids": sample.response_token_ids,
         "behaviour_logprobs": sample.behaviour_logprobs,
         "temperature_logprobs": sample.temperature_logprobs,

@@ -254,6 +254,7 @@ class SamplesMixin(RepositoryBase):
                 episode_finish=sample.episode_finish,
                 turns=sample.turns,
                 tool_errors=sample.tool_errors,
+                rank=sample.rank,
             )
 
     def random_sample_ids(self, job_id: int, count: int, versions: Collection[int]) -> list[int]:

@@ -5,7 +5,7 @@ across them is checked against the one-process step on the whole batch (what `GR
 runs: `accumulate_gradients`, `clip_grad_norm_`, the optimizer step): the gradients, their
 norm, the statistics and the weights after the optimizer step agree, with full weights
 (FSDP2) and with LoRA. A rank that dies or stops answering makes the other's collective fail
-within the group's timeout.
+within the group's timeout. A job asking for more devices than a worker has is refused.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -265,3 +266,34 @@ def test_a_rank_is_read_from_torchrun_variables():
         rank_from_environment({**environ, "MASTER_PORT": ""}, "cpu")
     with pytest.raises(RankSetupError, match="no rank 2"):
         rank_from_environment({**environ, "RANK": "2"}, "cpu")
+
+
+JOB = {"model": "demo", "task": "always7", "steps": 2}
+
+
+@pytest.mark.parametrize(("devices", "problem"), [(0, ">= 1"), (65, "<= 64"), (1.0, "whole")])
+def test_devices_is_a_whole_number_from_1_to_64(devices, problem):
+    from workers.specs import SpecError
+    from workers.submission import validate_job
+
+    with pytest.raises(SpecError, match=f"devices must be .*{problem}"):
+        validate_job("train", {**JOB, "devices": devices})
+
+
+def test_more_devices_than_a_worker_has_are_refused_at_submission(monkeypatch):
+    from workers.specs import SpecError, machine_devices
+    from workers.submission import validate_job
+
+    monkeypatch.setenv("RLWB_DEVICES", "2")
+    assert validate_job("train", {**JOB, "devices": 2}) == 2
+    with pytest.raises(SpecError, match=r"devices = 3 > the 2 CPU cores a worker has"):
+        validate_job("train", {**JOB, "devices": 3})
+    monkeypatch.delenv("RLWB_DEVICES")
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    with pytest.raises(SpecError, match=r"devices = 4 > the 3 CPU cores"):
+        validate_job("train", {**JOB, "devices": 4})
+    cuda = {**JOB, "device": "cuda", "devices": max(2, torch.cuda.device_count() + 1)}
+    with pytest.raises(SpecError, match="CUDA devices a worker has"):
+        validate_job("train", cuda)  # torch is loaded here, as in the worker
+    monkeypatch.delitem(sys.modules, "torch")
+    assert machine_devices("cuda") is None  # the UI: left to the worker's re-check

@@ -18,9 +18,10 @@ from ui.plots import PLOTS, ema, has_data, plot_frame
 from ui.render import inert
 
 
-def test_the_table_shows_status_progress_version_reward_and_speed(services, job):
+def test_the_table_shows_status_progress_version_reward_and_speed(services, job, monkeypatch):
+    monkeypatch.delenv("RLWB_DEVICE", raising=False)  # the worker's device: cpu
     row = jobs_table(services).set_index("job").loc[job.id]
-    assert row["kind"] == "train" and row["status"] == "succeeded"
+    assert row["kind"] == "train" and row["status"] == "succeeded" and row["devices"] == "1 cpu"
     assert row["progress"] == "3/3 (100%)"
     assert row["version"] == 3
     assert row["reward"] == "0.75" and row["tokens/s"] == "103"
@@ -140,7 +141,8 @@ def test_a_stalled_job_shows_why_in_the_table_and_page_and_can_resume(services, 
     repo.delete_job(job.id)
 
 
-def test_the_queue_shows_workers_tasks_and_commands(services):
+def test_the_queue_shows_workers_tasks_and_commands(services, monkeypatch):
+    monkeypatch.delenv("RLWB_DEVICE", raising=False)  # the worker's device: cpu
     summary, workers, active, reserved, commands = queue_view(services)
     assert summary.startswith("**1** worker(s) online · **1** active · **0** reserved")
     assert workers["worker"].tolist() == ["gpu0@test"]
@@ -149,6 +151,7 @@ def test_the_queue_shows_workers_tasks_and_commands(services):
         "task_id": "t-1",
         "name": "workers.train",
         "args": "[1]",
+        "devices": "1 cpu",
     }
     assert reserved.empty
     assert "celery -A workers.app inspect ping" in commands

@@ -81,6 +81,7 @@ def test_a_valid_form_enqueues_a_train_job(services, world):
         "kl_coef": 0.0,
         "kv_strategy": "paged",
         "pipeline": "sync",
+        "devices": 1,
     }
     assert isinstance(config["steps"], int) and config["reward"] == "regex:7.*"
 

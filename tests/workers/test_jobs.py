@@ -61,6 +61,7 @@ def test_samples_carry_everything_the_ui_shows(repo, settings, tiny_model):
     assert sample.finish_reason == "length" and sample.error_code is None
     assert sample.reward == 0.0 and sample.advantage == 0.0
     assert sample.seed is not None and sample.cached_prompt_tokens >= 0
+    assert sample.rank == 0  # a one-device job: every sample is rank 0's (issue 31)
 
 
 def test_cancel_is_cooperative_and_keeps_what_was_done(repo, settings, tiny_model):

@@ -102,3 +102,25 @@ def test_in_flight_samples_are_stamped_with_their_oldest_token_and_keep_their_ru
     assert stored.policy_version == 3
     check_batch(stored)  # storable: each sample's runs start at its version, none after 3
     assert [r.token_versions for r in sample_records(rollout())] == [None] * 4  # old rollouts
+
+
+def test_each_sample_keeps_the_rank_that_generated_it_and_one_rank_is_rank_0():
+    """A job over two devices (issue 31): each rank generated one group; the records, split
+    into the accepted and the rejected batch, keep each sample's rank; a one-rank rollout (no
+    ranks listed) stores 0, never None (None: stored before ranks were recorded)."""
+    two = replace(rollout(), ranks=[0, 0, 1, 1])
+    step = StepRecord(
+        step=3,
+        rollout=two,
+        version=VersionRecord(4, 3, "c" * 64, {}),
+        reasons=["prompt 0: no reward variance"],
+        rejected_groups={0: "no reward variance"},
+        advantages=[0.0, 0.0, 1.0, -1.0],
+    )
+    accepted, rejected = trainer_batches(7, 3, step)
+    assert [s.rank for s in accepted.samples] == [1, 1]
+    assert [s.rank for s in rejected.samples] == [0, 0]
+    check_batch(accepted)
+    assert [r.rank for r in sample_records(rollout())] == [0] * 4
+    [stored] = trainer_batches(7, 3, StepRecord(0, rollout(), None, ["rejected for the test"]))
+    assert [s.rank for s in stored.samples] == [0] * 4

@@ -16,6 +16,7 @@ from db import (
     JobStatus,
     VersionMetrics,
 )
+from ui.devices import devices_text
 from ui.handlers.common import parse_id
 from ui.plots import (
     COMPONENT_PREFIX,
@@ -28,11 +29,27 @@ from ui.plots import (
 from ui.progress import duration, eta_seconds
 from ui.render import fmt, inert
 from ui.services import Services
-from workers.api import HELDOUT_MEAN_AT_K_METRIC, HELDOUT_METRIC, adapter_bytes, size_text
+from workers.api import (
+    HELDOUT_MEAN_AT_K_METRIC,
+    HELDOUT_METRIC,
+    adapter_bytes,
+    size_text,
+    worker_device,
+)
 
 JOB_LIMIT = 50
 BATCHES_SHOWN = 200
-JOB_COLUMNS = ["job", "kind", "status", "progress", "version", "reward", "tokens/s", "created"]
+JOB_COLUMNS = [
+    "job",
+    "kind",
+    "devices",
+    "status",
+    "progress",
+    "version",
+    "reward",
+    "tokens/s",
+    "created",
+]
 BATCH_COLUMNS = ["batch", "step", "version", "status", "samples", "reasons"]
 
 # summary, config, one frame per plot of `PLOTS`, the keys of the plots to hide
@@ -52,7 +69,7 @@ def _progress(services: Services, job: JobInfo) -> str:
     return text if eta is None else f"{text} · ETA {duration(eta)}"
 
 
-def _job_row(services: Services, job: JobInfo) -> list[Any]:
+def _job_row(services: Services, job: JobInfo, device: str) -> list[Any]:
     latest = None
     if job.current_version is not None:
         latest = services.repository.latest_version(job.id)
@@ -60,6 +77,7 @@ def _job_row(services: Services, job: JobInfo) -> list[Any]:
     return [
         job.id,
         job.kind.value,
+        devices_text(job.config, device),
         job.status.value,
         _progress(services, job),
         "—" if job.current_version is None else job.current_version,
@@ -70,9 +88,10 @@ def _job_row(services: Services, job: JobInfo) -> list[Any]:
 
 
 def jobs_table(services: Services) -> pd.DataFrame:
-    """The newest jobs with their status, progress, current version, reward and tokens/s."""
-    jobs = services.repository.list_jobs(limit=JOB_LIMIT)
-    return pd.DataFrame([_job_row(services, job) for job in jobs], columns=JOB_COLUMNS)
+    """The newest jobs with their devices, status, progress, current version, reward and
+    tokens/s."""
+    jobs, device = services.repository.list_jobs(limit=JOB_LIMIT), worker_device()
+    return pd.DataFrame([_job_row(services, job, device) for job in jobs], columns=JOB_COLUMNS)
 
 
 def job_choices(services: Services) -> list[tuple[str, int]]:

@@ -51,6 +51,7 @@ FORM_FIELDS = (
     "environment",
     "max_turns",
     "max_episode_tokens",
+    "devices",
     *DATA_FIELDS,
     *REWARD_FIELDS,
 )
@@ -215,6 +216,7 @@ def train_config(
     environment: str | None = SINGLE_TURN,
     max_turns: float | str | None = None,
     max_episode_tokens: float | str | None = None,
+    devices: float | str | None = 1,
     **more: Any,
 ) -> dict[str, Any]:
     """The training job's config from the form, or `InvalidLaunch` with every problem. The
@@ -248,6 +250,7 @@ def train_config(
         "top_p": top_p,
         "clip_eps": clip_eps,
         "kl_coef": kl_coef,
+        "devices": devices,  # ranks, one per device: more than a worker has is refused below
     }
     if environment:
         numbers |= {"max_turns": max_turns, "max_episode_tokens": max_episode_tokens}

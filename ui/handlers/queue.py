@@ -4,20 +4,35 @@ from typing import Any
 
 import pandas as pd
 
-from db import JobStatus
+from db import JobNotFound, JobStatus
+from ui.devices import devices_text, task_job_id
 from ui.render import inert
 from ui.services import Services
-from workers.api import COMMANDS
+from workers.api import COMMANDS, worker_device
 
-TASK_COLUMNS = ["worker", "task_id", "name", "args"]
+TASK_COLUMNS = ["worker", "task_id", "name", "args", "devices"]
 
 QueueView = tuple[str, pd.DataFrame, pd.DataFrame, pd.DataFrame, str]
 
 
-def _tasks(tasks: list[dict[str, Any]]) -> pd.DataFrame:
-    return pd.DataFrame(
-        [[str(t.get(c, "")) for c in TASK_COLUMNS] for t in tasks], columns=TASK_COLUMNS
-    )
+def _devices(services: Services, task: dict[str, Any], device: str) -> str:
+    """A job task's devices, as the Jobs table shows them ("" for any other task)."""
+    job_id = task_job_id(task)
+    if job_id is None:
+        return ""
+    try:
+        return devices_text(services.repository.get_job(job_id).config, device)
+    except JobNotFound:
+        return ""
+
+
+def _tasks(services: Services, tasks: list[dict[str, Any]], device: str) -> pd.DataFrame:
+    """The tasks, a job's with its devices."""
+    rows = [
+        [*(str(t.get(c, "")) for c in TASK_COLUMNS[:-1]), _devices(services, t, device)]
+        for t in tasks
+    ]
+    return pd.DataFrame(rows, columns=TASK_COLUMNS)
 
 
 def _commands(commands: dict[str, str]) -> str:
@@ -42,11 +57,11 @@ def queue_first_view(services: Services) -> tuple[str, str]:
 
 def queue_view(services: Services) -> QueueView:
     """(summary, workers online, active tasks, reserved tasks, equivalent Celery commands),
-    from `workers.api.queue_overview`."""
+    from `workers.api.queue_overview`; a job's task with the job's devices."""
     try:
         overview = services.queue_overview()
     except Exception as exc:  # the broker is down or unreachable: say so, keep the page up
-        empty = _tasks([])
+        empty = _tasks(services, [], "")
         message = f"**Queue unreachable:** {type(exc).__name__}: {inert(exc)}"
         return message, pd.DataFrame(columns=["worker"]), empty, empty, ""
     workers = overview.get("workers", [])
@@ -57,10 +72,11 @@ def queue_view(services: Services) -> QueueView:
         + _job_counts(overview.get("jobs", {}))
     )
     commands = _commands(overview.get("commands", {}))
+    device = worker_device()
     return (
         summary,
         pd.DataFrame({"worker": workers}),
-        _tasks(active),
-        _tasks(reserved),
+        _tasks(services, active, device),
+        _tasks(services, reserved, device),
         commands,
     )

@@ -22,6 +22,7 @@ from db import (
     SampleFilter,
     SampleSummary,
 )
+from ui.devices import job_devices
 from ui.diagnostics import DEFAULT_CLIP_EPS, diagnostics_html
 from ui.episodes import episode_html
 from ui.handlers.common import parse_id, parse_number
@@ -293,7 +294,7 @@ def sample_detail(
     services: Services, sample_id: float | str | None, colour_by: str = LOGPROB
 ) -> str:
     """One sample in full, as HTML: prompt messages, reference, coloured response tokens
-    (hover: token id and log-probs), reward, advantage, finish/error, version, cache, the
+    (hover: token id and log-probs), reward, advantage, finish/error, version, rank, cache, the
     versions of its tokens (the response coloured by version instead of log-prob when
     ``colour_by`` is `VERSION`), and per-token training diagnostics of a trained sample. An
     episode's response is its conversation (`episode_html`)."""
@@ -314,7 +315,7 @@ def sample_detail(
     elif colour_by == VERSION:
         response = version_response(detail, texts)
     return (
-        sample_html(detail, texts, weights, response)
+        sample_html(detail, texts, weights, response, job_devices(job.config))
         + versions_html(detail, colour_by)
         + diagnostics_html(detail, texts, clip_eps)
     )

@@ -31,9 +31,9 @@ PLOT_ROWS = (
     ("policy-lag", "importance"),
     ("pipeline-time", "episodes"),
 )
-# job, kind, status, progress (a phase or an ETA is long), version, reward, tokens/s, created:
-# long cells wrap within these, so the table fits the page
-JOB_COLUMN_WIDTHS = ["6%", "8%", "9%", "32%", "8%", "8%", "9%", "20%"]
+# job, kind, devices, status, progress (a phase or an ETA is long), version, reward, tokens/s,
+# created: long cells wrap within these, so the table fits the page
+JOB_COLUMN_WIDTHS = ["5%", "7%", "9%", "9%", "28%", "7%", "7%", "8%", "20%"]
 
 
 def _plot(spec: PlotSpec) -> tuple[gr.LinePlot, gr.Markdown]:

@@ -223,6 +223,12 @@ def build(services: Services) -> dict[str, gr.components.Component]:
         updates_per_batch = _number(
             d["updates_per_batch"], label="Updates per batch (reuse within the lag)"
         )
+        devices = _number(
+            d["devices"],
+            label="Devices",
+            info="ranks, one per device of the worker's type; the worker must have as many",
+            elem_id="launch-devices",
+        )
     with (
         gr.Accordion(
             "Held-out accuracy (built-in tasks) and a data file's held-out fraction", open=False
@@ -259,7 +265,7 @@ def build(services: Services) -> dict[str, gr.components.Component]:
     fields += (top_p, max_tokens, max_policy_lag, kv_strategy, clip_eps, kl_coef, seed)
     fields += (updates_per_batch, pipeline, heldout_every, heldout_prompts, report_to, lora)
     fields += (lora_rank, lora_alpha, lora_dropout, lora_target_modules, lora_modules_to_save)
-    fields += (environment, max_turns, max_episode_tokens)
+    fields += (environment, max_turns, max_episode_tokens, devices)
     fields += (prompt_column, answer_column, system_prompt, heldout_fraction, heldout_k, *more)
     form = dict(zip(FORM_FIELDS, fields, strict=True))
     launch.click(

@@ -14,6 +14,7 @@ from core_engine.rl.ranks.group import (
     RankSetupError,
     init_ranks,
     leave_ranks,
+    rank0_decides,
     rank_from_environment,
     rank_group,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "init_ranks",
     "is_sharded",
     "leave_ranks",
+    "rank0_decides",
     "rank_from_environment",
     "rank_group",
     "rank_share",

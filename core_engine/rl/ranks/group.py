@@ -57,15 +57,20 @@ def rank_from_environment(environ: Mapping[str, str], device_type: str) -> RankI
     return RankInfo(rank, world, local, device)
 
 
-def init_ranks(device_type: str, timeout: timedelta = DEFAULT_TIMEOUT) -> RankInfo:
-    """Join the job's process group (``nccl`` on CUDA, ``gloo`` on CPU) as the rank the
-    environment names; every collective of the group raises after `timeout`."""
-    info = rank_from_environment(os.environ, device_type)
+def init_ranks(
+    device_type: str,
+    timeout: timedelta = DEFAULT_TIMEOUT,
+    environ: Mapping[str, str] = os.environ,
+) -> RankInfo:
+    """Join the job's process group (``nccl`` on CUDA, ``gloo`` on CPU) as the rank `environ`
+    names; every collective of the group raises after `timeout`."""
+    info = rank_from_environment(environ, device_type)
+    address = f"tcp://{environ['MASTER_ADDR']}:{environ['MASTER_PORT']}"
     if device_type == "cuda":
         torch.cuda.set_device(info.device)
     dist.init_process_group(
         "nccl" if device_type == "cuda" else "gloo",
-        init_method="env://",
+        init_method=address,
         rank=info.rank,
         world_size=info.world_size,
         timeout=timeout,
@@ -81,10 +86,21 @@ def leave_ranks() -> None:
 
 
 @contextlib.contextmanager
-def rank_group(device_type: str, timeout: timedelta = DEFAULT_TIMEOUT) -> Iterator[RankInfo]:
+def rank_group(
+    device_type: str,
+    timeout: timedelta = DEFAULT_TIMEOUT,
+    environ: Mapping[str, str] = os.environ,
+) -> Iterator[RankInfo]:
     """`init_ranks` for the duration, then `leave_ranks`, however the block ends."""
-    info = init_ranks(device_type, timeout)
+    info = init_ranks(device_type, timeout, environ)
     try:
         yield info
     finally:
         leave_ranks()
+
+
+def rank0_decides(flag: bool) -> bool:
+    """Rank 0's `flag` on every rank (a stop every rank takes at the same step)."""
+    decided = [flag]
+    dist.broadcast_object_list(decided, src=0)
+    return bool(decided[0])

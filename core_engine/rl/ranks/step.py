@@ -37,7 +37,9 @@ from core_engine.rl.objective.update import (
     accumulate_gradients,
     pack_micro_batches,
 )
+from core_engine.rl.ranks.group import RankInfo
 from core_engine.rl.ranks.shard import is_sharded
+from core_engine.rl.ranks.share import rank_share
 
 # What a rank with fewer micro-batches than the others computes meanwhile (FSDP2 only).
 PADDING = TrainSample(prompt=[0], response=[0], behaviour=[0.0], advantage=0.0)
@@ -106,6 +108,23 @@ def train_step(
     if update.finite and math.isfinite(norm):
         optimizer.step()
     return update, norm
+
+
+def rank_backward(
+    model: CausalLM,
+    samples: Sequence[TrainSample],
+    group_size: int,
+    info: RankInfo,
+    settings: UpdateSettings,
+    max_grad_norm: float,
+    reference: CausalLM | None = None,
+) -> tuple[UpdateResult, float]:
+    """The step's gradients from this rank's share of the step's `samples` (whole groups of
+    `group_size`, `share.rank_share`), clipped; returns the whole step's statistics and norm.
+    The optimizer step is the caller's (through its weight channel)."""
+    share = rank_share(samples, group_size, info.rank, info.world_size)
+    update = distributed_backward(model, share, settings, reference)
+    return update, clip_gradients(model, max_grad_norm)
 
 
 def distributed_backward(

@@ -55,6 +55,8 @@ class RawRollout:
     segments: list[list[dict]] = field(default_factory=list)
     episode_finishes: list[str] = field(default_factory=list)
     episode_rewards: list[float] = field(default_factory=list)  # the environment's
+    # per sample, the rank that generated it (`core_engine.rl.ranks`); empty: one rank
+    ranks: list[int] = field(default_factory=list)
 
     @property
     def num_samples(self) -> int:

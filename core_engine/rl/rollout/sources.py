@@ -109,7 +109,11 @@ class SyncSource(RolloutSource):
                 self.batches_drawn += 1
             batch = self.plan.at(self.batches_drawn - 1)
             self.updates_done = (self.updates_done + 1) % self.config.updates_per_batch
-        return produce_rollout(self.runner, batch, batch_seed(self.config.seed, step_index))
+        return self.produce(batch, batch_seed(self.config.seed, step_index))
+
+    def produce(self, batch: Batch, seed: int) -> Produced:
+        """The rollout of `batch`, sampled from `seed` (a `ranks.RankSource` splits it)."""
+        return produce_rollout(self.runner, batch, seed)
 
     def known_proximal(self, rollout: RolloutResult, fresh: bool) -> dict[int, list[float]]:
         if fresh or self.proximal is None or self.proximal[0] is not rollout:

@@ -73,19 +73,24 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
     pending_rollout: dict[str, Any] | None = None,
     writer: Writer | None = None,
+    gathered: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None,
 ) -> Path:
     """Write version `version` atomically (`core_engine.atomic_dir`, as ``writer``); `extra`
-    joins the JSON trainer state."""
+    joins the JSON trainer state. `gathered`: the full weights and optimizer state of a
+    sharded `model` (`core_engine.rl.ranks.state.full_state`), written instead of its own."""
     final = checkpoint_dir(root, version)
     with atomic_dir(final, writer) as tmp:
-        if adapter_weights(model):
+        if gathered is not None:
+            save_weights(gathered[0], tmp)
+        elif adapter_weights(model):
             save_adapter(model, tmp, Path(source_dir).resolve())
         else:
             save_weights(model, tmp)
         for name in COPIED_FILES:
             if (Path(source_dir) / name).exists():
                 shutil.copy(Path(source_dir) / name, tmp / name)
-        tensors, scalars = _split_optimizer_state(optimizer.state_dict())
+        optimizer_state = optimizer.state_dict() if gathered is None else gathered[1]
+        tensors, scalars = _split_optimizer_state(optimizer_state)
         save_file(tensors, tmp / OPTIMIZER_FILE)
         state = {"version": version, "step": step, "optimizer": scalars, **(extra or {})}
         if pending_rollout is not None:
@@ -128,6 +133,11 @@ def read_trainer_state(path: str | Path) -> dict[str, Any]:
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, path: str | Path) -> None:
+    optimizer.load_state_dict(read_optimizer_state(path))
+
+
+def read_optimizer_state(path: str | Path) -> dict[str, Any]:
+    """The optimizer state a checkpoint keeps, as `optimizer.state_dict()` gives it."""
     scalars = read_trainer_state(path)["optimizer"]
     file = Path(path) / OPTIMIZER_FILE
     if not file.is_file():
@@ -139,7 +149,7 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, path: str | Path) -> 
     for name, tensor in tensors.items():
         index, field = name.split(".", 1)
         state.setdefault(int(index), {})[field] = tensor
-    optimizer.load_state_dict({"state": state, "param_groups": scalars["param_groups"]})
+    return {"state": state, "param_groups": scalars["param_groups"]}
 
 
 def _split_optimizer_state(state_dict: dict) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

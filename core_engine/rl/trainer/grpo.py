@@ -30,6 +30,11 @@ from core_engine.rl.objective.update import (
     accumulate_gradients,
     training_mode,
 )
+from core_engine.rl.ranks import RankInfo, rank0_decides
+from core_engine.rl.ranks.channel import RankChannel
+from core_engine.rl.ranks.rollouts import RankSource
+from core_engine.rl.ranks.state import full_state
+from core_engine.rl.ranks.step import rank_backward
 from core_engine.rl.rewards import RewardError
 from core_engine.rl.rollout import RolloutResult, check_policy_lag
 from core_engine.rl.rollout.sources import (
@@ -42,8 +47,8 @@ from core_engine.rl.rollout.sources import (
 )
 from core_engine.rl.trainer import policy
 from core_engine.rl.trainer.checkpoint import (
+    checkpoint_dir,
     latest_checkpoint,
-    load_optimizer_state,
     prune_checkpoints,
     read_pending_rollout,
     read_trainer_state,
@@ -53,12 +58,10 @@ from core_engine.rl.trainer.metrics import (
     lag_metrics,
     mismatch_metrics,
     rollout_metrics,
-    token_lags,
     update_metrics,
 )
-from core_engine.rl.trainer.optimizer import build_optimizer
 from core_engine.rl.trainer.records import StepRecord, StopReason, TrainerHooks, VersionRecord
-from core_engine.rl.trainer.screen import screen_groups
+from core_engine.rl.trainer.screen import screen_groups, train_samples, trainable_rows
 from core_engine.weight_sync import GateWaitCancelled, LocalChannel, WeightSyncError
 
 
@@ -72,34 +75,31 @@ class GRPOTrainer:
         config: GRPOConfig,
         records: list[dict[str, str]],
         hooks: TrainerHooks | None = None,
+        ranks: RankInfo | None = None,
     ) -> None:
+        """`ranks`: this process's rank of a job on several devices (`core_engine.rl.ranks`:
+        the process group is up); rank 0 alone writes checkpoints, the hooks are its."""
+        if config.devices != (world := ranks.world_size if ranks else 1):
+            raise ValueError(f"devices = {config.devices}: this trainer is one of {world} ranks")
         self.config = config
         self.hooks = hooks or TrainerHooks()
+        self.ranks = ranks
         self.output_dir = Path(config.output_dir)
-        self.device = resolve_device(config.device)
+        self.device = ranks.device if ranks else resolve_device(config.device)
         resume = latest_checkpoint(self.output_dir) if config.resume else None
         state = read_trainer_state(resume) if resume else {"version": 0, "step": 0}
         self.version, self.step_index = state["version"], state["step"]
         torch.manual_seed(config.seed + self.version)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model, local_files_only=True)
         self.max_seq_len = policy.longest_sequence(config, self.tokenizer, records)
-        if self.max_seq_len > config.max_tokens_per_micro_batch:
-            raise ValueError(
-                f"max_tokens_per_micro_batch={config.max_tokens_per_micro_batch} cannot hold "
-                f"the longest sample: prompt + max_tokens = {self.max_seq_len} tokens"
-            )
         check_room_for(config, self.device)  # before anything is loaded
         return_large_frees_to_the_os()
-        self.model, self.base_checksum = policy.load_policy(config, resume, self.device)
-        self.reference = policy.kl_reference(config, self.model, self.device)
-        trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: adapter
-        self.optimizer = build_optimizer(
-            trainable, config.lr, config.weight_decay, config.optimizer_state_dtype
-        )
-        if resume:
-            load_optimizer_state(self.optimizer, resume)
+        trained = policy.trained_policy(config, resume, self.device, ranks is not None)
+        self.model, self.whole_model = trained.model, trained.whole_model
+        self.optimizer, self.reference = trained.optimizer, trained.reference
+        self.base_checksum = trained.base_checksum
         self.engine = policy.colocated_engine(
-            config, self.model, self.tokenizer, self.max_seq_len, self.version
+            config, self.whole_model, self.tokenizer, self.max_seq_len, self.version
         )
         self.update_settings = policy.update_settings(config, self.engine)
         self.runner = policy.rollout_runner(
@@ -114,6 +114,9 @@ class GRPOTrainer:
         """Where batches come from (`rollout.sources`): on demand, or one ahead on a thread
         (the trainer's engine) or, for a full-weight CPU job, a child process."""
         config = self.config
+        if self.ranks is not None:
+            channel = RankChannel(self.engine, self.model, self.ranks)
+            return RankSource(config, self.plan, self.runner, channel, state, info=self.ranks)
         if config.pipeline == "sync":
             channel = LocalChannel(self.engine, self.model, "drain")
             return SyncSource(config, self.plan, self.runner, channel, state)
@@ -182,11 +185,7 @@ class GRPOTrainer:
         cfg, g = self.config, rollout.group_size
         rewards = torch.tensor(rollout.rewards).view(-1, g)
         advantages, zero_var = group_advantages(rewards)
-        trainable = torch.ones(len(rewards), dtype=torch.bool)
-        trainable[list(rejected)] = False
-        if cfg.drop_zero_variance_groups:
-            trainable &= ~zero_var
-        rows = trainable.repeat_interleave(g).nonzero().squeeze(1).tolist()
+        rows = trainable_rows(zero_var, rejected, g, cfg.drop_zero_variance_groups)
         metrics = rollout_metrics(rollout, rewards, zero_var, fresh, timings["generate_s"])
         if not rows:
             reasons = [*reasons, "filtered: no trainable group (all have zero reward variance)"]
@@ -194,23 +193,9 @@ class GRPOTrainer:
         start = time.perf_counter()
         # Only trainable samples are scored: the others have no weight in the loss. The
         # train/infer mismatch is therefore measured on the samples trained on.
-        # pi_prox: the trainer's log-probs at the rollout's version when known (a reused
-        # rollout), else this update's own forward; a token is off-policy when a version other
-        # than pi_prox's sampled it
         old = self.source.known_proximal(rollout, fresh)
-        flat_advantages = advantages.view(-1)
-        samples = [
-            TrainSample(
-                rollout.prompt_ids[rollout.group_of(i)],
-                rollout.response_ids[i],
-                rollout.temp_logprobs[i],
-                float(flat_advantages[i]),
-                old.get(i),
-                token_lags(rollout, i, rollout.policy_version if i in old else self.version),
-                rollout.loss_masks[i] if rollout.loss_masks else None,
-            )
-            for i in rows
-        ]
+        flat_advantages = advantages.view(-1).tolist()
+        samples = train_samples(rollout, rows, flat_advantages, old, self.version)
         with self._training_phase():
             update, grad_norm = self._backward(samples)
             stepped = update.finite and math.isfinite(grad_norm)
@@ -234,12 +219,12 @@ class GRPOTrainer:
             version=version,
             reasons=reasons,
             rejected_groups=rejected,
-            advantages=flat_advantages.tolist(),
+            advantages=flat_advantages,
             trainer_logprobs=[trained.get(i) for i in range(rollout.num_samples)],
             metrics={**metrics, **timings},
         )
         self._emit(record)
-        if cfg.keep_last or cfg.keep_every:
+        if (cfg.keep_last or cfg.keep_every) and self.writes_files:
             span = cfg.sample_version_span
             prune_checkpoints(self.output_dir, cfg.keep_last, cfg.keep_every, span)
         return record
@@ -256,10 +241,16 @@ class GRPOTrainer:
         policy is in training mode for its forwards only when no engine serves it meanwhile
         (pipelined: never; its modules are the engine's)."""
         self.optimizer.zero_grad(set_to_none=True)
-        served = self.config.pipeline != "sync"
+        cfg, served = self.config, self.config.pipeline != "sync"
         with contextlib.nullcontext() if served else training_mode(self.model):
+            if self.ranks is not None:  # this rank's share, the gradients summed over ranks
+                group, info = cfg.group_size, self.ranks
+                return rank_backward(
+                    self.model, samples, group, info, self.update_settings,
+                    cfg.max_grad_norm, self.reference,
+                )  # fmt: skip
             update = accumulate_gradients(self.model, samples, self.update_settings, self.reference)
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
         return update, float(norm)
 
     def _publish_next_version(self, metrics: dict[str, float], timings) -> VersionRecord:
@@ -320,9 +311,10 @@ class GRPOTrainer:
         for a while: nothing left to learn from) or asked to; None: it goes on."""
         if self._consecutive_filtered > self.config.max_consecutive_rejections:
             return StopReason.STALLED
-        if self.hooks.should_stop and self.hooks.should_stop():
-            return StopReason.STOPPED
-        return None
+        asked = self._cancelled()
+        if self.ranks is not None:  # every rank stops at the same step
+            asked = rank0_decides(asked)
+        return StopReason.STOPPED if asked else None
 
     def save(self) -> Path:
         """Checkpoint the current version with its source's state: the rollout the next update
@@ -331,6 +323,10 @@ class GRPOTrainer:
         state = self.source.state()
         pending = state.pop("pending", None)
         state["base_checksum"] = self.base_checksum  # LoRA's, verified on resume
+        sharded = self.whole_model is not self.model
+        gathered = full_state(self.model, self.optimizer) if sharded else None
+        if not self.writes_files:
+            return checkpoint_dir(self.output_dir, self.version)
         return save_checkpoint(
             self.output_dir,
             self.model,
@@ -341,7 +337,13 @@ class GRPOTrainer:
             state,
             pending,
             self.hooks.checkpoint_writer,
+            gathered,
         )
+
+    @property
+    def writes_files(self) -> bool:
+        """Whether this process writes the job's checkpoints (one rank does)."""
+        return self.ranks is None or self.ranks.rank == 0
 
     def stats(self) -> dict[str, Any]:
         return {"version": self.version, "step": self.step_index, **self.engine.stats()}

@@ -12,6 +12,7 @@ adapter's alone.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +26,54 @@ from core_engine.rl.data import longest_prompt
 from core_engine.rl.data.tasks import default_reward
 from core_engine.rl.objective.loss import Importance
 from core_engine.rl.objective.update import UpdateSettings
+from core_engine.rl.ranks import distribute_policy
+from core_engine.rl.ranks.state import load_optimizer_shards
 from core_engine.rl.rewards.mix import RewardMix
 from core_engine.rl.rollout import RolloutGenerator, RolloutRunner
-from core_engine.rl.trainer.checkpoint import read_trainer_state
+from core_engine.rl.trainer.checkpoint import (
+    load_optimizer_state,
+    read_optimizer_state,
+    read_trainer_state,
+)
+from core_engine.rl.trainer.optimizer import build_optimizer
 from core_engine.scheduler import EngineConfig, InferenceScheduler
 from core_engine.task import SamplingParams
 
 
 class BaseChangedError(ValueError):
     """A LoRA run's base checkpoint is not the one its checkpoints were trained on."""
+
+
+@dataclass
+class TrainedPolicy:
+    """What a trainer trains: `model` (sharded by FSDP2 on several ranks), `whole_model` (the
+    policy with all its weights in this process: `model` itself, or the engine's copy beside
+    an FSDP2 shard), the optimizer, the KL reference and a LoRA base's checksum."""
+
+    model: CausalLM
+    whole_model: CausalLM
+    optimizer: torch.optim.Optimizer
+    reference: CausalLM | None
+    base_checksum: str | None
+
+
+def trained_policy(
+    config: GRPOConfig, resume: Path | None, device: torch.device, on_ranks: bool
+) -> TrainedPolicy:
+    """The policy and its optimizer, from `config.model` or the checkpoint `resume` (its
+    optimizer state too); `on_ranks`: laid out over the job's ranks (`place_on_ranks`)."""
+    model, checksum = load_policy(config, resume, device)
+    reference = kl_reference(config, model, device)
+    whole = place_on_ranks(config, model, resume, device) if on_ranks else model
+    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter
+    optimizer = build_optimizer(
+        trainable, config.lr, config.weight_decay, config.optimizer_state_dtype
+    )
+    if resume and whole is not model:  # each rank keeps its shard of the state
+        load_optimizer_shards(model, optimizer, read_optimizer_state(resume))
+    elif resume:
+        load_optimizer_state(optimizer, resume)
+    return TrainedPolicy(model, whole, optimizer, reference, checksum)
 
 
 def load_policy(
@@ -57,6 +97,19 @@ def load_policy(
     if resume is not None:
         read_adapter(model, resume)
     return model.eval(), checksum  # PEFT's new modules start in training mode
+
+
+def place_on_ranks(
+    config: GRPOConfig, model: CausalLM, resume: Path | None, device: torch.device
+) -> CausalLM:
+    """`model` laid out over the job's ranks (`ranks.distribute_policy`); returns the model
+    that holds all of the policy's weights in this process, for the engine: with LoRA the
+    policy itself (replicated), else a copy in the engine's dtype beside the trainer's shard."""
+    if config.lora is not None:
+        return distribute_policy(model, lora=True)
+    whole = load_model(resume or config.model, resolve_dtype(config.engine_dtype, device), device)
+    distribute_policy(model, lora=False)
+    return whole.eval()
 
 
 def kl_reference(config: GRPOConfig, model: CausalLM, device: torch.device) -> CausalLM | None:
@@ -102,9 +155,15 @@ def colocated_engine(
 def longest_sequence(config: GRPOConfig, tokenizer: Any, records: list[dict[str, str]]) -> int:
     """The longest sample a job can make (sizes its engine and micro-batches): its longest
     prompt + `max_tokens`, or an episode's `max_episode_tokens`."""
-    if config.environment is not None:
-        return config.max_episode_tokens
-    return longest_prompt(tokenizer, records) + config.max_tokens
+    longest = config.max_episode_tokens
+    if config.environment is None:
+        longest = longest_prompt(tokenizer, records) + config.max_tokens
+    if longest > config.max_tokens_per_micro_batch:
+        raise ValueError(
+            f"max_tokens_per_micro_batch={config.max_tokens_per_micro_batch} cannot hold "
+            f"the longest sample: prompt + max_tokens = {longest} tokens"
+        )
+    return longest
 
 
 def rollout_runner(

@@ -1,10 +1,16 @@
-"""Which groups of a rollout may be trained on, and why the others may not."""
+"""Which groups of a rollout may be trained on, why the others may not, and the samples an
+update trains on."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from core_engine.rl.rollout import RawRollout
+import torch
+
+from core_engine.rl.objective.update import TrainSample
+from core_engine.rl.rollout import RawRollout, RolloutResult
+from core_engine.rl.trainer.metrics import token_lags
 
 
 @dataclass(frozen=True)
@@ -34,3 +40,39 @@ def screen_groups(rollout: RawRollout, reject_scope: str) -> Screened:
     if rejected_all:
         rejected = {g: rejected.get(g, "rejected with its batch") for g in range(groups)}
     return Screened(rejected, rejected_all, reasons)
+
+
+def trainable_rows(
+    zero_variance: torch.Tensor, rejected: Collection[int], group_size: int, drop_zero: bool
+) -> list[int]:
+    """The samples an update trains on: those of groups neither rejected nor (with
+    `drop_zero`) without reward variance."""
+    trainable = torch.ones(len(zero_variance), dtype=torch.bool)
+    trainable[list(rejected)] = False
+    if drop_zero:
+        trainable &= ~zero_variance
+    return trainable.repeat_interleave(group_size).nonzero().squeeze(1).tolist()
+
+
+def train_samples(
+    rollout: RolloutResult,
+    rows: list[int],
+    advantages: list[float],
+    proximal: Mapping[int, list[float]],
+    trainer_version: int,
+) -> list[TrainSample]:
+    """The `rows` of `rollout` as the update's samples. `proximal`: the trainer's log-probs at
+    the rollout's version where known (a reused rollout), else the update's own forward is
+    pi_prox; a token is off-policy when a version other than pi_prox's sampled it."""
+    return [
+        TrainSample(
+            rollout.prompt_ids[rollout.group_of(i)],
+            rollout.response_ids[i],
+            rollout.temp_logprobs[i],
+            advantages[i],
+            proximal.get(i),
+            token_lags(rollout, i, rollout.policy_version if i in proximal else trainer_version),
+            rollout.loss_masks[i] if rollout.loss_masks else None,
+        )
+        for i in rows
+    ]

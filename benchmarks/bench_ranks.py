@@ -1,0 +1,122 @@
+"""One job on two ranks against one rank, side by side: optimizer steps per minute of the demo
+task (`core_engine.rl.ranks`: data-parallel rollouts, FSDP2 or a replicated LoRA adapter).
+
+Each variant trains the shipped demo policy with the recipe of `grpo_demo.py` (3-digit
+addition, 16 prompts x G=8, lr 3e-4, at most 6 tokens, fp32) from the same start for
+`--steps` optimizer steps; a variant's rate is its steps after the first (the warm-up) over
+their time, so process starts and model loads are left out. The variants run in turns, `--rounds`
+times, so the machine's load is shared alike; the median round is reported.
+
+    1 rank x 1 thread   the worker's default (one intra-op thread)
+    1 rank x 2 threads  both cores on one process (torch's intra-op parallelism)
+    2 ranks x 1 thread  `devices = 2`: one rank per core
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_ranks.py --steps 40 --rounds 3
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_ranks.py --lora --wide
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from bench_pipeline import wide_policy
+
+from core_engine.rl.config import GRPOConfig
+from core_engine.rl.data.tasks import addition_records
+from core_engine.rl.demo_policy import SHIPPED_POLICY
+from core_engine.rl.ranks.launch import job_ranks
+from core_engine.rl.trainer.grpo import GRPOTrainer
+from core_engine.rl.trainer.records import StepRecord, TrainerHooks
+
+VARIANTS = (("1 rank x 1 thread", 1, 1), ("1 rank x 2 threads", 1, 2), ("2 ranks x 1 thread", 2, 1))
+TARGET = 1.6  # 2 ranks over 1 rank x 1 thread
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=40, help="optimizer steps per run")
+    parser.add_argument("--rounds", type=int, default=3, help="turns of every variant")
+    parser.add_argument("--lora", action="store_true", help="LoRA (rank 8) instead of full")
+    parser.add_argument(
+        "--wide", action="store_true", help="a random 512-wide 6-layer model (~20M parameters)"
+    )
+    parser.add_argument("--json", type=Path, help="write the results here")
+    return parser.parse_args(argv)
+
+
+def run(policy: Path, out: Path, devices: int, threads: int, args: argparse.Namespace) -> float:
+    """Steps per minute of one run (after its first step)."""
+    config = GRPOConfig(
+        model=str(policy),
+        output_dir=str(out),
+        task="addition",
+        steps=args.steps,
+        batch_size=16,
+        group_size=8,
+        lr=3e-4,
+        temperature=1.0,
+        max_tokens=6,
+        seed=0,
+        resume=False,
+        drop_zero_variance_groups=False,  # every batch trains: the same compute each step
+        checkpoint_every=0,
+        lora={"rank": 8, "alpha": 16.0} if args.lora else None,
+        devices=devices,
+    )
+    records = addition_records(2000, seed=0)
+    times: list[float] = []
+
+    def on_step(record: StepRecord) -> None:
+        if record.version is not None:
+            times.append(time.perf_counter())
+
+    hooks = TrainerHooks(on_step=on_step)
+    torch.set_num_threads(threads)
+    try:
+        if devices == 1:
+            GRPOTrainer(config, records, hooks).train()
+        else:
+            with job_ranks(config, records) as info:
+                GRPOTrainer(config, records, hooks, info).train()
+    finally:
+        torch.set_num_threads(1)
+    return (len(times) - 1) / (times[-1] - times[0]) * 60
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    rates: dict[str, list[float]] = {name: [] for name, _, _ in VARIANTS}
+    with tempfile.TemporaryDirectory() as tmp:
+        policy = wide_policy(Path(tmp)) if args.wide else SHIPPED_POLICY
+        what = "a wide random model" if args.wide else "the demo policy"
+        print(f"{what}, {'LoRA' if args.lora else 'full weights'}, {args.steps} steps per run")
+        for round_index in range(args.rounds):
+            for name, devices, threads in VARIANTS:
+                out = Path(tmp) / f"r{round_index}-{devices}x{threads}"
+                rates[name].append(run(policy, out, devices, threads, args))
+                print(f"round {round_index + 1}: {name:20s} {rates[name][-1]:7.1f} steps/min")
+    base = statistics.median(rates[VARIANTS[0][0]])
+    print(f"\n{'variant':20s} {'steps/min':>10s} {'x 1 rank':>9s}")
+    summary: dict[str, Any] = {}
+    for name, _, _ in VARIANTS:
+        median = statistics.median(rates[name])
+        summary[name] = {"steps_per_min": median, "speedup": median / base, "runs": rates[name]}
+        print(f"{name:20s} {median:10.1f} {median / base:8.2f}x")
+    print(f"goal: 2 ranks >= {TARGET}x one rank x 1 thread")
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()

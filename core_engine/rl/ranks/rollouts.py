@@ -1,0 +1,95 @@
+"""Data-parallel rollouts: each rank's engine generates its share of a batch's prompts, and the
+shares are gathered into the batch's rollout, the same on every rank.
+
+A rank takes a contiguous run of the batch's prompts (`share.rank_share`, so a GRPO group stays
+on one rank) and samples them with the seeds the whole batch would give them (prompt p's
+samples are seeded from ``seed + p * G`` by `RolloutGenerator`), so which rank generated a sample
+does not change its seed. Each rank scores its own samples. The shares travel as the rollout's
+JSON (`RolloutResult.to_json`, never pickled objects) and are joined in rank order, each sample
+recording its rank (`RawRollout.ranks`); a reward failure on any rank rejects the whole batch on
+every rank, naming the rank.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
+from typing import Any
+
+import torch.distributed as dist
+
+from core_engine.rl.ranks.group import RankInfo
+from core_engine.rl.ranks.share import rank_share
+from core_engine.rl.rewards import RewardError
+from core_engine.rl.rollout import Produced, RolloutResult, produce_rollout
+from core_engine.rl.rollout.sources import Batch, SyncSource
+
+# RawRollout's fields that hold one value for the whole batch (the others are lists, joined)
+BATCH_FIELDS = ("policy_version", "group_size", "temperature")
+
+
+def prompt_share(batch: Mapping[str, Sequence[str]], rank: int, world: int) -> tuple[Batch, int]:
+    """Rank `rank`'s prompts of `batch` and the index of its first one in the batch."""
+    rows = list(range(len(next(iter(batch.values())))))
+    mine = rank_share(rows, 1, rank, world)
+    if not mine:
+        raise ValueError(f"rank {rank} of {world} has no prompt in a batch of {len(rows)}")
+    share = {key: [values[i] for i in mine] for key, values in batch.items()}
+    return share, mine[0]
+
+
+def join_rollouts(shares: Sequence[RolloutResult]) -> RolloutResult:
+    """The ranks' rollouts (in rank order) as one: lists joined, each sample marked with its
+    rank; the batch's version is its oldest share's."""
+    values: dict[str, Any] = {}
+    for spec in fields(RolloutResult):
+        name = spec.name
+        if name in BATCH_FIELDS:
+            continue
+        parts = [getattr(share, name) for share in shares]
+        if name == "reward_components":
+            values[name] = {key: [s for part in parts for s in part[key]] for key in parts[0]}
+        else:
+            values[name] = [item for part in parts for item in part]
+    values["ranks"] = [r for r, share in enumerate(shares) for _ in range(share.num_samples)]
+    first = shares[0]
+    return RolloutResult(
+        **values,
+        policy_version=min(share.policy_version for share in shares),
+        group_size=first.group_size,
+        temperature=first.temperature,
+    )
+
+
+def gather_produced(mine: Produced, info: RankInfo) -> Produced:
+    """Every rank's (rollout or reward error, is_fresh, timings), joined on every rank: the
+    batch's rollout, or the first rank's error rejecting it; timings are the slowest rank's."""
+    result, fresh, timings = mine
+    if isinstance(result, RewardError):
+        payload = {"error": str(result)}
+    else:
+        payload = {"rollout": result.to_json()}
+    everyone: list[str | None] = [None] * info.world_size
+    dist.all_gather_object(everyone, json.dumps({**payload, "timings": timings}))
+    parts = [json.loads(text) for text in everyone if text is not None]
+    slowest = {key: max(part["timings"].get(key, 0.0) for part in parts) for key in timings}
+    for rank, part in enumerate(parts):
+        if "error" in part:
+            return RewardError(f"rank {rank}: {part['error']}"), fresh, slowest
+    shares = [RolloutResult.from_json(part["rollout"]) for part in parts]
+    return join_rollouts(shares), fresh, slowest
+
+
+class RankSource(SyncSource):
+    """`SyncSource` over ranks: each batch's prompts split across the ranks, each rank's engine
+    generating its share (`prompt_share`), the shares gathered (`gather_produced`)."""
+
+    def __init__(self, *args: Any, info: RankInfo, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.info = info
+
+    def produce(self, batch: Batch, seed: int) -> Produced:
+        share, first = prompt_share(batch, self.info.rank, self.info.world_size)
+        mine = produce_rollout(self.runner, share, seed + first * self.config.group_size)
+        return gather_produced(mine, self.info)

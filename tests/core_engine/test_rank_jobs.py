@@ -1,0 +1,193 @@
+"""A GRPO job on two ranks (`core_engine.rl.ranks.launch`: this process is rank 0, rank 1 a
+spawned child) against the same job in one process.
+
+Data-parallel rollouts sample each prompt with the seeds the one-process batch gives it, so
+both runs see the same batches; the two-rank step equals the one-process step (fp32, within
+1e-6), full weights (FSDP2) and LoRA. Each version's checkpoint is the trainer's full state
+gathered, and the engine serves exactly it (its checksum). Checkpoints resume on the same
+number of ranks bit for bit, and on another (resharding) as the one-process run continues.
+A rank killed mid-job fails it with the rank named; a cancel stops every rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from core_engine.adapters import ADAPTER_FILE
+from core_engine.rl.config import GRPOConfig
+from core_engine.rl.data.tasks import prompt_records
+from core_engine.rl.ranks.launch import RankFailedError, job_ranks
+from core_engine.rl.trainer.checkpoint import checkpoint_dir, read_optimizer_state
+from core_engine.rl.trainer.grpo import GRPOTrainer
+from core_engine.rl.trainer.records import StopReason, TrainerHooks
+from core_engine.toy import save_tiny_checkpoint
+from core_engine.weights import model_checksum, weights_checksum
+
+TIMEOUT = timedelta(seconds=120)  # generous: the ranks share two loaded cores
+TOLERANCE = 1e-6
+LORA = {"rank": 4, "alpha": 8.0}
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> str:
+    """A tiny Llama over digits: `always7`'s groups have reward variance."""
+    path = tmp_path_factory.mktemp("llama")
+    return str(save_tiny_checkpoint(path, arch="llama", alphabet="0123456789?=+"))
+
+
+def _config(checkpoint: str, out: Path, devices: int, steps: int, **overrides) -> GRPOConfig:
+    values = dict(
+        model=checkpoint,
+        output_dir=str(out),
+        task="always7",
+        steps=steps,
+        batch_size=3,  # rank 0 generates two groups, rank 1 one
+        group_size=4,
+        lr=1e-4,
+        max_tokens=3,
+        seed=3,
+        kl_coef=0.05,
+        checkpoint_every=1,
+        keep_last=0,  # every version's weights and (the newest's) optimizer state
+        devices=devices,
+    )
+    return GRPOConfig(**{**values, **overrides})
+
+
+def _records(config: GRPOConfig) -> list[dict[str, str]]:
+    return prompt_records(config.task, config.data, seed=config.seed)  # as the CLI and worker
+
+
+def _train(config: GRPOConfig, hooks: TrainerHooks | None = None) -> tuple[GRPOTrainer, list]:
+    """The job in this process (rank 0 of `config.devices`); its step records."""
+    steps: list = []
+    hooks = hooks or TrainerHooks()
+    hooks.on_step = hooks.on_step or steps.append
+    if config.devices == 1:
+        trainer = GRPOTrainer(config, _records(config), hooks)
+        trainer.train()
+        return trainer, steps
+    with job_ranks(config, _records(config), TIMEOUT) as info:
+        trainer = GRPOTrainer(config, _records(config), hooks, info)
+        trainer.train()
+    return trainer, steps
+
+
+def _weights(out: Path, version: int) -> dict[str, torch.Tensor]:
+    directory = checkpoint_dir(out, version)
+    adapter = directory / ADAPTER_FILE
+    return load_file(adapter if adapter.exists() else directory / "model.safetensors")
+
+
+def _assert_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert got.keys() == want.keys()
+    for name, tensor in want.items():
+        assert torch.allclose(got[name], tensor, rtol=0, atol=TOLERANCE), name
+
+
+def _optimizer_tensors(out: Path, version: int) -> dict:
+    state = read_optimizer_state(checkpoint_dir(out, version))["state"]
+    return {(i, k): v for i, fields in state.items() for k, v in fields.items()}
+
+
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_a_job_on_two_ranks_trains_as_in_one_process(llama, tmp_path, mode):
+    lora = LORA if mode == "lora" else None
+    _, one_steps = _train(_config(llama, tmp_path / "one", 1, 2, lora=lora))
+    two, two_steps = _train(_config(llama, tmp_path / "two", 2, 2, lora=lora))
+    assert [s.version.version for s in two_steps if s.version] == [1, 2]
+    for got, want in zip(two_steps, one_steps, strict=True):  # rejections included
+        assert got.rollout.response_ids == want.rollout.response_ids  # the same samples
+        assert got.rollout.rewards == want.rollout.rewards
+        assert got.rollout.ranks == [0] * 8 + [1] * 4  # whole groups, rank 0 the first two
+        if got.version is not None:
+            assert got.metrics["loss"] == pytest.approx(want.metrics["loss"], abs=TOLERANCE)
+    for version in (1, 2):
+        _assert_close(_weights(tmp_path / "two", version), _weights(tmp_path / "one", version))
+    _assert_close(_optimizer_tensors(tmp_path / "two", 2), _optimizer_tensors(tmp_path / "one", 2))
+    # the engine serves the gathered weights: rank 0's (and so, acknowledged, rank 1's)
+    served = model_checksum(two.engine.model)
+    assert two_steps[-1].version.checksum == served
+    if mode == "full":
+        written = _weights(tmp_path / "two", 2)
+        assert served == weights_checksum(written)
+
+
+def test_a_checkpoint_resumes_on_the_same_and_on_another_number_of_ranks(llama, tmp_path):
+    _train(_config(llama, tmp_path / "straight", 2, 4))
+    _train(_config(llama, tmp_path / "half", 2, 2))
+    for devices, name in ((2, "same"), (1, "fewer")):
+        shutil.copytree(tmp_path / "half", tmp_path / name)
+        _train(_config(llama, tmp_path / name, devices, 4))
+    want = _weights(tmp_path / "straight", 4)
+    same = _weights(tmp_path / "same", 4)
+    assert all(torch.equal(same[k], want[k]) for k in want)  # bit for bit
+    _assert_close(_weights(tmp_path / "fewer", 4), want)  # resharded: 2 ranks -> 1
+    _train(_config(llama, tmp_path / "one", 1, 2))
+    shutil.copytree(tmp_path / "one", tmp_path / "more")
+    _train(_config(llama, tmp_path / "more", 2, 4))
+    _assert_close(_weights(tmp_path / "more", 4), want)  # resharded: 1 rank -> 2
+
+
+def _child() -> multiprocessing.Process:
+    (child,) = [p for p in multiprocessing.active_children() if p.name == "rank-1"]
+    return child
+
+
+def test_a_rank_killed_mid_job_fails_it_naming_the_rank(llama, tmp_path):
+    def kill_rank_1(step) -> None:
+        if step.version is not None and step.version.version == 1:
+            os.kill(_child().pid, signal.SIGKILL)
+
+    config = _config(llama, tmp_path / "run", 2, 4)
+    with pytest.raises(RankFailedError, match=r"rank 1 was killed \(signal 9\)"):
+        _train(config, TrainerHooks(on_step=kill_rank_1))
+
+
+def test_a_cancel_stops_every_rank_at_the_same_step(llama, tmp_path):
+    asked: list[multiprocessing.Process] = []  # rank 1's process, at each question
+
+    def cancel_after_one() -> bool:
+        asked.append(_child())
+        return len(asked) > 1
+
+    config = _config(llama, tmp_path / "run", 2, 4)
+    batches: list = []
+    hooks = TrainerHooks(on_step=batches.append, should_stop=cancel_after_one)
+    with job_ranks(config, _records(config), TIMEOUT) as info:
+        trainer = GRPOTrainer(config, _records(config), hooks, info)
+        assert trainer.train() is StopReason.STOPPED
+    assert len(batches) == 1  # stopped before the second batch
+    assert asked[0].exitcode == 0  # rank 1 stopped there too, and ended on its own
+
+
+def test_torchrun_runs_a_job_file_as_its_ranks(llama, tmp_path):
+    """The multi-machine path on one machine: ``torchrun`` starts both ranks of the job file
+    (`core_engine.rl.cli`); they train exactly as the ranks the worker starts."""
+    config = _config(llama, tmp_path / "torchrun", 2, 2)
+    values = {k: v for k, v in dataclasses.asdict(config).items() if v is not None}
+    job_file = tmp_path / "job.json"
+    job_file.write_text(json.dumps(values))
+    torchrun = Path(sys.executable).with_name("torchrun")
+    command = [str(torchrun), "--standalone", "--nproc-per-node", "2"]
+    command += ["-m", "core_engine.rl", "train", str(job_file)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "done: version 2" in done.stdout
+    _train(_config(llama, tmp_path / "worker", 2, 2))
+    for version in (1, 2):
+        got, want = (_weights(tmp_path / name, version) for name in ("torchrun", "worker"))
+        assert all(torch.equal(got[k], want[k]) for k in want)
