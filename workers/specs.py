@@ -210,7 +210,7 @@ def check_sizes(kind: JobKind | str, config: dict[str, Any]) -> None:
         trainer = train_config(config, "unused")
         samples = trainer.batch_size * trainer.group_size
         problems = train_size_problems(trainer.tokens_per_sample, samples, trainer.steps)
-        problems.extend(device_problems(trainer))
+        problems.extend(device_problems(trainer.devices, config.get("device")))
     else:
         settings = (evaluate_spec if kind is JobKind.EVALUATE else compare_spec)(config).eval
         problems = eval_size_problems(settings.max_tokens, settings.num_prompts)
@@ -233,15 +233,15 @@ def machine_devices(device_type: str) -> int | None:
     return None if torch is None else torch.cuda.device_count()
 
 
-def device_problems(trainer: GRPOConfig) -> list[str]:
-    """`devices` ranks need as many devices of the job's type; one device is checked where the
-    job runs, as before."""
-    device_type = torch_device_type(trainer.device)
+def device_problems(devices: int, job_device: str | None) -> list[str]:
+    """`devices` ranks need as many devices of the job's type (its own, else the worker's,
+    ``RLWB_DEVICE``); one device is checked where the job runs, as before."""
+    device_type = torch_device_type(job_device or os.environ.get("RLWB_DEVICE") or "cpu")
     available = machine_devices(device_type)
-    if trainer.devices == 1 or available is None or trainer.devices <= available:
+    if devices == 1 or available is None or devices <= available:
         return []
     unit = "CPU cores" if device_type == "cpu" else "CUDA devices"
-    return [f"devices = {trainer.devices} > the {available} {unit} a worker has (RLWB_DEVICES)"]
+    return [f"devices = {devices} > the {available} {unit} a worker has (RLWB_DEVICES)"]
 
 
 # Held-out evaluation during training (`workers.evaluation.HeldoutEval`): every

@@ -295,5 +295,8 @@ def test_more_devices_than_a_worker_has_are_refused_at_submission(monkeypatch):
     cuda = {**JOB, "device": "cuda", "devices": max(2, torch.cuda.device_count() + 1)}
     with pytest.raises(SpecError, match="CUDA devices a worker has"):
         validate_job("train", cuda)  # torch is loaded here, as in the worker
+    monkeypatch.setenv("RLWB_DEVICE", "cuda")  # a job naming no device runs on the worker's
+    with pytest.raises(SpecError, match="CUDA devices a worker has"):
+        validate_job("train", {**JOB, "devices": cuda["devices"]})
     monkeypatch.delitem(sys.modules, "torch")
     assert machine_devices("cuda") is None  # the UI: left to the worker's re-check

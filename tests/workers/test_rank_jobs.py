@@ -3,6 +3,12 @@ as two ranks (itself rank 0, a spawned child rank 1); every version is recorded 
 gathered checkpoint, every sample is stored once with its version and the rank that generated
 it, and the audit replays samples of both ranks against their version's checkpoint."""
 
+import multiprocessing
+import os
+import signal
+import threading
+import time
+
 import pytest
 
 from db import SampleFilter
@@ -28,3 +34,33 @@ def test_a_two_device_job_stores_every_sample_once_with_its_rank(repo, settings,
         assert ranks == [0, 0, 0, 0, 1, 1]  # rank 0 two groups, rank 1 one
     audits = audit_samples(repo, settings, [d.id for d in details if d.response_token_ids])
     assert {a["status"] for a in audits["samples"]} == {"pass"}
+
+
+def test_a_rank_killed_mid_job_fails_it_by_name_and_it_resumes_from_its_last_version(
+    repo, settings, tiny_model
+):
+    steps = 4
+    config = train_config(tiny_model, steps=steps, batch_size=3, devices=2, checkpoint_every=1)
+    job = repo.create_job("train", config, total_steps=steps)
+
+    def kill_rank_1_after_version_1() -> None:
+        while (latest := repo.latest_version(job.id)) is None or latest.version < 1:
+            time.sleep(0.05)
+        (child,) = [p for p in multiprocessing.active_children() if p.name == "rank-1"]
+        os.kill(child.pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_rank_1_after_version_1, daemon=True)
+    killer.start()
+    outcome = run_job(repo, job.id, settings)
+    killer.join()
+    assert outcome.status == "failed"
+    assert "rank 1 was killed (signal 9)" in repo.get_job(job.id).error
+    last = repo.latest_version(job.id).version
+    assert 1 <= last < steps
+
+    repo.reopen(job.id)  # `rlwb resume`
+    assert run_job(repo, job.id, settings).status == "succeeded"
+    versions = repo.list_versions(job.id)
+    assert [v.version for v in versions] == list(range(steps + 1))  # continued, none redone
+    samples = repo.list_samples(SampleFilter(job.id), limit=100).items
+    assert len(samples) == steps * 3 * 2  # the failed step's batch was never stored
