@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -67,6 +67,7 @@ class UpdateResult:
     # summed over the step's corrected tokens (`objective.importance_sums`)
     importance: dict[str, float] = field(default_factory=dict)
     entropy: float | None = None  # the trained tokens' mean entropy, before this update
+    trained_tokens: int = 0
 
     def importance_metrics(self) -> dict[str, float]:
         """On-policy corrected tokens' mean weight and over-cap share (`tis_*`); lagged
@@ -86,6 +87,37 @@ class UpdateResult:
         return math.isfinite(self.loss) and all(
             math.isfinite(v) for row in self.logprobs for v in row
         )
+
+
+def combine_updates(parts: Sequence[UpdateResult]) -> UpdateResult:
+    """The statistics of one step computed in `parts` (each normalised by the whole step's
+    trained tokens, e.g. the ranks' shares, in the batch's order): sums, maxima, log-probs
+    joined, the entropy weighted by trained tokens."""
+    importance: dict[str, float] = {}
+    for part in parts:
+        merge_importance(importance, part.importance)
+    trained = sum(part.trained_tokens for part in parts)
+    entropy = sum((p.entropy or 0.0) * p.trained_tokens for p in parts)
+    return UpdateResult(
+        loss=sum(part.loss for part in parts),
+        kl=sum(part.kl for part in parts),
+        clip_fraction=sum(part.clip_fraction for part in parts),
+        ratio_outside_fraction=sum(part.ratio_outside_fraction for part in parts),
+        ratio_max=max((part.ratio_max for part in parts), default=1.0),
+        micro_batches=sum(part.micro_batches for part in parts),
+        logprobs=[row for part in parts for row in part.logprobs],
+        importance=importance,
+        entropy=entropy / trained if trained else None,
+        trained_tokens=trained,
+    )
+
+
+def merge_importance(into: dict[str, float], other: Mapping[str, float]) -> None:
+    """`objective.importance_sums` of another micro-batch added to `into`: sums, and maxima
+    for the ``_max`` keys."""
+    for key, value in other.items():
+        before = into.get(key, value if key.endswith("_max") else 0.0)
+        into[key] = max(before, value) if key.endswith("_max") else before + value
 
 
 def pack_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
@@ -121,11 +153,14 @@ def accumulate_gradients(
     samples: Sequence[TrainSample],
     settings: UpdateSettings,
     reference: CausalLM | None = None,
+    normaliser: float | None = None,
 ) -> UpdateResult:
     """Backward of the step's GRPO loss into `model`'s .grad, one micro-batch at a time.
     `reference`, the KL anchor, is a module tree of its own: nothing here changes what an
-    engine serving `model` computes."""
-    normaliser = float(sum(s.trained_tokens for s in samples)) or 1.0
+    engine serving `model` computes. `normaliser`: the step's trained tokens when `samples`
+    are a part of the step (a rank's share); default, theirs."""
+    if normaliser is None:
+        normaliser = float(sum(s.trained_tokens for s in samples)) or 1.0
     totals = dict(loss=0.0, kl=0.0, clip_fraction=0.0, ratio_outside_fraction=0.0)
     ratio_max = 1.0
     importance: dict[str, float] = {}
@@ -172,9 +207,7 @@ def accumulate_gradients(
         totals["clip_fraction"] += out.clip_fraction
         totals["ratio_outside_fraction"] += out.ratio_outside_fraction
         ratio_max = max(ratio_max, out.ratio_max)
-        for key, value in out.importance.items():
-            before = importance.get(key, value if key.endswith("_max") else 0.0)
-            importance[key] = max(before, value) if key.endswith("_max") else before + value
+        merge_importance(importance, out.importance)
     return UpdateResult(
         **totals,
         ratio_max=ratio_max,
@@ -182,6 +215,7 @@ def accumulate_gradients(
         logprobs=logprobs,
         importance=importance,
         entropy=entropy_sum / trained if trained else None,
+        trained_tokens=trained,
     )
 
 
