@@ -9,6 +9,8 @@ times, so the machine's load is shared alike; the median round is reported.
 
     1 rank x 1 thread   the worker's default (one intra-op thread)
     1 rank x 2 threads  both cores on one process (torch's intra-op parallelism)
+    1 rank one_step     both cores as a pipeline: generation (a thread or a child process)
+    1 rank in_flight    beside training (`bench_pipeline.py`), updates landing between steps
     2 ranks x 1 thread  `devices = 2`: one rank per core
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_ranks.py --steps 40 --rounds 3
@@ -39,7 +41,15 @@ from core_engine.rl.ranks.launch import job_ranks
 from core_engine.rl.trainer.grpo import GRPOTrainer
 from core_engine.rl.trainer.records import StepRecord, TrainerHooks
 
-VARIANTS = (("1 rank x 1 thread", 1, 1), ("1 rank x 2 threads", 1, 2), ("2 ranks x 1 thread", 2, 1))
+# (name, devices, intra-op threads, pipeline): one rank on one core, on both, both cores as
+# a pipeline (training on one, generation on the other), and one rank per core
+VARIANTS = (
+    ("1 rank x 1 thread", 1, 1, "sync"),
+    ("1 rank x 2 threads", 1, 2, "sync"),
+    ("1 rank one_step", 1, 2, "one_step"),
+    ("1 rank in_flight", 1, 2, "in_flight"),
+    ("2 ranks x 1 thread", 2, 1, "sync"),
+)
 TARGET = 1.6  # 2 ranks over 1 rank x 1 thread
 
 
@@ -55,8 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def run(policy: Path, out: Path, devices: int, threads: int, args: argparse.Namespace) -> float:
+def run(policy: Path, out: Path, variant: tuple, args: argparse.Namespace) -> float:
     """Steps per minute of one run (after its first step)."""
+    _, devices, threads, pipeline = variant
     config = GRPOConfig(
         model=str(policy),
         output_dir=str(out),
@@ -73,6 +84,8 @@ def run(policy: Path, out: Path, devices: int, threads: int, args: argparse.Name
         checkpoint_every=0,
         lora={"rank": 8, "alpha": 16.0} if args.lora else None,
         devices=devices,
+        pipeline=pipeline,
+        max_policy_lag=0 if pipeline == "sync" else 1,
     )
     records = addition_records(2000, seed=0)
     times: list[float] = []
@@ -96,20 +109,21 @@ def run(policy: Path, out: Path, devices: int, threads: int, args: argparse.Name
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    rates: dict[str, list[float]] = {name: [] for name, _, _ in VARIANTS}
+    rates: dict[str, list[float]] = {variant[0]: [] for variant in VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
         policy = wide_policy(Path(tmp)) if args.wide else SHIPPED_POLICY
         what = "a wide random model" if args.wide else "the demo policy"
         print(f"{what}, {'LoRA' if args.lora else 'full weights'}, {args.steps} steps per run")
         for round_index in range(args.rounds):
-            for name, devices, threads in VARIANTS:
-                out = Path(tmp) / f"r{round_index}-{devices}x{threads}"
-                rates[name].append(run(policy, out, devices, threads, args))
+            for index, variant in enumerate(VARIANTS):
+                name = variant[0]
+                out = Path(tmp) / f"r{round_index}-{index}"
+                rates[name].append(run(policy, out, variant, args))
                 print(f"round {round_index + 1}: {name:20s} {rates[name][-1]:7.1f} steps/min")
     base = statistics.median(rates[VARIANTS[0][0]])
     print(f"\n{'variant':20s} {'steps/min':>10s} {'x 1 rank':>9s}")
     summary: dict[str, Any] = {}
-    for name, _, _ in VARIANTS:
+    for name, *_ in VARIANTS:
         median = statistics.median(rates[name])
         summary[name] = {"steps_per_min": median, "speedup": median / base, "runs": rates[name]}
         print(f"{name:20s} {median:10.1f} {median / base:8.2f}x")

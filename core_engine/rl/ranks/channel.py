@@ -3,8 +3,8 @@ acknowledge the same version with the same checksum.
 
 With LoRA the engine serves the trainer's own modules (the adapter is replicated), as a
 `LocalChannel`. With FSDP2 the trainer holds 1/N of each weight, so the engine has a full copy
-of its own: after the optimizer step each parameter is gathered (`DTensor.full_tensor`, one
-parameter at a time, never a second full copy) straight into the engine's tensor, then the
+of its own: after the optimizer step each decoder layer, then the root, is gathered (one
+FSDP2 unit at a time, never a second full copy) straight into the engine's tensors, then the
 engine serves them as the new version. Then the ranks compare their acknowledgements: a rank
 whose engine serves other weights fails the step on every rank, naming it.
 """
@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from core_engine.rl.ranks.group import RankInfo
@@ -56,15 +57,26 @@ class RankChannel(LocalChannel):
 
 
 def gather_weights(sharded: torch.nn.Module, engine_model: torch.nn.Module) -> None:
-    """Copy every parameter of the FSDP2 `sharded` model into the same-named tensor of the
-    engine's `engine_model` (in its dtype), gathering one parameter at a time; a collective
-    every rank runs in the same order."""
+    """Copy every weight of the FSDP2 `sharded` model into the same-named tensor of the
+    engine's `engine_model` (in its dtype), one FSDP2 unit (a decoder layer, then the root) at
+    a time: one all-gather each, every rank in the same order."""
     targets = dict(engine_model.named_parameters())
+    copied: set[str] = set()
     with torch.no_grad():
-        for name, param in sharded.named_parameters():
-            full = param.full_tensor() if isinstance(param, DTensor) else param
-            targets[name].copy_(full)
-            del full
+        for prefix, unit in sharded.named_modules():
+            if not isinstance(unit, FSDPModule):
+                continue
+            unit.unshard()
+            try:
+                for name, param in unit.named_parameters(prefix=prefix):
+                    if not isinstance(param, DTensor):  # a nested unit's stays sharded
+                        name = name.removeprefix(".")
+                        targets[name].copy_(param)
+                        copied.add(name)
+            finally:
+                unit.reshard()
+    if missing := sorted(set(targets) - copied):
+        raise WeightSyncError(f"weight sync failed: {missing[:3]} not gathered")
 
 
 def _named(ack: tuple[int, str] | None) -> str:
