@@ -33,8 +33,13 @@ demo-policy: install
 calculator-policy: install
 	$(PY) -m core_engine.rl.calculator_policy
 
+# The suite runs in PYTEST_WORKERS pytest-xdist processes (each with its own Redis database,
+# PostgreSQL schemas, temp dirs and ports), one more than the cores, 2 to 4: the tests also wait
+# (on worker processes, servers, browsers), and other work on the machine takes less of their
+# share (2 cores: 3 workers). `make test PYTEST_WORKERS=0` runs the suite in one process.
+PYTEST_WORKERS ?= $(shell n=$$(( $$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1) + 1 )); echo $$(( n < 2 ? 2 : n > 4 ? 4 : n )))
 test: install lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -127,6 +127,7 @@ def test_only_a_gsm8k_shaped_answer_is_cut_to_its_number(tmp_path):
     assert [r["output"] for r in load_records(tmp_path / "mixed.csv")] == ["5", markdown]
 
 
+@pytest.mark.slow
 def test_a_jsonl_file_of_more_rows_than_a_prompt_set_holds_is_refused(tmp_path):
     """JSONL is bounded by rows too, not only by its bytes: a million tiny records decode to
     far more than the file's 31 MiB (a dict and strings per row)."""

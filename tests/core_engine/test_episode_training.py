@@ -12,6 +12,8 @@ from .test_rl_trainer import make_trainer
 
 NAME = "chatty"
 
+pytestmark = pytest.mark.slow
+
 
 class Chatty:
     """Answers "more" twice, then is done; each turn's reward is its text's length parity (so

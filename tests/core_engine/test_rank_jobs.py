@@ -36,6 +36,8 @@ from core_engine.rl.trainer.records import StopReason, TrainerHooks
 from core_engine.toy import save_tiny_checkpoint
 from core_engine.weights import model_checksum, weights_checksum
 
+pytestmark = pytest.mark.slow  # queued first under xdist (ranks start processes)
+
 TIMEOUT = timedelta(seconds=120)  # generous: the ranks share two loaded cores
 TOLERANCE = 1e-6
 LORA = {"rank": 4, "alpha": 8.0}

@@ -43,6 +43,8 @@ from core_engine.rl.ranks import (
 from core_engine.rl.trainer.optimizer import build_optimizer
 from core_engine.toy import save_tiny_checkpoint
 
+pytestmark = pytest.mark.slow  # queued first under xdist (ranks start processes)
+
 WORLD = 2
 GROUP_SIZE = 2
 STEPS = 2  # the second step also checks the optimizer state and (LoRA) the A matrices

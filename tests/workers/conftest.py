@@ -1,21 +1,14 @@
 """Fixtures of the worker tests: a tiny model, a migrated SQLite database per test, and the
 environment (data dir, database, no Redis) that `workers` reads."""
 
-import atexit
-import os
-import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-# `workers.app` reads the environment when first imported: keep its embedded broker out of
-# the working tree (tests that need a data dir set their own with the `env` fixture).
-if "RLWB_DATA_DIR" not in os.environ:
-    os.environ["RLWB_DATA_DIR"] = tempfile.mkdtemp(prefix="rlwb-tests-")
-    atexit.register(shutil.rmtree, os.environ["RLWB_DATA_DIR"], True)
-
+# (`tests/conftest.py` has given this process a data dir of its own, before `workers` is
+# imported: the embedded broker of `workers.app` stays out of the working tree.)
 from db import Repository, upgrade
 from tests.db.conftest import postgres_schemas  # noqa: F401  (the fixture)
 from tests.workers.stack import Stack, claim_redis

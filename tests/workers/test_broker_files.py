@@ -5,6 +5,7 @@ messages were put, also when the clock's count gains a digit (kombu's millisecon
 
 from types import SimpleNamespace
 
+import pytest
 from kombu import Connection
 
 from db import JobStatus
@@ -19,6 +20,7 @@ GARBAGE = {
 }
 
 
+@pytest.mark.slow
 def test_a_queue_file_that_is_no_message_is_set_aside_and_the_worker_runs_on(
     embedded_stack, tiny_model
 ):

@@ -12,6 +12,7 @@ from tests.workers.helpers import train_config, wait_for
 HELLO = [{"role": "user", "content": "hello"}]
 
 
+@pytest.mark.slow
 def test_chat_goes_to_the_interactive_worker(stack, tiny_model):
     [job] = stack.submit(train_config(tiny_model, steps=2))
     with stack.worker("gpu0"):

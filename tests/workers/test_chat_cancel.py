@@ -58,6 +58,7 @@ def _record_job(repo, path: Path) -> int:
     return job.id
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("deployment", ["stack", "embedded_stack"])
 def test_a_reply_the_ui_gave_up_on_stops_on_the_worker(request, deployment, slow_model):
     stack = request.getfixturevalue(deployment)

@@ -143,6 +143,7 @@ def _celery(env: dict[str, str], cwd: Path, *args: str) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 def test_up_shows_both_workers_and_the_running_job(broker, tmp_path, tiny_model):
     """``rlwb up`` with SQLite in the data dir, on the embedded broker or Redis: migrations, a
     GPU worker and a chat worker (child processes), the UI. While a job trains, the Queue tab

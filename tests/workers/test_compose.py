@@ -64,6 +64,7 @@ def test_the_image_installs_what_the_readme_documents():
     assert image in documented, f"the Dockerfile runs `{image}`; the README says {documented}"
 
 
+@pytest.mark.slow
 def test_compose_up_as_plain_processes_runs_a_job_launched_from_the_ui(
     redis_url, postgres_schemas, tiny_model, tmp_path
 ):

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from kombu import Connection, Exchange, Queue
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,6 +65,7 @@ def _bind_together(folder: Path, names: list[str]) -> None:
     assert [process.wait(60) for process in processes] == [0] * len(names)
 
 
+@pytest.mark.slow
 def test_processes_binding_at_once_keep_every_binding(tmp_path):
     names = ["gpu", "chat", "ui", "inspect"]
     for round_ in range(5):

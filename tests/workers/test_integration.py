@@ -12,6 +12,8 @@ import pytest
 from db import JobStatus
 from tests.workers.helpers import SLOW_REWARD, assert_consistent, train_config, wait_for
 
+pytestmark = pytest.mark.slow
+
 
 def test_a_worker_runs_reports_and_cancels_jobs(stack, tiny_model):
     repo = stack.repo

@@ -16,6 +16,8 @@ from tests.workers.helpers import train_config
 from workers.jobs import run_job
 from workers.scoring import audit_samples
 
+pytestmark = pytest.mark.slow  # queued first under xdist (ranks start processes)
+
 STEPS = 2
 
 

@@ -7,12 +7,16 @@ import sys
 from functools import partial
 from pathlib import Path
 
+import pytest
+
 from core_engine.assets import SHIPPED_POLICY
 from db import JobStatus
 from tests.workers.helpers import wait_for
 from tests.workers.stack import ROOT
 
 HANG_GUARD_S = 600  # a version of the example takes seconds; only a hang waits this long
+
+pytestmark = pytest.mark.slow
 
 
 def readme_job_file() -> str:

@@ -8,6 +8,8 @@ import json
 import os
 import signal
 
+import pytest
+
 from db import JobStatus
 from tests.workers.helpers import (
     SLOW_REWARD,
@@ -16,6 +18,8 @@ from tests.workers.helpers import (
     train_config,
     wait_for,
 )
+
+pytestmark = pytest.mark.slow
 
 
 def version_of(stack, job_id: int) -> int:

@@ -4,8 +4,12 @@ once, and killing one leaves the other's job untouched."""
 import os
 import signal
 
+import pytest
+
 from db import JobStatus
 from tests.workers.helpers import SLOW_REWARD, assert_consistent, train_config, wait_for
+
+pytestmark = pytest.mark.slow
 
 
 def test_two_workers_run_two_jobs_and_one_dies_alone(pg_stack, tiny_model):
