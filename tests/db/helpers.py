@@ -2,7 +2,10 @@
 
 from typing import Any
 
-from db import BatchRecord, JobInfo, PolicyVersionRecord, Repository, SampleRecord
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+
+from db import BatchRecord, JobInfo, PolicyVersionRecord, Repository, SampleRecord, make_engine
 
 
 def make_sample(
@@ -53,3 +56,11 @@ def running_job(repo: Repository, *, versions: int = 1, **config: Any) -> JobInf
         parent = version - 1 if version else None
         repo.record_policy_version(PolicyVersionRecord(job.id, version, parent_version=parent))
     return repo.get_job(job.id)
+
+
+def sample_columns(url: URL) -> set[str]:
+    """The columns the samples table of the database at `url` has (a migration's check)."""
+    engine = make_engine(url)
+    names = {c["name"] for c in sa.inspect(engine).get_columns("samples")}
+    engine.dispose()
+    return names

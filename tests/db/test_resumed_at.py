@@ -2,11 +2,10 @@
 checked on the way in, and added/dropped by 0009."""
 
 import pytest
-import sqlalchemy as sa
 from sqlalchemy import URL
 
-from db import InvalidValue, Repository, SampleFilter, downgrade, make_engine, upgrade
-from tests.db.helpers import make_batch, make_sample, running_job
+from db import InvalidValue, Repository, SampleFilter, downgrade, upgrade
+from tests.db.helpers import make_batch, make_sample, running_job, sample_columns
 
 
 def _stored(repo: Repository, job_id: int, **fields) -> int:
@@ -41,13 +40,6 @@ def test_inconsistent_resume_points_are_refused(repo, indexes, problem) -> None:
         _stored(repo, job.id, version=1, tokens=5, resumed_at=indexes)
 
 
-def _columns(url: URL) -> set[str]:
-    engine = make_engine(url)
-    names = {c["name"] for c in sa.inspect(engine).get_columns("samples")}
-    engine.dispose()
-    return names
-
-
 def test_0009_adds_resumed_at_and_its_downgrade_keeps_the_samples(empty_database_url: URL) -> None:
     upgrade(empty_database_url)
     repo = Repository.from_url(empty_database_url)
@@ -55,7 +47,7 @@ def test_0009_adds_resumed_at_and_its_downgrade_keeps_the_samples(empty_database
     sample_id = _stored(repo, job.id, version=1, tokens=5, resumed_at=[3])
     repo.close()
     downgrade(empty_database_url, "0008")
-    assert "resumed_at" not in _columns(empty_database_url)
+    assert "resumed_at" not in sample_columns(empty_database_url)
     upgrade(empty_database_url)
     repo = Repository.from_url(empty_database_url)
     assert repo.get_sample(sample_id).resumed_at is None

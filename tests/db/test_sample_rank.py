@@ -2,11 +2,10 @@
 the way in, and added/dropped by 0011 (the samples stored before it: NULL, not recorded)."""
 
 import pytest
-import sqlalchemy as sa
 from sqlalchemy import URL
 
-from db import InvalidValue, Repository, SampleFilter, downgrade, make_engine, upgrade
-from tests.db.helpers import make_batch, make_sample, running_job
+from db import InvalidValue, Repository, SampleFilter, downgrade, upgrade
+from tests.db.helpers import make_batch, make_sample, running_job, sample_columns
 
 
 def _stored(repo: Repository, job_id: int, **fields) -> int:
@@ -28,13 +27,6 @@ def test_a_rank_that_is_not_a_whole_number_from_0_is_refused(repo, rank) -> None
         _stored(repo, job.id, rank=rank)
 
 
-def _columns(url: URL) -> set[str]:
-    engine = make_engine(url)
-    names = {c["name"] for c in sa.inspect(engine).get_columns("samples")}
-    engine.dispose()
-    return names
-
-
 def test_0011_adds_the_rank_and_leaves_the_samples_before_it_unrecorded(
     empty_database_url: URL,
 ) -> None:
@@ -46,9 +38,9 @@ def test_0011_adds_the_rank_and_leaves_the_samples_before_it_unrecorded(
     repo.close()
 
     downgrade(empty_database_url, "0010")
-    assert "rank" not in _columns(empty_database_url)
+    assert "rank" not in sample_columns(empty_database_url)
     upgrade(empty_database_url)
-    assert "rank" in _columns(empty_database_url)
+    assert "rank" in sample_columns(empty_database_url)
     repo = Repository.from_url(empty_database_url)
     kept = repo.get_sample(sample_id)  # as if stored before 0011: kept, its rank NULL (not 0)
     assert kept.prompt_text == make_sample().prompt_text and kept.rank is None

@@ -2,11 +2,10 @@
 several versions sampled the response, checked on the way in, and added/dropped by 0008."""
 
 import pytest
-import sqlalchemy as sa
 from sqlalchemy import URL
 
-from db import InvalidValue, Repository, SampleFilter, downgrade, make_engine, upgrade
-from tests.db.helpers import make_batch, make_sample, running_job
+from db import InvalidValue, Repository, SampleFilter, downgrade, upgrade
+from tests.db.helpers import make_batch, make_sample, running_job, sample_columns
 
 
 def _stored(repo: Repository, job_id: int, **fields) -> int:
@@ -46,13 +45,6 @@ def test_inconsistent_runs_are_refused(repo, runs, problem) -> None:
         repo.record_batch(make_batch(job.id, [sample], version=2))
 
 
-def _columns(url: URL) -> set[str]:
-    engine = make_engine(url)
-    names = {c["name"] for c in sa.inspect(engine).get_columns("samples")}
-    engine.dispose()
-    return names
-
-
 def test_0008_adds_token_versions_and_its_downgrade_keeps_the_samples(
     empty_database_url: URL,
 ) -> None:
@@ -63,9 +55,9 @@ def test_0008_adds_token_versions_and_its_downgrade_keeps_the_samples(
     repo.close()
 
     downgrade(empty_database_url, "0007")
-    assert "token_versions" not in _columns(empty_database_url)
+    assert "token_versions" not in sample_columns(empty_database_url)
     upgrade(empty_database_url)
-    assert "token_versions" in _columns(empty_database_url)
+    assert "token_versions" in sample_columns(empty_database_url)
     repo = Repository.from_url(empty_database_url)
     kept = repo.get_sample(sample_id)
     assert kept.policy_version == 1 and kept.token_versions is None
