@@ -50,7 +50,7 @@ from workers.job_files import (
     model_parameters,
     model_roots,
 )
-from workers.settings import GPU_QUEUE, TASK_FOR_KIND, Settings
+from workers.settings import GPU_QUEUE, TASK_FOR_KIND, Settings, worker_device
 from workers.shipped import CALCULATOR_MODEL, DEMO_MODEL, MODEL_PRESETS
 from workers.specs import (
     HELDOUT_EVERY,
@@ -291,11 +291,6 @@ def deployment() -> str:
     """Where this deployment keeps its data and which broker it uses (one line)."""
     settings = Settings.from_env()
     return f"data: {settings.data_dir}; broker: {_broker(settings)}"
-
-
-def worker_device() -> str:
-    """The device a job that names none runs on: its worker's (``RLWB_DEVICE``, default cpu)."""
-    return Settings.from_env().device
 
 
 def _tasks(reply: dict[str, list[dict[str, Any]]] | None) -> list[dict[str, Any]]:

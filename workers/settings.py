@@ -22,6 +22,12 @@ TASK_FOR_KIND = {kind: f"workers.{kind}" for kind in ("train", "evaluate", "comp
 DAY_S = 24 * 3600
 
 
+def worker_device() -> str:
+    """The device a worker runs its jobs on, and a job naming none: ``RLWB_DEVICE``, default
+    cpu."""
+    return os.environ.get("RLWB_DEVICE") or "cpu"
+
+
 @dataclass(frozen=True)
 class Settings:
     data_dir: Path
@@ -50,7 +56,7 @@ class Settings:
             redis_url=env.get("REDIS_URL") or None,
             visibility_timeout_s=int(env.get("RLWB_VISIBILITY_TIMEOUT") or DAY_S),
             max_attempts=int(env.get("RLWB_MAX_ATTEMPTS") or 3),
-            device=env.get("RLWB_DEVICE") or "cpu",
+            device=worker_device(),
             engine_cache_size=int(env.get("RLWB_ENGINE_CACHE") or 2),
             heartbeat_timeout_s=float(env.get("RLWB_HEARTBEAT_TIMEOUT") or 60),
             engine_memory_bytes=int(memory) if memory else None,

@@ -32,6 +32,7 @@ from core_engine.rl.rewards import check_reward_spec
 from core_engine.rl.rewards.mix import needs_reference
 from core_engine.task import SamplingParams
 from db import JobKind
+from workers.settings import worker_device
 from workers.sizes import eval_size_problems, train_size_problems
 from workers.trackers import TRACKERS, is_installed
 
@@ -234,9 +235,9 @@ def machine_devices(device_type: str) -> int | None:
 
 
 def device_problems(devices: int, job_device: str | None) -> list[str]:
-    """`devices` ranks need as many devices of the job's type (its own, else the worker's,
-    ``RLWB_DEVICE``); one device is checked where the job runs, as before."""
-    device_type = torch_device_type(job_device or os.environ.get("RLWB_DEVICE") or "cpu")
+    """`devices` ranks need as many devices of the job's type (its own, else the worker's);
+    one device is checked where the job runs, as before."""
+    device_type = torch_device_type(job_device or worker_device())
     available = machine_devices(device_type)
     if devices == 1 or available is None or devices <= available:
         return []
