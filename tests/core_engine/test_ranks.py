@@ -33,12 +33,13 @@ from core_engine.rl.objective.loss import group_advantages
 from core_engine.rl.objective.update import TrainSample, UpdateSettings, accumulate_gradients
 from core_engine.rl.ranks import (
     RankSetupError,
+    clip_gradients,
     distribute_policy,
+    distributed_backward,
     is_sharded,
     rank_from_environment,
     rank_group,
     rank_share,
-    train_step,
 )
 from core_engine.rl.trainer.optimizer import build_optimizer
 from core_engine.toy import save_tiny_checkpoint
@@ -136,9 +137,12 @@ def _step_on_rank(rank: int, mode: str, checkpoint: str, out: str) -> None:
         optimizer = _optimizer(model)
         share = rank_share(_batch(model.config.vocab_size), GROUP_SIZE, rank, info.world_size)
         steps = []
-        for _ in range(STEPS):
-            update, norm = train_step(model, optimizer, share, SETTINGS, MAX_GRAD_NORM, reference)
+        for _ in range(STEPS):  # as `GRPOTrainer` steps on a rank
+            optimizer.zero_grad(set_to_none=True)
+            update = distributed_backward(model, share, SETTINGS, reference)
+            norm = clip_gradients(model, MAX_GRAD_NORM)
             steps.append(_record(model, update, norm))
+            optimizer.step()
         weights = {n: _full(p) for n, p in model.named_parameters()}
         torch.save({"steps": steps, "weights": weights}, Path(out) / f"rank{rank}.pt")
 

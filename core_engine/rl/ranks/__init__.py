@@ -20,12 +20,13 @@ from core_engine.rl.ranks.group import (
 )
 from core_engine.rl.ranks.shard import distribute_policy, is_sharded
 from core_engine.rl.ranks.share import rank_share
-from core_engine.rl.ranks.step import distributed_backward, train_step
+from core_engine.rl.ranks.step import clip_gradients, distributed_backward
 
 __all__ = [
     "DEFAULT_TIMEOUT",
     "RankInfo",
     "RankSetupError",
+    "clip_gradients",
     "distribute_policy",
     "distributed_backward",
     "init_ranks",
@@ -35,5 +36,4 @@ __all__ = [
     "rank_from_environment",
     "rank_group",
     "rank_share",
-    "train_step",
 ]

@@ -19,7 +19,6 @@ log-probs come back in the batch's order.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -35,49 +34,11 @@ from core_engine.rl.objective.update import (
     combine_updates,
     pack_micro_batches,
 )
-from core_engine.rl.ranks.group import RankInfo
 from core_engine.rl.ranks.shard import is_sharded
-from core_engine.rl.ranks.share import rank_share
 
 # What a rank with fewer micro-batches than the others computes meanwhile (FSDP2 only): one
 # token, masked out of the loss, so its gradient is exactly zero.
 PADDING = TrainSample(prompt=[0], response=[0], behaviour=[0.0], advantage=0.0, loss_mask=[0])
-
-
-def train_step(
-    model: CausalLM,
-    optimizer: torch.optim.Optimizer,
-    share: Sequence[TrainSample],
-    settings: UpdateSettings,
-    max_grad_norm: float,
-    reference: CausalLM | None = None,
-) -> tuple[UpdateResult, float]:
-    """The step on this rank's `share`: gradients (`distributed_backward`), the clipped norm,
-    then the optimizer step when the loss and the norm are finite (the same on every rank:
-    both are the whole step's). The gradients stay for the caller to inspect."""
-    optimizer.zero_grad(set_to_none=True)
-    update = distributed_backward(model, share, settings, reference)
-    norm = clip_gradients(model, max_grad_norm)
-    if update.finite and math.isfinite(norm):
-        optimizer.step()
-    return update, norm
-
-
-def rank_backward(
-    model: CausalLM,
-    samples: Sequence[TrainSample],
-    group_size: int,
-    info: RankInfo,
-    settings: UpdateSettings,
-    max_grad_norm: float,
-    reference: CausalLM | None = None,
-) -> tuple[UpdateResult, float]:
-    """The step's gradients from this rank's share of the step's `samples` (whole groups of
-    `group_size`, `share.rank_share`), clipped; returns the whole step's statistics and norm.
-    The optimizer step is the caller's (through its weight channel)."""
-    share = rank_share(samples, group_size, info.rank, info.world_size)
-    update = distributed_backward(model, share, settings, reference)
-    return update, clip_gradients(model, max_grad_norm)
 
 
 def distributed_backward(

@@ -30,11 +30,11 @@ from core_engine.rl.objective.update import (
     accumulate_gradients,
     training_mode,
 )
-from core_engine.rl.ranks import RankInfo, rank0_decides
+from core_engine.rl.ranks import RankInfo, is_sharded, rank0_decides, rank_share
 from core_engine.rl.ranks.channel import RankChannel
 from core_engine.rl.ranks.rollouts import RankSource
 from core_engine.rl.ranks.state import full_state
-from core_engine.rl.ranks.step import rank_backward
+from core_engine.rl.ranks.step import clip_gradients, distributed_backward
 from core_engine.rl.rewards import RewardError
 from core_engine.rl.rollout import RolloutResult, check_policy_lag
 from core_engine.rl.rollout.sources import (
@@ -242,14 +242,13 @@ class GRPOTrainer:
         (pipelined: never; its modules are the engine's)."""
         self.optimizer.zero_grad(set_to_none=True)
         cfg, served = self.config, self.config.pipeline != "sync"
+        settings, reference = self.update_settings, self.reference
         with contextlib.nullcontext() if served else training_mode(self.model):
             if self.ranks is not None:  # this rank's share, the gradients summed over ranks
-                group, info = cfg.group_size, self.ranks
-                return rank_backward(
-                    self.model, samples, group, info, self.update_settings,
-                    cfg.max_grad_norm, self.reference,
-                )  # fmt: skip
-            update = accumulate_gradients(self.model, samples, self.update_settings, self.reference)
+                share = rank_share(samples, cfg.group_size, self.ranks.rank, self.ranks.world_size)
+                update = distributed_backward(self.model, share, settings, reference)
+                return update, clip_gradients(self.model, cfg.max_grad_norm)
+            update = accumulate_gradients(self.model, samples, settings, reference)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
         return update, float(norm)
 
@@ -323,8 +322,7 @@ class GRPOTrainer:
         state = self.source.state()
         pending = state.pop("pending", None)
         state["base_checksum"] = self.base_checksum  # LoRA's, verified on resume
-        sharded = self.whole_model is not self.model
-        gathered = full_state(self.model, self.optimizer) if sharded else None
+        gathered = full_state(self.model, self.optimizer) if is_sharded(self.model) else None
         if not self.writes_files:
             return checkpoint_dir(self.output_dir, self.version)
         return save_checkpoint(

@@ -26,7 +26,7 @@ from core_engine.rl.data import longest_prompt
 from core_engine.rl.data.tasks import default_reward
 from core_engine.rl.objective.loss import Importance
 from core_engine.rl.objective.update import UpdateSettings
-from core_engine.rl.ranks import distribute_policy
+from core_engine.rl.ranks import distribute_policy, is_sharded
 from core_engine.rl.ranks.state import load_optimizer_shards
 from core_engine.rl.rewards.mix import RewardMix
 from core_engine.rl.rollout import RolloutGenerator, RolloutRunner
@@ -69,7 +69,7 @@ def trained_policy(
     optimizer = build_optimizer(
         trainable, config.lr, config.weight_decay, config.optimizer_state_dtype
     )
-    if resume and whole is not model:  # each rank keeps its shard of the state
+    if resume and is_sharded(model):  # each rank keeps its shard of the state
         load_optimizer_shards(model, optimizer, read_optimizer_state(resume))
     elif resume:
         load_optimizer_state(optimizer, resume)
