@@ -12,6 +12,8 @@ times, so the machine's load is shared alike; the median round is reported.
     1 rank one_step     both cores as a pipeline: generation (a thread or a child process)
     1 rank in_flight    beside training (`bench_pipeline.py`), updates landing between steps
     2 ranks x 1 thread  `devices = 2`: one rank per core
+    2 ranks one_step    each rank a pipeline: its share generated on a thread of its own
+    2 ranks in_flight   beside the rank's training, and gathered when the step takes it
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_ranks.py --steps 40 --rounds 3
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_ranks.py --lora --wide
@@ -42,13 +44,16 @@ from core_engine.rl.trainer.grpo import GRPOTrainer
 from core_engine.rl.trainer.records import StepRecord, TrainerHooks
 
 # (name, devices, intra-op threads, pipeline): one rank on one core, on both, both cores as
-# a pipeline (training on one, generation on the other), and one rank per core
+# a pipeline (training on one, generation on the other), and one rank per core, synchronous or
+# pipelined
 VARIANTS = (
     ("1 rank x 1 thread", 1, 1, "sync"),
     ("1 rank x 2 threads", 1, 2, "sync"),
     ("1 rank one_step", 1, 2, "one_step"),
     ("1 rank in_flight", 1, 2, "in_flight"),
     ("2 ranks x 1 thread", 2, 1, "sync"),
+    ("2 ranks one_step", 2, 1, "one_step"),
+    ("2 ranks in_flight", 2, 1, "in_flight"),
 )
 TARGET = 1.6  # 2 ranks over 1 rank x 1 thread
 

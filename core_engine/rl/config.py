@@ -190,9 +190,11 @@ class GRPOConfig:
         return self.max_policy_lag if self.pipeline == "in_flight" else 0
 
     def generates_in_process(self, device_type: str) -> bool:
-        """A pipelined full-weight job on a CPU generates in a child process over the shared
-        weights (`core_engine.rl.rollout.process`), with its own KV pool."""
-        return self.pipeline != "sync" and device_type == "cpu" and self.lora is None
+        """A pipelined full-weight job on one CPU generates in a child process over the shared
+        weights (`core_engine.rl.rollout.process`), with its own KV pool (on several ranks each
+        rank's engine already has a copy of its own beside the trainer's FSDP2 shard)."""
+        pipelined = self.pipeline != "sync" and self.devices == 1
+        return pipelined and device_type == "cpu" and self.lora is None
 
     def _pipeline_problems(self, numbers: list[str]) -> list[str]:
         if self.pipeline not in PIPELINE_MODES:
@@ -214,8 +216,7 @@ class GRPOConfig:
 
     def _devices_problems(self, numbers: list[str]) -> list[str]:
         """What `devices` > 1 (`core_engine.rl.ranks`) needs: a GRPO group per rank at least,
-        one device type (each rank takes its own device), and, for now, the synchronous loop
-        with one update per batch."""
+        one device type (each rank takes its own device), and one update per batch."""
         if self.devices == 1 or numbers:
             return []
         problems = []
@@ -228,11 +229,6 @@ class GRPOConfig:
             problems.append(
                 f"devices = {self.devices}: device must be 'cpu' or 'cuda' (each "
                 f"rank takes its own), got {self.device!r}"
-            )
-        if self.pipeline != "sync":
-            problems.append(
-                f"devices = {self.devices} runs pipeline 'sync' only (one_step and in_flight "
-                "over ranks are not built yet)"
             )
         if self.updates_per_batch != 1:
             problems.append(f"devices = {self.devices} needs updates_per_batch = 1")

@@ -11,6 +11,8 @@ A rank killed mid-job fails it with the rank named; a cancel stops every rank.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import json
 import multiprocessing
@@ -19,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from datetime import timedelta
 from pathlib import Path
 
@@ -29,8 +32,14 @@ from safetensors.torch import load_file
 from core_engine.adapters import ADAPTER_FILE
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data.tasks import prompt_records
+from core_engine.rl.ranks.channel import RankChannel
 from core_engine.rl.ranks.launch import RankFailedError, job_ranks
-from core_engine.rl.trainer.checkpoint import checkpoint_dir, read_optimizer_state
+from core_engine.rl.rollout.sources import ThreadProducer
+from core_engine.rl.trainer.checkpoint import (
+    checkpoint_dir,
+    read_optimizer_state,
+    read_pending_rollout,
+)
 from core_engine.rl.trainer.grpo import GRPOTrainer
 from core_engine.rl.trainer.records import StopReason, TrainerHooks
 from core_engine.toy import save_tiny_checkpoint
@@ -126,6 +135,95 @@ def test_a_job_on_two_ranks_trains_as_in_one_process(llama, tmp_path, mode):
     if mode == "full":
         written = _weights(tmp_path / "two", 2)
         assert served == weights_checksum(written)
+
+
+PIPELINED = {"max_policy_lag": 1, "drop_zero_variance_groups": False}
+
+
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_a_one_step_job_on_two_ranks_trains_as_in_one_process(llama, tmp_path, mode):
+    """Each rank generates its share one batch ahead while the trainer computes; the gathered
+    batches, the lag-1 updates and the weights equal the one-process `one_step` job's (whose
+    full-weight rollouts come from its child process, LoRA's from a thread)."""
+    lora = LORA if mode == "lora" else None
+    pipelined = {"pipeline": "one_step", "lora": lora, **PIPELINED}
+    _, one_steps = _train(_config(llama, tmp_path / "one", 1, 3, **pipelined))
+    two, two_steps = _train(_config(llama, tmp_path / "two", 2, 3, **pipelined))
+    assert [s.version.version for s in two_steps] == [1, 2, 3]
+    for got, want in zip(two_steps, one_steps, strict=True):
+        assert got.rollout.response_ids == want.rollout.response_ids
+        assert got.rollout.ranks == [0] * 8 + [1] * 4
+        assert got.rollout.policy_version == want.rollout.policy_version
+        assert got.metrics["policy_lag_max"] == want.metrics["policy_lag_max"]
+        assert got.metrics["loss"] == pytest.approx(want.metrics["loss"], abs=TOLERANCE)
+    assert [s.rollout.policy_version for s in two_steps] == [0, 0, 1]  # one ahead: lag 1
+    for version in (1, 2, 3):
+        _assert_close(_weights(tmp_path / "two", version), _weights(tmp_path / "one", version))
+    assert two_steps[-1].version.checksum == model_checksum(two.engine.model)
+
+
+def test_a_stopped_one_step_job_on_two_ranks_resumes_bit_for_bit(llama, tmp_path):
+    """A job stopped at version 2 checkpoints the gathered next batch (produced ahead,
+    completed and verified), and the resumed ranks train it as the uninterrupted job does."""
+    pipelined = {"pipeline": "one_step", **PIPELINED}
+    _train(_config(llama, tmp_path / "straight", 2, 4, **pipelined))
+    done: list = []
+    hooks = TrainerHooks(on_step=done.append, should_stop=lambda: len(done) >= 2)
+    _train(_config(llama, tmp_path / "resumed", 2, 4, **pipelined), hooks)  # a cancel at v2
+    pending = read_pending_rollout(checkpoint_dir(tmp_path / "resumed", 2))
+    assert pending is not None and pending["rollout"]["ranks"] == [0] * 8 + [1] * 4
+    _train(_config(llama, tmp_path / "resumed", 2, 4, **pipelined))
+    want, got = _weights(tmp_path / "straight", 4), _weights(tmp_path / "resumed", 4)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_an_in_flight_update_lands_mid_sequence_on_two_ranks(llama, tmp_path, monkeypatch):
+    """Rank 0's second engine step of each batch after the first waits until the trainer
+    writes the next version: its samples span two versions, stamped per token at the engine;
+    the gathered batch keeps them, and every trained token is within the lag bound."""
+    writing = {v: threading.Event() for v in range(1, 5)}
+    real_writing = RankChannel.writing
+
+    @contextlib.contextmanager
+    def marked_writing(self, version):
+        with real_writing(self, version):
+            writing[version].set()
+            yield
+
+    monkeypatch.setattr(RankChannel, "writing", marked_writing)
+    config = _config(llama, tmp_path / "run", 2, 3, pipeline="in_flight", **PIPELINED)
+    steps: list = []
+    with job_ranks(config, _records(config), TIMEOUT) as info:
+        trainer = GRPOTrainer(config, _records(config), TrainerHooks(on_step=steps.append), info)
+        engine_step, landed = trainer.engine.step, []
+        started = []
+        start = ThreadProducer.start
+        monkeypatch.setattr(
+            ThreadProducer, "start", lambda s, *a: (started.append(len(started)), start(s, *a))[1]
+        )
+        calls = collections.Counter()
+
+        def gated_step(*args, **kwargs):
+            batch = started[-1]  # batch k+1 is generated while step k trains, then writes k+1
+            if threading.current_thread().name == "rollout-producer" and batch > 0:
+                calls[batch] += 1
+                if calls[batch] == 2:
+                    landed.append(writing[batch].wait(timeout=120))  # a hang guard
+            return engine_step(*args, **kwargs)
+
+        trainer.engine.step = gated_step
+        trainer.train()
+    assert landed and all(landed)
+    assert [s.version.version for s in steps] == [1, 2, 3]
+    spanning = 0
+    for record in steps:
+        rollout, trained_at = record.rollout, record.version.parent
+        assert rollout.ranks == [0] * 8 + [1] * 4
+        for i in range(rollout.num_samples):
+            assert all(0 <= trained_at - v <= 1 for v in rollout.versions_of(i))
+        spanning += sum(len(rollout.token_versions[i]) == 2 for i in range(8))  # rank 0's
+    assert spanning > 0
+    assert trainer.engine.version == 3
 
 
 def test_a_checkpoint_resumes_on_the_same_and_on_another_number_of_ranks(llama, tmp_path):

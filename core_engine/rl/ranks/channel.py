@@ -29,14 +29,18 @@ class RankChannel(LocalChannel):
     """`LocalChannel` for one rank of a job: FSDP2's shards gathered into the engine's copy, and
     the ranks' acknowledgements compared."""
 
-    def __init__(self, engine: Any, trainer_model: torch.nn.Module, info: RankInfo) -> None:
+    def __init__(
+        self, engine: Any, trainer_model: torch.nn.Module, info: RankInfo, mode: str = "drain"
+    ) -> None:
         self.trainer_model = trainer_model
         self.sharded = is_sharded(trainer_model)
-        super().__init__(engine, engine.model if self.sharded else trainer_model, "drain")
+        super().__init__(engine, engine.model if self.sharded else trainer_model, mode)
         self.info = info
 
     @contextlib.contextmanager
     def writing(self, version: int) -> Iterator[None]:
+        """The step, then (FSDP2) the gather into the engine, all while no engine step runs
+        (a pipelined rank's producer waits at its next step); then the ranks' agreement."""
         with super().writing(version):
             yield
             if self.sharded:

@@ -1,6 +1,13 @@
 """Data-parallel rollouts: each rank's engine generates its share of a batch's prompts, and the
 shares are gathered into the batch's rollout, the same on every rank.
 
+- `RankSource` (`pipeline = "sync"`): a `SyncSource` whose batches are produced that way.
+- `RankProducer` (`one_step`, `in_flight`): a `PrefetchSource`'s producer over ranks: each
+  rank's thread generates its share one batch ahead on the rank's own engine, and the shares are
+  gathered when the trainer takes the batch, on the trainer's thread (every rank takes it at
+  the same point of the loop, so the gather lines up with the step's other collectives and no
+  collective ever runs on a second thread).
+
 A rank takes a contiguous run of the batch's prompts (`share.rank_share`, so a GRPO group stays
 on one rank) and samples them with the seeds the whole batch would give them (prompt p's
 samples are seeded from ``seed + p * G`` by `RolloutGenerator`), so which rank generated a sample
@@ -13,7 +20,7 @@ every rank, naming the rank.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
@@ -23,7 +30,7 @@ from core_engine.rl.ranks.group import RankInfo
 from core_engine.rl.ranks.share import rank_share
 from core_engine.rl.rewards import RewardError
 from core_engine.rl.rollout import Produced, RolloutResult, produce_rollout
-from core_engine.rl.rollout.sources import Batch, SyncSource
+from core_engine.rl.rollout.sources import Batch, SyncSource, ThreadProducer
 
 # RawRollout's fields that hold one value for the whole batch (the others are lists, joined)
 BATCH_FIELDS = ("policy_version", "group_size", "temperature")
@@ -37,6 +44,15 @@ def prompt_share(batch: Mapping[str, Sequence[str]], rank: int, world: int) -> t
         raise ValueError(f"rank {rank} of {world} has no prompt in a batch of {len(rows)}")
     share = {key: [values[i] for i in mine] for key, values in batch.items()}
     return share, mine[0]
+
+
+def seeded_share(
+    batch: Mapping[str, Sequence[str]], seed: int, info: RankInfo, group_size: int
+) -> tuple[Batch, int]:
+    """This rank's prompts of `batch` and the seed that samples them as the whole batch would
+    (prompt p's samples are seeded from ``seed + p * group_size``)."""
+    share, first = prompt_share(batch, info.rank, info.world_size)
+    return share, seed + first * group_size
 
 
 def join_rollouts(shares: Sequence[RolloutResult]) -> RolloutResult:
@@ -90,6 +106,30 @@ class RankSource(SyncSource):
         self.info = info
 
     def produce(self, batch: Batch, seed: int) -> Produced:
-        share, first = prompt_share(batch, self.info.rank, self.info.world_size)
-        mine = produce_rollout(self.runner, share, seed + first * self.config.group_size)
-        return gather_produced(mine, self.info)
+        share, share_seed = seeded_share(batch, seed, self.info, self.config.group_size)
+        return gather_produced(produce_rollout(self.runner, share, share_seed), self.info)
+
+
+class RankProducer:
+    """A `ThreadProducer` that generates this rank's share of each batch; `take` gathers the
+    ranks' shares into the batch (module docstring)."""
+
+    def __init__(self, inner: ThreadProducer, info: RankInfo, group_size: int) -> None:
+        self.inner, self.info, self.group_size = inner, info, group_size
+        self.channel = inner.channel
+
+    @property
+    def busy(self) -> bool:
+        return self.inner.busy
+
+    def start(self, batch: Batch, seed: int) -> None:
+        self.inner.start(*seeded_share(batch, seed, self.info, self.group_size))
+
+    def take(self, cancelled: Callable[[], bool]) -> tuple[Produced, list[tuple[int, str]]]:
+        """The batch's rollout, gathered; a cancel is never taken here (a rank that stopped
+        waiting would leave the others in the gather): every rank stops at the next step."""
+        mine, acks = self.inner.take(lambda: False)
+        return gather_produced(mine, self.info), acks
+
+    def close(self) -> None:
+        self.inner.close()

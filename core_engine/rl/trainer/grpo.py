@@ -32,7 +32,7 @@ from core_engine.rl.objective.update import (
 )
 from core_engine.rl.ranks import RankInfo, is_sharded, rank0_decides, rank_share
 from core_engine.rl.ranks.channel import RankChannel
-from core_engine.rl.ranks.rollouts import RankSource
+from core_engine.rl.ranks.rollouts import RankProducer, RankSource
 from core_engine.rl.ranks.state import full_state
 from core_engine.rl.ranks.step import clip_gradients, distributed_backward
 from core_engine.rl.rewards import RewardError
@@ -112,15 +112,18 @@ class GRPOTrainer:
 
     def _source(self, state: dict[str, Any]) -> RolloutSource:
         """Where batches come from (`rollout.sources`): on demand, or one ahead on a thread
-        (the trainer's engine) or, for a full-weight CPU job, a child process."""
-        config = self.config
-        if self.ranks is not None:
-            channel = RankChannel(self.engine, self.model, self.ranks)
-            return RankSource(config, self.plan, self.runner, channel, state, info=self.ranks)
-        if config.pipeline == "sync":
-            channel = LocalChannel(self.engine, self.model, "drain")
-            return SyncSource(config, self.plan, self.runner, channel, state)
+        (the trainer's engine) or, for a full-weight CPU job on one device, a child process;
+        on several ranks, each rank's share of every batch, gathered (`ranks.rollouts`)."""
+        config, ranks = self.config, self.ranks
         mode = "in_flight" if config.pipeline == "in_flight" else "drain"
+        if ranks is not None:
+            channel = RankChannel(self.engine, self.model, ranks, mode)
+        else:
+            channel = LocalChannel(self.engine, self.model, mode)
+        if config.pipeline == "sync" and ranks is not None:
+            return RankSource(config, self.plan, self.runner, channel, state, info=ranks)
+        if config.pipeline == "sync":
+            return SyncSource(config, self.plan, self.runner, channel, state)
 
         def make_producer(threads: int) -> Any:
             if config.generates_in_process(self.device.type):
@@ -129,8 +132,8 @@ class GRPOTrainer:
                 return ProcessProducer(
                     config, self.model, self.engine, self.max_seq_len, threads, self._cancelled
                 )
-            channel = LocalChannel(self.engine, self.model, mode)
-            return ThreadProducer(self.runner, channel, threads)
+            thread = ThreadProducer(self.runner, channel, threads)
+            return thread if ranks is None else RankProducer(thread, ranks, config.group_size)
 
         return PrefetchSource(config, self.plan, make_producer, state, self._cancelled)
 
