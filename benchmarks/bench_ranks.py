@@ -1,5 +1,6 @@
 """One job on two ranks against one rank, side by side: optimizer steps per minute of the demo
-task (`core_engine.rl.ranks`: data-parallel rollouts, FSDP2 or a replicated LoRA adapter).
+task (`core_engine.rl.ranks`: data-parallel rollouts; full weights sharded by FSDP2 or
+replicated, or a replicated LoRA adapter).
 
 Each variant trains the shipped demo policy with the recipe of `grpo_demo.py` (3-digit
 addition, 16 prompts x G=8, lr 3e-4, at most 6 tokens, fp32) from the same start for
@@ -14,6 +15,8 @@ times, so the machine's load is shared alike; the median round is reported.
     2 ranks x 1 thread  `devices = 2`: one rank per core
     2 ranks one_step    each rank a pipeline: its share generated on a thread of its own
     2 ranks in_flight   beside the rank's training, and gathered when the step takes it
+    2 ranks replicated  (full weights) `sharding = "replicate"`: whole weights on each rank,
+                        gradients summed by one all-reduce, no FSDP2 gathers; sync and one_step
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_ranks.py --steps 40 --rounds 3
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_ranks.py --lora --wide
@@ -43,17 +46,19 @@ from core_engine.rl.ranks.launch import job_ranks
 from core_engine.rl.trainer.grpo import GRPOTrainer
 from core_engine.rl.trainer.records import StepRecord, TrainerHooks
 
-# (name, devices, intra-op threads, pipeline): one rank on one core, on both, both cores as
-# a pipeline (training on one, generation on the other), and one rank per core, synchronous or
-# pipelined
+# (name, devices, intra-op threads, pipeline, sharding): one rank on one core, on both, both
+# cores as a pipeline (training on one, generation on the other), and one rank per core,
+# synchronous or pipelined, full weights sharded or replicated
 VARIANTS = (
-    ("1 rank x 1 thread", 1, 1, "sync"),
-    ("1 rank x 2 threads", 1, 2, "sync"),
-    ("1 rank one_step", 1, 2, "one_step"),
-    ("1 rank in_flight", 1, 2, "in_flight"),
-    ("2 ranks x 1 thread", 2, 1, "sync"),
-    ("2 ranks one_step", 2, 1, "one_step"),
-    ("2 ranks in_flight", 2, 1, "in_flight"),
+    ("1 rank x 1 thread", 1, 1, "sync", "fsdp2"),
+    ("1 rank x 2 threads", 1, 2, "sync", "fsdp2"),
+    ("1 rank one_step", 1, 2, "one_step", "fsdp2"),
+    ("1 rank in_flight", 1, 2, "in_flight", "fsdp2"),
+    ("2 ranks x 1 thread", 2, 1, "sync", "fsdp2"),
+    ("2 ranks one_step", 2, 1, "one_step", "fsdp2"),
+    ("2 ranks in_flight", 2, 1, "in_flight", "fsdp2"),
+    ("2 ranks replicated", 2, 1, "sync", "replicate"),
+    ("2 replicated one_step", 2, 1, "one_step", "replicate"),
 )
 TARGET = 1.6  # 2 ranks over 1 rank x 1 thread
 
@@ -72,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run(policy: Path, out: Path, variant: tuple, args: argparse.Namespace) -> float:
     """Steps per minute of one run (after its first step)."""
-    _, devices, threads, pipeline = variant
+    _, devices, threads, pipeline, sharding = variant
     config = GRPOConfig(
         model=str(policy),
         output_dir=str(out),
@@ -89,6 +94,7 @@ def run(policy: Path, out: Path, variant: tuple, args: argparse.Namespace) -> fl
         checkpoint_every=0,
         lora={"rank": 8, "alpha": 16.0} if args.lora else None,
         devices=devices,
+        sharding=sharding,
         pipeline=pipeline,
         max_policy_lag=0 if pipeline == "sync" else 1,
     )
@@ -114,24 +120,26 @@ def run(policy: Path, out: Path, variant: tuple, args: argparse.Namespace) -> fl
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    rates: dict[str, list[float]] = {variant[0]: [] for variant in VARIANTS}
+    # LoRA replicates whatever `sharding` says: its replicated variants would repeat the others
+    variants = [v for v in VARIANTS if not (args.lora and v[4] == "replicate")]
+    rates: dict[str, list[float]] = {variant[0]: [] for variant in variants}
     with tempfile.TemporaryDirectory() as tmp:
         policy = wide_policy(Path(tmp)) if args.wide else SHIPPED_POLICY
         what = "a wide random model" if args.wide else "the demo policy"
         print(f"{what}, {'LoRA' if args.lora else 'full weights'}, {args.steps} steps per run")
         for round_index in range(args.rounds):
-            for index, variant in enumerate(VARIANTS):
+            for index, variant in enumerate(variants):
                 name = variant[0]
                 out = Path(tmp) / f"r{round_index}-{index}"
                 rates[name].append(run(policy, out, variant, args))
-                print(f"round {round_index + 1}: {name:20s} {rates[name][-1]:7.1f} steps/min")
-    base = statistics.median(rates[VARIANTS[0][0]])
-    print(f"\n{'variant':20s} {'steps/min':>10s} {'x 1 rank':>9s}")
+                print(f"round {round_index + 1}: {name:22s} {rates[name][-1]:7.1f} steps/min")
+    base = statistics.median(rates[variants[0][0]])
+    print(f"\n{'variant':22s} {'steps/min':>10s} {'x 1 rank':>9s}")
     summary: dict[str, Any] = {}
-    for name, *_ in VARIANTS:
+    for name, *_ in variants:
         median = statistics.median(rates[name])
         summary[name] = {"steps_per_min": median, "speedup": median / base, "runs": rates[name]}
-        print(f"{name:20s} {median:10.1f} {median / base:8.2f}x")
+        print(f"{name:22s} {median:10.1f} {median / base:8.2f}x")
     print(f"goal: 2 ranks >= {TARGET}x one rank x 1 thread")
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))

@@ -23,6 +23,8 @@ DEVICE_TYPES = ("cpu", "cuda")
 PIPELINE_MODES = ("sync", "one_step", "in_flight")
 # How a token's pi_prox / pi_behaviour weight meets its cap (`core_engine.rl.objective.loss`).
 IMPORTANCE_MODES = ("truncate", "mask")
+# How full weights lie over a job's ranks (`core_engine.rl.ranks.shard`).
+SHARDINGS = ("fsdp2", "replicate")
 DEFAULT_LR = 3e-4
 DEFAULT_LORA_LR = 3e-3  # 10x DEFAULT_LR: LoRA's rate is ~10x full fine-tuning's (Schulman 2025)
 # ... for billion-scale models. Below SMALL_MODEL_PARAMETERS LoRA gets SMALL_MODEL_LORA_LR:
@@ -103,6 +105,10 @@ class GRPOConfig:
     device: str = "cpu"  # trainer and engine
     # ranks the job runs as, one per device of `device`'s type (`core_engine.rl.ranks`)
     devices: int = 1
+    # full weights over the ranks: "fsdp2" (each rank 1/N of weights, gradients and AdamW
+    # state) or "replicate" (each rank all of them, gradients summed by one all-reduce: DDP's
+    # layout, fewer collectives for a policy one device holds); LoRA always replicates
+    sharding: str = "fsdp2"
     engine_dtype: str = "auto"  # float32 | bfloat16 | float16 | auto (bf16 on CUDA, else fp32)
     # The importance correction (`core_engine.rl.objective.loss`): "truncate" (TIS, as TRL) or
     # "mask" (AReaL's decoupled PPO) of pi_prox / pi_behaviour at `importance_cap`, on tokens
@@ -149,6 +155,8 @@ class GRPOConfig:
             problems.append("reject_scope must be 'batch' or 'group'")
         if self.optimizer_state_dtype not in OPTIMIZER_STATE_DTYPES:
             problems.append(f"optimizer_state_dtype must be one of {list(OPTIMIZER_STATE_DTYPES)}")
+        if self.sharding not in SHARDINGS:
+            problems.append(f"sharding must be one of {', '.join(SHARDINGS)}")
         if self.importance_mode not in IMPORTANCE_MODES:
             problems.append(f"importance_mode must be one of {', '.join(IMPORTANCE_MODES)}")
         if self.correct_on_policy not in (None, True, False):

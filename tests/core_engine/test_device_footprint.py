@@ -10,6 +10,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from core_engine.rl.config import GRPOConfig
+from core_engine.rl.data.tasks import prompt_records
 from core_engine.rl.footprint.estimate import (
     InsufficientMemoryError,
     check_footprint,
@@ -25,7 +26,9 @@ from core_engine.rl.footprint.table import (
     shape_config,
     table_rows,
 )
-from core_engine.toy import tiny_config
+from core_engine.rl.ranks import RankInfo
+from core_engine.rl.trainer import grpo
+from core_engine.toy import save_tiny_checkpoint, tiny_config
 
 CUDA = torch.device("cuda")
 JOB = dict(model="m", output_dir="o", task="addition", device="cuda")
@@ -82,6 +85,35 @@ def test_lora_replicates_its_base_and_adapter_on_every_device():
         assert many.base_bytes == 2 * EIGHT_B  # not divided by N
         assert many.trainer_bytes == 16 * 41_943_040 and many.gathered_bytes == 0
         assert many.total_bytes == one.total_bytes
+
+
+def test_replicated_full_weights_hold_the_whole_state_on_every_device():
+    config = shape_config("Qwen2.5-7B")
+    job = GRPOConfig(**JOB, kl_coef=0.1, sharding="replicate")
+    one = training_footprint(job, config, CUDA)
+    for devices in (2, 8):
+        many = training_footprint(job, config, CUDA, devices)
+        assert many.trainer_bytes == one.trainer_bytes == 16 * SEVEN_B  # not divided by N
+        assert many.reference_bytes == 4 * SEVEN_B and many.gathered_bytes == 0
+        assert many.total_bytes == one.total_bytes and "shard" not in many.describe()
+
+
+def test_the_trainer_checks_the_room_each_of_its_ranks_needs(monkeypatch, tmp_path):
+    """A sharded job on 8 devices is sized as its per-device share, not as one device's whole
+    state (which would refuse every job FSDP2 exists for)."""
+    checkpoint = str(save_tiny_checkpoint(tmp_path / "m", arch="llama"))
+    checked: list[int] = []
+
+    def refuse(config, device, devices=1):
+        checked.append(devices)
+        raise InsufficientMemoryError("stop here")
+
+    monkeypatch.setattr(grpo, "check_room_for", refuse)
+    job = GRPOConfig(model=checkpoint, output_dir=str(tmp_path / "o"), task="always7", devices=8)
+    info = RankInfo(rank=0, world_size=8, local_rank=0, device=torch.device("cpu"))
+    with pytest.raises(InsufficientMemoryError, match="stop here"):
+        grpo.GRPOTrainer(job, prompt_records(job.task, None, seed=0), ranks=info)
+    assert checked == [8]
 
 
 def test_shards_match_fsdp2_on_a_fake_group_padding_included():

@@ -3,10 +3,10 @@ spawned child) against the same job in one process.
 
 Data-parallel rollouts sample each prompt with the seeds the one-process batch gives it, so
 both runs see the same batches; the two-rank step equals the one-process step (fp32, within
-1e-6), full weights (FSDP2) and LoRA. Each version's checkpoint is the trainer's full state
-gathered, and the engine serves exactly it (its checksum). Checkpoints resume on the same
-number of ranks bit for bit, and on another (resharding) as the one-process run continues.
-A rank killed mid-job fails it with the rank named; a cancel stops every rank.
+1e-6), full weights (FSDP2, and replicated) and LoRA. Each version's checkpoint is the
+trainer's full state gathered, and the engine serves exactly it (its checksum). Checkpoints
+resume on the same number of ranks bit for bit, and on another (resharding) as the one-process
+run continues. A rank killed mid-job fails it with the rank named; a cancel stops every rank.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from safetensors.torch import load_file
 from core_engine.adapters import ADAPTER_FILE
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data.tasks import prompt_records
+from core_engine.rl.ranks import is_sharded
 from core_engine.rl.ranks.channel import RankChannel
 from core_engine.rl.ranks.launch import RankFailedError, job_ranks
 from core_engine.rl.rollout.sources import ThreadProducer
@@ -114,12 +115,14 @@ def _optimizer_tensors(out: Path, version: int) -> dict:
     return {(i, k): v for i, fields in state.items() for k, v in fields.items()}
 
 
-@pytest.mark.parametrize("mode", ["full", "lora"])
+@pytest.mark.parametrize("mode", ["full", "replicated", "lora"])
 def test_a_job_on_two_ranks_trains_as_in_one_process(llama, tmp_path, mode):
     lora = LORA if mode == "lora" else None
+    sharding = "replicate" if mode == "replicated" else "fsdp2"
     _, one_steps = _train(_config(llama, tmp_path / "one", 1, 2, lora=lora))
-    two, two_steps = _train(_config(llama, tmp_path / "two", 2, 2, lora=lora))
+    two, two_steps = _train(_config(llama, tmp_path / "two", 2, 2, lora=lora, sharding=sharding))
     assert [s.version.version for s in two_steps if s.version] == [1, 2]
+    assert is_sharded(two.model) == (mode == "full")  # replicated: whole weights on each rank
     for got, want in zip(two_steps, one_steps, strict=True):  # rejections included
         assert got.rollout.response_ids == want.rollout.response_ids  # the same samples
         assert got.rollout.rewards == want.rollout.rewards
@@ -132,7 +135,7 @@ def test_a_job_on_two_ranks_trains_as_in_one_process(llama, tmp_path, mode):
     # the engine serves the gathered weights: rank 0's (and so, acknowledged, rank 1's)
     served = model_checksum(two.engine.model)
     assert two_steps[-1].version.checksum == served
-    if mode == "full":
+    if mode != "lora":
         written = _weights(tmp_path / "two", 2)
         assert served == weights_checksum(written)
 

@@ -3,9 +3,9 @@
 Two `gloo` ranks run in processes spawned here, on a tiny Llama. Their step on a batch split
 across them is checked against the one-process step on the whole batch (what `GRPOTrainer`
 runs: `accumulate_gradients`, `clip_grad_norm_`, the optimizer step): the gradients, their
-norm, the statistics and the weights after the optimizer step agree, with full weights
-(FSDP2) and with LoRA. A rank that dies or stops answering makes the other's collective fail
-within the group's timeout. A job asking for more devices than a worker has is refused.
+norm, the statistics and the weights after the optimizer step agree, with full weights (FSDP2,
+and replicated) and with LoRA. A rank that dies or stops answering makes the other's collective
+fail within the group's timeout. A job asking for more devices than a worker has is refused.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def _policy(mode: str, checkpoint: str, adapter_seed: int) -> tuple[CausalLM, Ca
     """The fp32 policy (with a fresh adapter seeded by `adapter_seed` for LoRA) and its KL
     reference, as `core_engine.rl.trainer.policy` builds them."""
     model = load_model(checkpoint, torch.float32, "cpu").eval()
-    if mode == "full":
+    if mode != "lora":  # full weights, sharded ("full") or "replicated"
         return model, load_model(checkpoint, torch.float32, "cpu").eval()
     torch.manual_seed(adapter_seed)
     add_adapter(model, LORA)
@@ -132,7 +132,7 @@ def _step_on_rank(rank: int, mode: str, checkpoint: str, out: str) -> None:
     reach it)."""
     with rank_group("cpu", STEP_TIMEOUT) as info:
         model, reference = _policy(mode, checkpoint, adapter_seed=rank)
-        model = distribute_policy(model, lora=mode == "lora")
+        model = distribute_policy(model, shard=mode == "full")
         assert is_sharded(model) == (mode == "full")
         optimizer = _optimizer(model)
         share = rank_share(_batch(model.config.vocab_size), GROUP_SIZE, rank, info.world_size)
@@ -218,7 +218,7 @@ def _assert_update_equal(got: dict, want: dict) -> None:
         torch.testing.assert_close(torch.tensor(row), torch.tensor(expected), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("mode", ["full", "lora"])
+@pytest.mark.parametrize("mode", ["full", "replicated", "lora"])
 def test_a_step_on_two_ranks_equals_the_one_process_step(llama, tmp_path, mode):
     assert _run_ranks(_step_on_rank, mode, llama, str(tmp_path)) == [0, 0]
     want_steps, want_weights = _one_process(mode, llama)
@@ -284,6 +284,16 @@ def test_devices_is_a_whole_number_from_1_to_64(devices, problem):
 
     with pytest.raises(SpecError, match=f"devices must be .*{problem}"):
         validate_job("train", {**JOB, "devices": devices})
+
+
+def test_sharding_is_fsdp2_or_replicate_at_submission(monkeypatch):
+    from workers.specs import SpecError
+    from workers.submission import validate_job
+
+    monkeypatch.setenv("RLWB_DEVICES", "2")
+    assert validate_job("train", {**JOB, "devices": 2, "sharding": "replicate"}) == 2
+    with pytest.raises(SpecError, match="sharding must be one of fsdp2, replicate"):
+        validate_job("train", {**JOB, "devices": 2, "sharding": "zero3"})
 
 
 def test_more_devices_than_a_worker_has_are_refused_at_submission(monkeypatch):

@@ -11,8 +11,8 @@ Over N devices (ranks), each device's share: with full weights FSDP2 shards the 
 weights, gradients and moments (and the frozen KL reference) into N parts, and all-gathers one
 decoder layer at a time in its compute dtype (bf16 on CUDA); forward and backward prefetch may
 hold a second one, counted on top like the activations. Each rank's engine keeps its own full
-copy and KV pool. A LoRA job replicates its frozen base and its adapter on every rank: nothing
-of it shrinks with N.
+copy and KV pool. A LoRA job replicates its frozen base and its adapter on every rank, and
+`sharding = "replicate"` all of a full-weight job: nothing of them shrinks with N.
 Activations, the log-softmax chunks and the process itself come on top, so a job refused here
 could never have run; one that passes may still need more.
 """
@@ -151,9 +151,10 @@ def training_footprint(
             base_bytes=parameters * engine_dtype.itemsize,
             devices=devices,
         )
-    shard = shard_parameters(model, devices)
+    sharded = devices > 1 and config.sharding == "fsdp2"
+    shard = shard_parameters(model, devices if sharded else 1)
     gathered = 0
-    if devices > 1:
+    if sharded:
         gathered = layer_parameters(model) * fsdp_compute_dtype(device).itemsize
     return Footprint(
         parameters=parameters,

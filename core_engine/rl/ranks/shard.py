@@ -7,9 +7,12 @@ gradient reduction on CUDA. The reduction of gradients is a plain sum (FSDP2 div
 default): each rank's gradients already carry the whole step's normaliser
 (`core_engine.rl.ranks.step`).
 
-LoRA: the frozen base is replicated (each rank loaded the same checkpoint) and so is the
-adapter, broadcast from rank 0 here (PEFT initialises A at random, per process); only the
-adapter's gradients travel, summed after the backward (`step.reduce_adapter_gradients`).
+Replicated (LoRA always; full weights with `sharding = "replicate"`, DDP's layout): every rank
+holds the whole policy (each rank loaded the same checkpoint), its trainable parameters
+broadcast from rank 0 here (PEFT initialises A at random, per process), and its optimizer
+state; only the gradients travel, summed by one all-reduce after the backward
+(`step.reduce_replicated_gradients`). For a policy one device holds this is one collective a
+step instead of FSDP2's per-layer gathers in every forward and backward and at the weight sync.
 """
 
 from __future__ import annotations
@@ -31,13 +34,13 @@ from core_engine.model import CausalLM
 TRAINING_FORWARDS = ("hidden_states_packed",)
 
 
-def distribute_policy(model: CausalLM, lora: bool) -> CausalLM:
-    """`model` (already loaded on this rank's device, with its adapter when `lora`) laid out
-    over the process group's ranks: the adapter replicated, or every weight sharded."""
-    if lora:
-        replicate_adapter(model)
-        return model
-    return shard_full_weights(model)
+def distribute_policy(model: CausalLM, shard: bool) -> CausalLM:
+    """`model` (already loaded on this rank's device, with its adapter if any) laid out over
+    the process group's ranks: every weight sharded, or the trainable ones replicated."""
+    if shard:
+        return shard_full_weights(model)
+    replicate_trainable(model)
+    return model
 
 
 def shard_full_weights(model: CausalLM) -> CausalLM:
@@ -60,8 +63,9 @@ def shard_full_weights(model: CausalLM) -> CausalLM:
     return model
 
 
-def replicate_adapter(model: CausalLM) -> None:
-    """Every rank's trainable parameters (the adapter, any `modules_to_save`) set to rank 0's."""
+def replicate_trainable(model: CausalLM) -> None:
+    """Every rank's trainable parameters (all, or LoRA's adapter and any `modules_to_save`) set
+    to rank 0's."""
     with torch.no_grad():
         for param in model.parameters():
             if param.requires_grad:

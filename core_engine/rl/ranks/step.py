@@ -4,8 +4,8 @@ Each rank holds its share of the step's samples (`share.rank_share`). The GRPO l
 is its samples' token sums divided by the step's trained tokens, an all-reduce here, which each
 rank passes to `objective.update.accumulate_gradients` as its normaliser: its gradient is then
 exactly its share of the step's gradient. The ranks' gradients are summed, not averaged: by
-FSDP2's reduce-scatter after every backward (divide factor 1, `shard.shard_full_weights`), or
-with LoRA by one all-reduce of the adapter's gradients after the last. The norm is clipped over
+FSDP2's reduce-scatter after every backward (divide factor 1, `shard.shard_full_weights`), or,
+replicated, by one all-reduce of the trainable gradients after the last. The norm is clipped over
 the whole (sharded) gradient and the optimizer steps every rank's part.
 
 FSDP2 gathers each layer's weights in every forward, a collective: every rank runs as many
@@ -61,7 +61,7 @@ def distributed_backward(
         for _ in range(rounds - mine):
             accumulate_gradients(model, [PADDING], settings, reference, normaliser)
     else:
-        reduce_adapter_gradients(model)
+        reduce_replicated_gradients(model)
     everyone: list[UpdateResult | None] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, update)
     return combine_updates([part for part in everyone if part is not None])
@@ -80,7 +80,7 @@ def _collective_device() -> torch.device:
     return torch.device("cpu")
 
 
-def reduce_adapter_gradients(model: CausalLM) -> None:
+def reduce_replicated_gradients(model: CausalLM) -> None:
     """The trainable parameters' gradients summed over the ranks (one all-reduce of them all,
     flattened; a rank that computed none contributes zeros)."""
     params = [p for p in model.parameters() if p.requires_grad]

@@ -92,7 +92,7 @@ class GRPOTrainer:
         torch.manual_seed(config.seed + self.version)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model, local_files_only=True)
         self.max_seq_len = policy.longest_sequence(config, self.tokenizer, records)
-        check_room_for(config, self.device)  # before anything is loaded
+        check_room_for(config, self.device, config.devices)  # before anything is loaded
         return_large_frees_to_the_os()
         trained = policy.trained_policy(config, resume, self.device, ranks is not None)
         self.model, self.whole_model = trained.model, trained.whole_model

@@ -103,12 +103,13 @@ def place_on_ranks(
     config: GRPOConfig, model: CausalLM, resume: Path | None, device: torch.device
 ) -> CausalLM:
     """`model` laid out over the job's ranks (`ranks.distribute_policy`); returns the model
-    that holds all of the policy's weights in this process, for the engine: with LoRA the
-    policy itself (replicated), else a copy in the engine's dtype beside the trainer's shard."""
-    if config.lora is not None:
-        return distribute_policy(model, lora=True)
+    that holds all of the policy's weights in this process, for the engine: replicated (LoRA,
+    `sharding = "replicate"`) the policy itself, as in one process; else a copy in the
+    engine's dtype beside the trainer's FSDP2 shard."""
+    if config.lora is not None or config.sharding == "replicate":
+        return distribute_policy(model, shard=False)
     whole = load_model(resume or config.model, resolve_dtype(config.engine_dtype, device), device)
-    distribute_policy(model, lora=False)
+    distribute_policy(model, shard=True)
     return whole.eval()
 
 
