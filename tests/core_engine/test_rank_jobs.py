@@ -143,15 +143,17 @@ def test_a_job_on_two_ranks_trains_as_in_one_process(llama, tmp_path, mode):
 PIPELINED = {"max_policy_lag": 1, "drop_zero_variance_groups": False}
 
 
-@pytest.mark.parametrize("mode", ["full", "lora"])
+@pytest.mark.parametrize("mode", ["full", "replicated", "lora"])
 def test_a_one_step_job_on_two_ranks_trains_as_in_one_process(llama, tmp_path, mode):
     """Each rank generates its share one batch ahead while the trainer computes; the gathered
     batches, the lag-1 updates and the weights equal the one-process `one_step` job's (whose
-    full-weight rollouts come from its child process, LoRA's from a thread)."""
+    full-weight rollouts come from its child process, LoRA's from a thread). Replicated, a
+    rank's thread generates with the very modules its trainer computes with."""
     lora = LORA if mode == "lora" else None
     pipelined = {"pipeline": "one_step", "lora": lora, **PIPELINED}
+    sharding = "replicate" if mode == "replicated" else "fsdp2"
     _, one_steps = _train(_config(llama, tmp_path / "one", 1, 3, **pipelined))
-    two, two_steps = _train(_config(llama, tmp_path / "two", 2, 3, **pipelined))
+    two, two_steps = _train(_config(llama, tmp_path / "two", 2, 3, sharding=sharding, **pipelined))
     assert [s.version.version for s in two_steps] == [1, 2, 3]
     for got, want in zip(two_steps, one_steps, strict=True):
         assert got.rollout.response_ids == want.rollout.response_ids
