@@ -197,6 +197,12 @@ class GRPOConfig:
         newest within `max_policy_lag` of the oldest."""
         return self.max_policy_lag if self.pipeline == "in_flight" else 0
 
+    @property
+    def shards_weights(self) -> bool:
+        """Whether, on several ranks, FSDP2 shards the policy (else every rank holds all of it:
+        LoRA always, full weights with `sharding = "replicate"`)."""
+        return self.lora is None and self.sharding == "fsdp2"
+
     def generates_in_process(self, device_type: str) -> bool:
         """A pipelined full-weight job on one CPU generates in a child process over the shared
         weights (`core_engine.rl.rollout.process`), with its own KV pool (on several ranks each

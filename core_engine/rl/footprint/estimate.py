@@ -151,7 +151,7 @@ def training_footprint(
             base_bytes=parameters * engine_dtype.itemsize,
             devices=devices,
         )
-    sharded = devices > 1 and config.sharding == "fsdp2"
+    sharded = devices > 1 and config.shards_weights
     shard = shard_parameters(model, devices if sharded else 1)
     gathered = 0
     if sharded:

@@ -106,7 +106,7 @@ def place_on_ranks(
     that holds all of the policy's weights in this process, for the engine: replicated (LoRA,
     `sharding = "replicate"`) the policy itself, as in one process; else a copy in the
     engine's dtype beside the trainer's FSDP2 shard."""
-    if config.lora is not None or config.sharding == "replicate":
+    if not config.shards_weights:
         return distribute_policy(model, shard=False)
     whole = load_model(resume or config.model, resolve_dtype(config.engine_dtype, device), device)
     distribute_policy(model, shard=True)
