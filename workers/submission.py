@@ -5,6 +5,7 @@ Shared by `workers.api` (the UI's door) and `workers.commands` (``rlwb submit``,
 first use, not at import.
 """
 
+import dataclasses
 from typing import Any
 
 from celery import Celery
@@ -44,7 +45,7 @@ def submit_job(kind: JobKind | str, config: dict[str, Any]) -> JobInfo:
     """Validate ``config`` (see `workers.specs`; raises `SpecError`), its relative paths made
     absolute here (`absolute_paths`), store a queued job and send its task to the ``gpu``
     queue."""
-    from workers.app import enqueue, repository
+    from workers.app import repository
 
     config = absolute_paths(config) if isinstance(config, dict) else config
     total_steps = validate_job(kind, config)
@@ -54,9 +55,7 @@ def submit_job(kind: JobKind | str, config: dict[str, Any]) -> JobInfo:
     check_output_dir(config, settings, repo)
     if JobKind(kind) is JobKind.TRAIN:
         check_data_records(config)
-    job = repo.create_job(kind, config, total_steps=total_steps)
-    enqueue(celery_app(), repo, job)
-    return repo.get_job(job.id)
+    return _queued(repo, repo.create_job(kind, config, total_steps=total_steps))
 
 
 def cancel_job(job_id: int) -> JobInfo:
@@ -73,9 +72,15 @@ def cancel_job(job_id: int) -> JobInfo:
 def resume_job(job_id: int) -> JobInfo:
     """Queue a failed, stalled or cancelled train job again: it continues from its newest checkpoint
     at that version (`db.InvalidTransition` for any other job)."""
-    from workers.app import enqueue, repository
+    from workers.app import repository
 
     repo = repository()
-    job = repo.reopen(job_id)
-    enqueue(celery_app(), repo, job)
-    return repo.get_job(job_id)
+    return _queued(repo, repo.reopen(job_id))
+
+
+def _queued(repo: Any, job: JobInfo) -> JobInfo:
+    """Send the task of the queued `job`; returns it as queued, with its task id (not read
+    back: a worker may already have taken it, and the caller reports what it did)."""
+    from workers.app import enqueue
+
+    return dataclasses.replace(job, celery_task_id=enqueue(celery_app(), repo, job))

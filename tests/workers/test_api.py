@@ -26,6 +26,22 @@ def test_submit_runs_the_job_through_its_task(eager, repo, tiny_model):
     assert [v.version for v in repo.list_versions(job.id)] == [0, 1, 2, 3]
 
 
+def test_submit_and_resume_report_the_job_they_queued_even_when_a_worker_takes_it_at_once(
+    eager, repo, tiny_model
+):
+    """Eager tasks run the job inside the send: the job a worker takes at once. The answer is
+    what the call did (queued, with its task), not the state the job reached meanwhile."""
+    job = api.submit_job("train", train_config(tiny_model))
+    assert job.status is JobStatus.QUEUED and job.celery_task_id
+    assert repo.get_job(job.id).status is JobStatus.SUCCEEDED
+    cancelled = repo.create_job("train", train_config(tiny_model))
+    assert api.cancel_job(cancelled.id).status is JobStatus.CANCELLED
+    resumed = api.resume_job(cancelled.id)
+    assert resumed.status is JobStatus.QUEUED
+    assert resumed.celery_task_id == repo.get_job(cancelled.id).celery_task_id
+    assert repo.get_job(cancelled.id).status is JobStatus.SUCCEEDED
+
+
 def test_invalid_configs_are_refused_before_anything_is_stored(eager, repo):
     with pytest.raises(ValueError, match="exactly one of 'task' or 'data'"):
         api.submit_job("train", {"model": "m"})
