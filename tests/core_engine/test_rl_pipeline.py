@@ -12,6 +12,7 @@ import torch
 
 from core_engine.rl.rollout.sources import ThreadProducer
 from core_engine.rl.trainer.checkpoint import latest_checkpoint, read_pending_rollout
+from core_engine.rl.trainer.grpo import TrainingError
 from core_engine.rl.trainer.records import StopReason, TrainerHooks
 from core_engine.task import expand_runs
 from core_engine.weight_sync import LocalChannel, WeightSyncError
@@ -308,3 +309,33 @@ def test_a_bf16_engine_cpu_pipeline_serves_every_version(checkpoint, tmp_path):
     assert [r.version.version for r in accepted(records)] == [1, 2, 3, 4]
     for name, served in trainer.engine.model.state_dict().items():
         assert torch.equal(served, trainer.model.state_dict()[name].to(served.dtype)), name
+
+
+def test_a_reward_error_in_the_rollout_process_rejects_its_batch_with_the_rollout(
+    checkpoint, tmp_path, monkeypatch
+):
+    """A full-weight CPU pipeline scores in its rollout process: a reward that fails there
+    rejects the batch as on the trainer's thread, with the reward's reason and the rollout
+    it could not score (recorded, never trained), until the rejection limit stops the run."""
+    (tmp_path / "rlwb_offline.py").write_text(
+        "def fn(completions, references, prompts):\n    raise ValueError('grader offline')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("RLWB_REWARDS", "offline=rlwb_offline:fn")
+    records = []
+    trainer = make_trainer(
+        checkpoint,
+        tmp_path,
+        TrainerHooks(on_step=records.append),
+        pipeline="one_step",
+        reward="offline",
+        max_consecutive_rejections=2,
+        **PIPELINED,
+    )
+    assert trainer.config.generates_in_process("cpu")
+    with pytest.raises(TrainingError, match=r"3 consecutive rejected batches.*grader offline"):
+        trainer.train()
+    assert len(records) == 3 and trainer.version == 0
+    for record in records:
+        assert record.version is None and "grader offline" in record.reasons[0]
+        assert record.rollout.num_samples == 16 and record.rollout.policy_version == 0

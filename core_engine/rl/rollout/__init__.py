@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from core_engine.prompts import encode_prompt, render_prompt
@@ -91,8 +91,11 @@ class RolloutResult(RawRollout):
     reward_components: dict[str, list[float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        """Plain JSON values (floats round-trip exactly), for a checkpoint to resume from."""
-        return asdict(self)
+        """Plain JSON values (floats round-trip exactly), for a checkpoint to resume from or
+        another rank. The rollout's own lists, not copies (`asdict` copied every number)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["errors"] = [None if e is None else asdict(e) for e in self.errors]
+        return values
 
     @classmethod
     def from_json(cls, values: dict[str, Any]) -> RolloutResult:
