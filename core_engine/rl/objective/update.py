@@ -170,31 +170,34 @@ def accumulate_gradients(
     for indices in micro_batches:
         part = [samples[i] for i in indices]
         logp, entropies = _score(model, part, settings)
-        for i, row in zip(indices, logp, strict=True):
-            logprobs[i] = row.detach().tolist()
-        masks = [_mask(s, row) for s, row in zip(part, logp, strict=True)]
-        entropy_sum += float(sum(e[m].sum() for e, m in zip(entropies, masks, strict=True)))
+        current = _padded(logp)
+        device, width = current.device, current.shape[1]
+        for i, s, row in zip(indices, part, current.detach().tolist(), strict=True):
+            logprobs[i] = row[: len(s.response)]
+        # per sample, one Python row each, made into [n, T] tensors by one call apiece
+        loss_masks = [s.loss_mask or [1] * len(s.response) for s in part]
+        mask = _rows(loss_masks, width, device, torch.bool)
+        entropy_sum += float((_padded(entropies) * mask).sum())
         trained += sum(s.trained_tokens for s in part)
         ref = None
         if reference is not None and settings.kl_coef:
             with torch.no_grad():
                 ref = _padded(_score(reference, part, settings)[0])
-        proximal = _padded(
-            [
-                row.detach() if s.old is None else _tensor(s.old, row)
-                for s, row in zip(part, logp, strict=True)
-            ]
-        )
+        proximal = current.detach()
+        if any(s.old is not None for s in part):
+            known = torch.tensor([s.old is not None for s in part], device=device)[:, None]
+            old = _rows([s.old or [] for s in part], width, device)
+            proximal = torch.where(known, old, proximal)
         lags = None
         if any(s.lags for s in part):
-            lags = _padded([torch.tensor(s.lags or [0] * len(s.response)) for s in part])
+            lags = _rows([s.lags or [] for s in part], width, device, torch.long)
         out = policy_loss(
-            _padded(logp),
+            current,
             proximal,
-            _padded([_tensor(s.behaviour, logp[0]) for s in part]),
-            torch.tensor([s.advantage for s in part], device=proximal.device),
-            _padded(masks),
-            None if lags is None else lags.to(proximal.device),
+            _rows([s.behaviour for s in part], width, device),
+            torch.tensor([s.advantage for s in part], device=device),
+            mask,
+            lags,
             settings.importance,
             settings.clip_eps,
             settings.kl_coef,
@@ -237,14 +240,14 @@ def _score(model: CausalLM, part: Sequence[TrainSample], settings: UpdateSetting
         )
 
 
-def _mask(sample: TrainSample, like: torch.Tensor) -> torch.Tensor:
-    if sample.loss_mask is None:
-        return torch.ones_like(like, dtype=torch.bool)
-    return torch.tensor(sample.loss_mask, dtype=torch.bool, device=like.device)
-
-
-def _tensor(values: Sequence[float], like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.float32, device=like.device)
+def _rows(
+    rows: Sequence[Sequence[float]],
+    width: int,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """[len(rows), width] from rows of up to `width` values, zero-padded on the right."""
+    return torch.tensor([[*row, *[0] * (width - len(row))] for row in rows], dtype=dtype).to(device)
 
 
 def _padded(rows: Sequence[torch.Tensor]) -> torch.Tensor:
