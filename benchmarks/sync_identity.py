@@ -102,6 +102,7 @@ def run_variants(root: Path, policy: Path, seed: int) -> dict[str, Any]:
             )
             trainer = GRPOTrainer(config, records, TrainerHooks(on_step=on_step))
             trainer.train()
+        # hashed here, not by the checkout's `weights_checksum`, which may differ between them
         digest = hashlib.sha256()
         for key, tensor in sorted(trainer.model.state_dict().items()):
             digest.update(key.encode())
@@ -129,10 +130,9 @@ def differences(before: dict[str, Any], after: dict[str, Any]) -> tuple[list[str
 
 
 def child_run(root: Path, policy: Path, seed: int) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--run", str(root), "--policy", str(policy)]
-    done = subprocess.run(
-        [*command, "--seed", str(seed)], capture_output=True, text=True, check=False
-    )
+    """`run_variants` of `root` in a process of its own (its code alone imported)."""
+    command = [sys.executable, __file__, "--run", root, "--policy", policy, "--seed", str(seed)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{root}: the run failed\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.splitlines()[-1])
