@@ -23,7 +23,11 @@ from transformers import AutoTokenizer
 from core_engine.engine import resolve_device
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.footprint.estimate import check_room_for, return_large_frees_to_the_os
-from core_engine.rl.objective.loss import group_advantages
+from core_engine.rl.objective.advantages import (
+    AdvantageSettings,
+    advantages,
+    zero_variance_groups,
+)
 from core_engine.rl.objective.update import (
     TrainSample,
     UpdateResult,
@@ -61,7 +65,13 @@ from core_engine.rl.trainer.metrics import (
     update_metrics,
 )
 from core_engine.rl.trainer.records import StepRecord, StopReason, TrainerHooks, VersionRecord
-from core_engine.rl.trainer.screen import screen_groups, train_samples, trainable_rows
+from core_engine.rl.trainer.schedule import lr_schedule
+from core_engine.rl.trainer.screen import (
+    screen_groups,
+    train_samples,
+    trainable_rows,
+    trained_tokens,
+)
 from core_engine.weight_sync import GateWaitCancelled, LocalChannel, WeightSyncError
 
 
@@ -97,11 +107,15 @@ class GRPOTrainer:
         trained = policy.trained_policy(config, resume, self.device, ranks is not None)
         self.model, self.whole_model = trained.model, trained.whole_model
         self.optimizer, self.reference = trained.optimizer, trained.reference
+        self.scheduler = lr_schedule(config, self.optimizer, self.step_index)
         self.base_checksum = trained.base_checksum
         self.engine = policy.colocated_engine(
             config, self.whole_model, self.tokenizer, self.max_seq_len, self.version
         )
         self.update_settings = policy.update_settings(config, self.engine)
+        self.advantage_settings = AdvantageSettings(
+            config.advantage, config.scale_rewards, config.advantage_std
+        )
         self.runner = policy.rollout_runner(
             config, self.engine, self.tokenizer, lambda: self.version
         )
@@ -187,7 +201,7 @@ class GRPOTrainer:
     def _optimise(self, rollout, rejected, fresh, reasons, timings) -> StepRecord:
         cfg, g = self.config, rollout.group_size
         rewards = torch.tensor(rollout.rewards).view(-1, g)
-        advantages, zero_var = group_advantages(rewards)
+        zero_var = zero_variance_groups(rewards)
         rows = trainable_rows(zero_var, rejected, g, cfg.drop_zero_variance_groups)
         metrics = rollout_metrics(rollout, rewards, zero_var, fresh, timings["generate_s"])
         if not rows:
@@ -197,8 +211,10 @@ class GRPOTrainer:
         # Only trainable samples are scored: the others have no weight in the loss. The
         # train/infer mismatch is therefore measured on the samples trained on.
         old = self.source.known_proximal(rollout, fresh)
-        flat_advantages = advantages.view(-1).tolist()
-        samples = train_samples(rollout, rows, flat_advantages, old, self.version)
+        masked = cfg.mask_truncated_completions
+        tokens = torch.tensor(trained_tokens(rollout, rows, masked)).view(-1, g)
+        flat_advantages = advantages(rewards, tokens, self.advantage_settings).view(-1).tolist()
+        samples = train_samples(rollout, rows, flat_advantages, old, self.version, masked)
         with self._training_phase():
             update, grad_norm = self._backward(samples)
             stepped = update.finite and math.isfinite(grad_norm)
@@ -268,6 +284,8 @@ class GRPOTrainer:
             with channel.writing(self.version + 1):
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
+                if self.scheduler is not None:
+                    self.scheduler.step()
         except WeightSyncError as exc:
             raise TrainingError(str(exc)) from exc
         parent, self.version = self.version, self.version + 1

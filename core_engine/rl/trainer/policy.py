@@ -25,6 +25,7 @@ from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data import longest_prompt
 from core_engine.rl.data.tasks import default_reward
 from core_engine.rl.objective.loss import Importance
+from core_engine.rl.objective.settings import Objective
 from core_engine.rl.objective.update import UpdateSettings
 from core_engine.rl.ranks import distribute_policy, is_sharded
 from core_engine.rl.ranks.state import load_optimizer_shards
@@ -215,4 +216,23 @@ def update_settings(config: GRPOConfig, engine: InferenceScheduler) -> UpdateSet
             low_precision if on_policy is None else on_policy,
         ),
         autocast=engine_dtype if on_cuda and low_precision and config.lora is None else None,
+        objective=objective_of(config),
+    )
+
+
+def objective_of(config: GRPOConfig) -> Objective:
+    """The job's objective (`core_engine.rl.objective`); dr_grpo's constant is the most
+    response tokens a sample holds."""
+    return Objective(
+        loss_type=config.loss_type,
+        policy_loss=config.policy_loss,
+        importance_sampling_level=config.importance_sampling_level,
+        clip_eps_high=config.clip_eps_high,
+        clip_ratio_c=config.clip_ratio_c,
+        delta=config.delta,
+        sapo_temperature_pos=config.sapo_temperature_pos,
+        sapo_temperature_neg=config.sapo_temperature_neg,
+        entropy_coef=config.entropy_coef,
+        top_entropy_quantile=config.top_entropy_quantile,
+        completion_length=config.tokens_per_sample,
     )

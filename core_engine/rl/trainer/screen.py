@@ -60,10 +60,13 @@ def train_samples(
     advantages: list[float],
     proximal: Mapping[int, list[float]],
     trainer_version: int,
+    mask_truncated: bool = False,
 ) -> list[TrainSample]:
     """The `rows` of `rollout` as the update's samples. `proximal`: the trainer's log-probs at
     the rollout's version where known (a reused rollout), else the update's own forward is
-    pi_prox; a token is off-policy when a version other than pi_prox's sampled it."""
+    pi_prox; a token is off-policy when a version other than pi_prox's sampled it.
+    `mask_truncated` (TRL's `mask_truncated_completions`): a sample that hit the length limit
+    keeps no token in the loss (it still counts as a sequence of the step)."""
     return [
         TrainSample(
             rollout.prompt_ids[rollout.group_of(i)],
@@ -72,7 +75,31 @@ def train_samples(
             advantages[i],
             proximal.get(i),
             token_lags(rollout, i, rollout.policy_version if i in proximal else trainer_version),
-            rollout.loss_masks[i] if rollout.loss_masks else None,
+            _loss_mask(rollout, i, mask_truncated),
         )
         for i in rows
+    ]
+
+
+def truncated(rollout: RawRollout, sample: int) -> bool:
+    return rollout.finish_reasons[sample] == "length"
+
+
+def _loss_mask(rollout: RolloutResult, sample: int, mask_truncated: bool) -> list[int] | None:
+    if mask_truncated and truncated(rollout, sample):
+        return [0] * len(rollout.response_ids[sample])
+    return rollout.loss_masks[sample] if rollout.loss_masks else None
+
+
+def trained_tokens(
+    rollout: RolloutResult, rows: Collection[int], mask_truncated: bool
+) -> list[int]:
+    """Per sample of `rollout`, the tokens its loss keeps: 0 off `rows` (and, with
+    `mask_truncated`, for a truncated sample)."""
+    chosen = set(rows)
+    return [
+        sum(rollout.loss_mask_of(i))
+        if i in chosen and not (mask_truncated and truncated(rollout, i))
+        else 0
+        for i in range(rollout.num_samples)
     ]
