@@ -165,9 +165,15 @@ def policy_loss(
     objective = objective or Objective()
     mask = mask.bool()
     weight = mask.float()
+    acting = weight  # the tokens the policy term (and the entropy bonus) acts on
+    if objective.top_entropy:
+        if entropy is None or threshold is None:
+            raise ValueError("top_entropy_quantile < 1 needs the tokens' entropy and threshold")
+        acting = high_entropy_mask(entropy.detach(), mask, threshold).float()
     if totals is None:
         count = max(float(weight.sum()), 1.0)
-        totals = StepTotals(count, max(len(mask), 1), 1, objective.completion_length)
+        bonus = max(float(acting.sum()), 1.0)
+        totals = StepTotals(count, max(len(mask), 1), 1, objective.completion_length, bonus)
     tokens = totals.tokens
     fix = correction(proximal, behaviour, mask, lags, importance)
     log_ratio = RATIOS[objective.importance_sampling_level](logp, fix.denominator, mask)
@@ -176,11 +182,7 @@ def policy_loss(
     per_token, flags = POLICY_LOSSES[objective.policy_loss](ratio, logp, adv, clip_eps, objective)
     if fix.weights is not None:
         per_token = per_token * torch.where(fix.corrected, fix.weights, torch.ones_like(weight))
-    acting = weight
     if objective.top_entropy:
-        if entropy is None or threshold is None:
-            raise ValueError("top_entropy_quantile < 1 needs the tokens' entropy and threshold")
-        acting = high_entropy_mask(entropy.detach(), mask, threshold).float()
         per_token = per_token * acting
     aggregate = AGGREGATIONS[objective.loss_type]
     loss = aggregate(per_token, weight, totals)
