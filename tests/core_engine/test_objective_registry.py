@@ -23,7 +23,7 @@ from core_engine.rl.config import (
 from core_engine.rl.objective.advantages import ADVANTAGES, AdvantageSettings, advantages
 from core_engine.rl.objective.aggregation import AGGREGATIONS, StepTotals
 from core_engine.rl.objective.logprobs import packed_response_scores, selective_logprobs
-from core_engine.rl.objective.loss import Importance, policy_loss
+from core_engine.rl.objective.loss import Importance, entropy_threshold, policy_loss
 from core_engine.rl.objective.registry import Registry
 from core_engine.rl.objective.settings import Objective
 from core_engine.rl.objective.surrogates import POLICY_LOSSES as POLICY_LOSS_REGISTRY
@@ -63,7 +63,7 @@ def trl_compute_loss(
     (num_items_in_batch = the mask's sum), no vLLM; its loss and its clip metrics."""
     if top_entropy_quantile < 1.0:
         local = entropies[mask.bool()].float()
-        entropy_threshold = torch.quantile(local.double(), 1 - top_entropy_quantile)
+        entropy_threshold = torch.quantile(local, 1 - top_entropy_quantile)
         masked_entropies = entropies * mask.float()
         entropy_mask = (masked_entropies >= entropy_threshold) & mask.bool()
     else:
@@ -285,7 +285,7 @@ def test_top_entropy_mask_and_entropy_bonus_equal_trls():
     gen = torch.Generator().manual_seed(2)
     entropy = (torch.rand(logp.shape, generator=gen, dtype=F64) * 4).requires_grad_(True)
     objective = Objective(loss_type="grpo", top_entropy_quantile=0.3, entropy_coef=0.01)
-    threshold = torch.quantile(entropy.detach()[mask], 1 - 0.3)
+    threshold = entropy_threshold(entropy.detach()[mask], 0.3)
     out = policy_loss(
         logp, old, old, adv, mask, objective=objective, entropy=entropy, threshold=threshold
     )
