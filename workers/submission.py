@@ -21,6 +21,7 @@ from workers.settings import Settings
 from workers.specs import (
     check_sizes,
     check_trackers_installed,
+    our_names,
     validate,
 )
 
@@ -42,12 +43,13 @@ def validate_job(kind: JobKind | str, config: dict[str, Any]) -> int | None:
 
 
 def submit_job(kind: JobKind | str, config: dict[str, Any]) -> JobInfo:
-    """Validate ``config`` (see `workers.specs`; raises `SpecError`), its relative paths made
-    absolute here (`absolute_paths`), store a queued job and send its task to the ``gpu``
-    queue."""
+    """Validate ``config`` (see `workers.specs`; raises `SpecError`), TRL's names for ours and
+    its relative paths made absolute here (`our_names`, `absolute_paths`), store a queued job
+    and send its task to the ``gpu`` queue."""
     from workers.app import repository
 
-    config = absolute_paths(config) if isinstance(config, dict) else config
+    if isinstance(config, dict):
+        config = absolute_paths(our_names(config) if JobKind(kind) is JobKind.TRAIN else config)
     total_steps = validate_job(kind, config)
     settings = Settings.from_env()
     check_paths(config, settings)

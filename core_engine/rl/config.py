@@ -383,7 +383,7 @@ class GRPOConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GRPOConfig:
-        values = _trl_names(_renamed(values))
+        values = trl_names_as_ours(_renamed(values))
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -398,7 +398,7 @@ class GRPOConfig:
         return cls.from_dict(values)
 
 
-def _trl_names(values: dict[str, Any]) -> dict[str, Any]:
+def trl_names_as_ours(values: dict[str, Any]) -> dict[str, Any]:
     """TRL's `GRPOConfig` names (`TRL_NAMES`) as ours; a TRL name with no equal here, or a
     name given under both spellings, is refused with the mapping named."""
     problems, renamed = [], {}
