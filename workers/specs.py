@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from core_engine.rl.config import GRPOConfig, torch_device_type, trl_names_as_ours
+from core_engine.rl.config import GRPOConfig, torch_device_type
 from core_engine.rl.data.files import Columns
 from core_engine.rl.data.tasks import default_reward
 from core_engine.rl.episodes.environments import environment_target
@@ -157,16 +157,6 @@ def train_config(config: dict[str, Any], output_dir: str) -> GRPOConfig:
     try:
         return GRPOConfig.from_dict(values)
     except (TypeError, ValueError) as exc:
-        raise SpecError(str(exc)) from None
-
-
-def our_names(config: dict[str, Any]) -> dict[str, Any]:
-    """A train job's config with TRL's names (`num_generations`, `beta`, ...) as ours, so the
-    stored job, its checks and Clone all read one spelling; `SpecError` for a TRL name with no
-    equal here."""
-    try:
-        return trl_names_as_ours(config)
-    except ValueError as exc:
         raise SpecError(str(exc)) from None
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from celery import Celery
 
+from core_engine.rl.objective.choices import trl_names_as_ours
 from db import JobInfo, JobKind, JobStatus
 from workers.job_files import (
     absolute_paths,
@@ -19,9 +20,9 @@ from workers.job_files import (
 )
 from workers.settings import Settings
 from workers.specs import (
+    SpecError,
     check_sizes,
     check_trackers_installed,
-    our_names,
     validate,
 )
 
@@ -86,3 +87,13 @@ def _queued(repo: Any, job: JobInfo) -> JobInfo:
     from workers.app import enqueue
 
     return dataclasses.replace(job, celery_task_id=enqueue(celery_app(), repo, job))
+
+
+def our_names(config: dict[str, Any]) -> dict[str, Any]:
+    """A train job's config with TRL's names (`num_generations`, `beta`, ...) as ours, so the
+    stored job, its checks and Clone all read one spelling; `SpecError` for a TRL name with no
+    equal here."""
+    try:
+        return trl_names_as_ours(config)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None

@@ -10,6 +10,7 @@ from typing import Any
 
 from core_engine.lora_settings import LoraSettings
 from core_engine.rl.limits import TRAINER_FIELDS, field_problems
+from core_engine.rl.objective.choices import objective_problems, trl_names_as_ours
 from core_engine.rl.rewards.mix import RewardSpec, parse_rewards
 from core_engine.task import KV_STRATEGIES, SamplingParams
 from core_engine.user_files import MAX_TEXT_BYTES, read_text
@@ -23,38 +24,6 @@ DEVICE_TYPES = ("cpu", "cuda")
 PIPELINE_MODES = ("sync", "one_step", "in_flight")
 # How a token's pi_prox / pi_behaviour weight meets its cap (`core_engine.rl.objective.loss`).
 IMPORTANCE_MODES = ("truncate", "mask")
-# The objective's named parts (`core_engine.rl.objective`: each name is one registered function):
-# how the per-token losses of a step become one number, the surrogate, which ratio it takes,
-# and how rewards become advantages. The first of each is today's and the default.
-LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "seq_mean_token_sum")
-POLICY_LOSSES = ("ppo_clip", "cispo", "sapo")
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_token")
-ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce_pp", "dr_grpo")
-SCALE_REWARDS = ("group", "batch", "none")
-ADVANTAGE_STDS = ("population", "unbiased")
-LR_SCHEDULERS = ("constant", "linear", "cosine")
-# TRL's GRPOConfig names that mean the same as ours; `from_dict` accepts them under either name.
-TRL_NAMES = {
-    "num_generations": "group_size",
-    "beta": "kl_coef",
-    "epsilon": "clip_eps",
-    "epsilon_high": "clip_eps_high",
-    "learning_rate": "lr",
-    "max_completion_length": "max_tokens",
-    "max_steps": "steps",
-}
-# TRL's names with no meaning of the same name here: refused, with what to write instead.
-TRL_REFUSED = {
-    "per_device_train_batch_size": "batch_size counts prompts (each drawn group_size times) "
-    "and max_tokens_per_micro_batch bounds a training forward",
-    "gradient_accumulation_steps": "micro-batches follow max_tokens_per_micro_batch; the "
-    "loss is exact over the whole step",
-    "num_iterations": "updates_per_batch",
-    "vllm_importance_sampling_mode": "importance_mode ('truncate' or 'mask') with importance_cap",
-    "vllm_importance_sampling_cap": "importance_cap",
-    "temperature_eval": "a held-out evaluation's temperature",
-    "warmup_steps": "warmup_ratio (a share of steps)",
-}
 # How full weights lie over a job's ranks (`core_engine.rl.ranks.shard`).
 SHARDINGS = ("fsdp2", "replicate")
 DEFAULT_LR = 3e-4
@@ -220,7 +189,7 @@ class GRPOConfig:
             problems.append(f"importance_mode must be one of {', '.join(IMPORTANCE_MODES)}")
         if self.correct_on_policy not in (None, True, False):
             problems.append("correct_on_policy must be true, false or absent (automatic)")
-        problems.extend(self._objective_problems(numbers))
+        problems.extend(objective_problems(self, bool(numbers)))
         if self.engine_dtype not in ENGINE_DTYPES:
             problems.append(f"engine_dtype must be one of {sorted(ENGINE_DTYPES)}")
         if not numbers and self.max_tokens >= self.max_tokens_per_micro_batch:
@@ -288,62 +257,6 @@ class GRPOConfig:
             problems.append(f"pipeline {self.pipeline!r} needs LoRA dropout 0")
         return problems
 
-    def _objective_problems(self, numbers: list[str]) -> list[str]:
-        """The objective's names, and the combinations that have no meaning."""
-        problems = [
-            f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}"
-            for name, choices in (
-                ("loss_type", LOSS_TYPES),
-                ("policy_loss", POLICY_LOSSES),
-                ("importance_sampling_level", IMPORTANCE_SAMPLING_LEVELS),
-                ("advantage", ADVANTAGE_ESTIMATORS),
-                ("scale_rewards", SCALE_REWARDS),
-                ("advantage_std", ADVANTAGE_STDS),
-                ("lr_scheduler_type", LR_SCHEDULERS),
-            )
-            if getattr(self, name) not in choices
-        ]
-        if problems or numbers:
-            return problems
-        if self.policy_loss == "cispo" and self.clip_eps_high is None:
-            problems.append(
-                "policy_loss 'cispo' caps the importance weight at clip_eps_high (TRL's "
-                "epsilon_high, an absolute bound: ScaleRL recommends 5.0): set it"
-            )
-        if self.policy_loss != "ppo_clip" and (self.clip_ratio_c or self.delta) is not None:
-            problems.append(
-                f"clip_ratio_c and delta bound PPO's clipped surrogate: policy_loss "
-                f"{self.policy_loss!r} has none"
-            )
-        if self.clip_ratio_c is not None and self.clip_ratio_c <= 1:
-            problems.append("clip_ratio_c (dual clip) must be > 1, as verl asserts")
-        if self.delta is not None and self.delta <= 1 + self.clip_high:
-            problems.append(
-                f"delta ({self.delta}) must exceed 1 + the upper clip ({1 + self.clip_high:g}), "
-                "as TRL recommends: below it the ratio's bound undoes the clip"
-            )
-        if self.importance_sampling_level != "token" and self.policy_loss == "cispo":
-            problems.append(
-                "policy_loss 'cispo' weights each token's log-prob by its own ratio: it needs "
-                "importance_sampling_level 'token'"
-            )
-        if self.advantage != "grpo" and (self.scale_rewards, self.advantage_std) != (
-            "group",
-            "population",
-        ):
-            problems.append(
-                f"scale_rewards and advantage_std belong to advantage 'grpo', not "
-                f"{self.advantage!r}"
-            )
-        if self.advantage == "rloo" and self.group_size < 2:
-            problems.append("advantage 'rloo' needs group_size >= 2 (one other sample at least)")
-        if self.top_entropy_quantile < 1 and self.devices > 1:
-            problems.append(
-                "top_entropy_quantile < 1 takes its threshold over the whole step, which is "
-                "not gathered over ranks yet: use devices = 1"
-            )
-        return problems
-
     @property
     def clip_high(self) -> float:
         """The upper clip: `clip_eps_high`, else `clip_eps` (symmetric)."""
@@ -396,26 +309,6 @@ class GRPOConfig:
         text = read_text(path, MAX_TEXT_BYTES)
         values = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
         return cls.from_dict(values)
-
-
-def trl_names_as_ours(values: dict[str, Any]) -> dict[str, Any]:
-    """TRL's `GRPOConfig` names (`TRL_NAMES`) as ours; a TRL name with no equal here, or a
-    name given under both spellings, is refused with the mapping named."""
-    problems, renamed = [], {}
-    for key, value in values.items():
-        if key in TRL_REFUSED:
-            problems.append(f"{key!r} (TRL) has no equal here: {TRL_REFUSED[key]}")
-            continue
-        ours = TRL_NAMES.get(key, key)
-        if ours in renamed or (ours != key and ours in values):
-            problems.append(f"{key!r} is TRL's name for {ours!r}: give one of them")
-            continue
-        if ours == "scale_rewards" and isinstance(value, bool):  # TRL's True / False
-            value = "group" if value else "none"
-        renamed[ours] = value
-    if problems:
-        raise ValueError("invalid training config: " + "; ".join(problems))
-    return renamed
 
 
 def _renamed(values: dict[str, Any]) -> dict[str, Any]:

@@ -13,15 +13,15 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from core_engine.rl.config import (
+from core_engine.rl.config import GRPOConfig
+from core_engine.rl.objective.advantages import ADVANTAGES, AdvantageSettings, advantages
+from core_engine.rl.objective.aggregation import AGGREGATIONS, StepTotals
+from core_engine.rl.objective.choices import (
     ADVANTAGE_ESTIMATORS,
     IMPORTANCE_SAMPLING_LEVELS,
     LOSS_TYPES,
     POLICY_LOSSES,
-    GRPOConfig,
 )
-from core_engine.rl.objective.advantages import ADVANTAGES, AdvantageSettings, advantages
-from core_engine.rl.objective.aggregation import AGGREGATIONS, StepTotals
 from core_engine.rl.objective.logprobs import packed_response_scores, selective_logprobs
 from core_engine.rl.objective.loss import Importance, entropy_threshold, policy_loss
 from core_engine.rl.objective.registry import Registry
@@ -666,12 +666,11 @@ def test_schedules_follow_transformers_and_resume_at_their_step(kind):
     warmup = 3  # ceil(0.25 * 10)
     parameter = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([parameter], lr=config.lr)
-    scheduler = lr_schedule(config, optimizer, 0)
+    lr_schedule(config, optimizer, 0)
     rates = []
     for _ in range(10):
         rates.append(optimizer.param_groups[0]["lr"])
-        optimizer.step()
-        scheduler.step()
+        optimizer.step()  # steps the schedule too
     expected = [0.1 * transformers_rate(kind, s, warmup, 10) for s in range(10)]
     assert rates == pytest.approx(expected, abs=1e-15)
     resumed = torch.optim.SGD([parameter], lr=rates[6])  # a checkpoint's optimizer: a later lr

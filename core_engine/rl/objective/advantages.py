@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core_engine.rl.config import ADVANTAGE_ESTIMATORS, ADVANTAGE_STDS, SCALE_REWARDS
+from core_engine.rl.objective.choices import ADVANTAGE_ESTIMATORS, ADVANTAGE_STDS, SCALE_REWARDS
 from core_engine.rl.objective.registry import Registry
 
 EPS = 1e-6

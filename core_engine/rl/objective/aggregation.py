@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core_engine.rl.config import LOSS_TYPES
+from core_engine.rl.objective.choices import LOSS_TYPES
 from core_engine.rl.objective.registry import Registry
 
 

@@ -1,7 +1,7 @@
 """Named pure functions, verl's `core_algos.py` shape (`@register_policy_loss`,
 `@register_adv_est`): a registry per part of the objective, each entry chosen by the job's
-config. A name must be one of the config's choices (`core_engine.rl.config`, torch-free so the
-UI lists them), so a registered function is always reachable and a listed name always runs."""
+config. A name must be one of the config's choices (`objective.choices`, torch-free so the UI
+lists them), so a registered function is always reachable and a listed name always runs."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core_engine.rl.config import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, POLICY_LOSSES
+from core_engine.rl.objective.choices import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, POLICY_LOSSES
 
 
 @dataclass(frozen=True)

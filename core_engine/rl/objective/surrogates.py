@@ -28,8 +28,8 @@ from collections.abc import Callable
 
 import torch
 
-from core_engine.rl.config import IMPORTANCE_SAMPLING_LEVELS
-from core_engine.rl.config import POLICY_LOSSES as POLICY_LOSS_NAMES
+from core_engine.rl.objective.choices import IMPORTANCE_SAMPLING_LEVELS
+from core_engine.rl.objective.choices import POLICY_LOSSES as POLICY_LOSS_NAMES
 from core_engine.rl.objective.clip import clipped_high, clipped_low
 from core_engine.rl.objective.registry import Registry
 from core_engine.rl.objective.settings import Objective

@@ -23,11 +23,7 @@ from transformers import AutoTokenizer
 from core_engine.engine import resolve_device
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.footprint.estimate import check_room_for, return_large_frees_to_the_os
-from core_engine.rl.objective.advantages import (
-    AdvantageSettings,
-    advantages,
-    zero_variance_groups,
-)
+from core_engine.rl.objective.advantages import zero_variance_groups
 from core_engine.rl.objective.update import (
     TrainSample,
     UpdateResult,
@@ -65,13 +61,7 @@ from core_engine.rl.trainer.metrics import (
     update_metrics,
 )
 from core_engine.rl.trainer.records import StepRecord, StopReason, TrainerHooks, VersionRecord
-from core_engine.rl.trainer.schedule import lr_schedule
-from core_engine.rl.trainer.screen import (
-    screen_groups,
-    train_samples,
-    trainable_rows,
-    trained_tokens,
-)
+from core_engine.rl.trainer.screen import screen_groups, step_samples, trainable_rows
 from core_engine.weight_sync import GateWaitCancelled, LocalChannel, WeightSyncError
 
 
@@ -107,15 +97,11 @@ class GRPOTrainer:
         trained = policy.trained_policy(config, resume, self.device, ranks is not None)
         self.model, self.whole_model = trained.model, trained.whole_model
         self.optimizer, self.reference = trained.optimizer, trained.reference
-        self.scheduler = lr_schedule(config, self.optimizer, self.step_index)
         self.base_checksum = trained.base_checksum
         self.engine = policy.colocated_engine(
             config, self.whole_model, self.tokenizer, self.max_seq_len, self.version
         )
         self.update_settings = policy.update_settings(config, self.engine)
-        self.advantage_settings = AdvantageSettings(
-            config.advantage, config.scale_rewards, config.advantage_std
-        )
         self.runner = policy.rollout_runner(
             config, self.engine, self.tokenizer, lambda: self.version
         )
@@ -211,10 +197,7 @@ class GRPOTrainer:
         # Only trainable samples are scored: the others have no weight in the loss. The
         # train/infer mismatch is therefore measured on the samples trained on.
         old = self.source.known_proximal(rollout, fresh)
-        masked = cfg.mask_truncated_completions
-        tokens = torch.tensor(trained_tokens(rollout, rows, masked)).view(-1, g)
-        flat_advantages = advantages(rewards, tokens, self.advantage_settings).view(-1).tolist()
-        samples = train_samples(rollout, rows, flat_advantages, old, self.version, masked)
+        flat_advantages, samples = step_samples(rollout, rewards, rows, old, self.version, cfg)
         with self._training_phase():
             update, grad_norm = self._backward(samples)
             stepped = update.finite and math.isfinite(grad_norm)
@@ -284,8 +267,6 @@ class GRPOTrainer:
             with channel.writing(self.version + 1):
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
-                if self.scheduler is not None:
-                    self.scheduler.step()
         except WeightSyncError as exc:
             raise TrainingError(str(exc)) from exc
         parent, self.version = self.version, self.version + 1

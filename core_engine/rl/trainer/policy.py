@@ -37,6 +37,7 @@ from core_engine.rl.trainer.checkpoint import (
     read_trainer_state,
 )
 from core_engine.rl.trainer.optimizer import build_optimizer
+from core_engine.rl.trainer.schedule import lr_schedule
 from core_engine.scheduler import EngineConfig, InferenceScheduler
 from core_engine.task import SamplingParams
 
@@ -62,7 +63,8 @@ def trained_policy(
     config: GRPOConfig, resume: Path | None, device: torch.device, on_ranks: bool
 ) -> TrainedPolicy:
     """The policy and its optimizer, from `config.model` or the checkpoint `resume` (its
-    optimizer state too); `on_ranks`: laid out over the job's ranks (`place_on_ranks`)."""
+    optimizer state and learning-rate schedule's step too); `on_ranks`: laid out over the
+    job's ranks (`place_on_ranks`)."""
     model, checksum = load_policy(config, resume, device)
     reference = kl_reference(config, model, device)
     whole = place_on_ranks(config, model, resume, device) if on_ranks else model
@@ -74,6 +76,7 @@ def trained_policy(
         load_optimizer_shards(model, optimizer, read_optimizer_state(resume))
     elif resume:
         load_optimizer_state(optimizer, resume)
+    lr_schedule(config, optimizer, read_trainer_state(resume)["step"] if resume else 0)
     return TrainedPolicy(model, whole, optimizer, reference, checksum)
 
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from core_engine.rl.config import GRPOConfig
+from core_engine.rl.objective.advantages import AdvantageSettings, advantages
 from core_engine.rl.objective.update import TrainSample
 from core_engine.rl.rollout import RawRollout, RolloutResult
 from core_engine.rl.trainer.metrics import token_lags
@@ -52,6 +54,23 @@ def trainable_rows(
     if drop_zero:
         trainable &= ~zero_variance
     return trainable.repeat_interleave(group_size).nonzero().squeeze(1).tolist()
+
+
+def step_samples(
+    rollout: RolloutResult,
+    rewards: torch.Tensor,
+    rows: list[int],
+    proximal: Mapping[int, list[float]],
+    trainer_version: int,
+    config: GRPOConfig,
+) -> tuple[list[float], list[TrainSample]]:
+    """Every sample's advantage by the job's estimator (`objective.advantages`; the tokens
+    each trains on weigh REINFORCE++'s whitening) and the `rows` as the update's samples."""
+    masked = config.mask_truncated_completions
+    tokens = torch.tensor(trained_tokens(rollout, rows, masked)).view_as(rewards)
+    settings = AdvantageSettings(config.advantage, config.scale_rewards, config.advantage_std)
+    flat = advantages(rewards, tokens, settings).view(-1).tolist()
+    return flat, train_samples(rollout, rows, flat, proximal, trainer_version, masked)
 
 
 def train_samples(
