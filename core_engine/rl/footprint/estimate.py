@@ -7,12 +7,13 @@ engine's own copy when it computes in a lower precision, and the engine's KV poo
 kept during the training phase. A LoRA job instead holds its frozen base once, in the engine's
 dtype (the engine serves it; its KL reference is a module tree over the same base tensors, no
 copy), plus 16 (12) bytes per adapter parameter, counted as fp32.
-Over N devices (ranks), each device's share: with full weights FSDP2 shards the trainer's
-weights, gradients and moments into N parts, and all-gathers one decoder layer at a time in its
-compute dtype (bf16 on CUDA); forward and backward prefetch may hold a second one, counted on
-top like the activations. Each rank's engine keeps its own full copy and KV pool, and each rank
-its own whole fp32 KL reference (`trainer.policy.kl_reference`: never sharded). A LoRA job replicates its frozen base and its adapter on every rank, and
-`sharding = "replicate"` all of a full-weight job: nothing of them shrinks with N.
+Over N devices (ranks), each device's share: with full weights FSDP2 shards the trainer's weights,
+gradients and moments into N parts, and all-gathers one decoder layer at a time in its compute dtype
+(bf16 on CUDA); forward and backward prefetch may hold a second one, counted on top like the
+activations. Each rank's engine keeps its own full copy and KV pool, and each rank its own whole
+fp32 KL reference (`trainer.policy.kl_reference`: never sharded). A LoRA job replicates its frozen
+base and its adapter on every rank, and `sharding = "replicate"` all of a full-weight job: nothing
+of them shrinks with N.
 Activations, the log-softmax chunks and the process itself come on top, so a job refused here
 could never have run; one that passes may still need more.
 """
