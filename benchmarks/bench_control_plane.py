@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from benchmarks.results import Run, Table
+from benchmarks.results import BenchmarkRun, Table
 from core_engine.cache import KVPool, TaskCacheManager
 from core_engine.model import build_model
 from core_engine.scheduler import EngineConfig, InferenceScheduler
@@ -91,7 +91,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1000)
     parser.add_argument("--json", type=Path, help="write the results here (benchmarks.results)")
     args = parser.parse_args()
-    run = Run("bench_control_plane")
+    run = BenchmarkRun("bench_control_plane")
     torch.set_num_threads(1)
     ack = ack_latency(args.repeats)
     inval = invalidation_cost(2048, max(5, args.repeats // 100))

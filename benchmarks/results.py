@@ -4,7 +4,7 @@ had changes), the machine (CPU model, cores, torch), the dates, and the load ave
 during the run, so a number in the docs always says what it was measured on
 (`benchmarks/render_docs.py` renders ``docs/benchmarks/*.json`` into the documentation).
 
-    run = Run("bench_grpo")          # at the start: the clock and the load sampling start
+    run = BenchmarkRun("bench_grpo")  # at the start: the clock and the load sampling start
     ...
     run.write(path, results, [Table("Step time", ["trainer", "ms"], rows)])
 """
@@ -78,7 +78,7 @@ def machine() -> dict[str, Any]:
     return info
 
 
-class Run:
+class BenchmarkRun:
     """One benchmark run: its start, and the 1-minute load average sampled every few seconds
     on a daemon thread until it is written."""
 

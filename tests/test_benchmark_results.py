@@ -7,13 +7,13 @@ import subprocess
 from pathlib import Path
 
 from benchmarks.render_docs import render, render_all
-from benchmarks.results import Run, Table
+from benchmarks.results import BenchmarkRun, Table
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_result_file_records_where_and_when_and_renders_its_tables(tmp_path):
-    run = Run("bench_example")
+    run = BenchmarkRun("bench_example")
     table = Table("Step time", ["trainer", "ms"], [["ours", "215.1"], ["TRL", "463.5"]])
     run.write(tmp_path / "bench_example.json", {"ours_ms": 215.1}, [table])
     record = json.loads((tmp_path / "bench_example.json").read_text())
