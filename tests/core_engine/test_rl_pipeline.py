@@ -204,7 +204,7 @@ def test_an_in_flight_update_lands_mid_sequence(checkpoint, tmp_path, monkeypatc
     """The update to version k+1 lands between two decode steps of batch k+1 (here its second
     engine step waits until the trainer writes): its samples span two versions, each token
     stamped with its own at the engine, and the trainer trains their tokens at lags 1 and 0
-    within one sample."""
+    within one sample, recording the gap the K/V mixture leaves in the lag-0 ones."""
     writing = {v: threading.Event() for v in range(1, 5)}
     real_writing = LocalChannel.writing
 
@@ -251,6 +251,9 @@ def test_an_in_flight_update_lands_mid_sequence(checkpoint, tmp_path, monkeypatc
         trained_at = record.version.parent
         assert all([v for v, _ in r] == [trained_at - 1, trained_at] for r in runs if len(r) == 2)
         assert record.metrics["policy_lag/0"] > 0 and record.metrics["policy_lag/1"] > 0
+        if any(len(r) == 2 for r in runs):  # version k+1's tokens over version k's K/V
+            assert record.metrics["kv_mixture_tokens"] > 0
+            assert record.metrics["kv_mixture_gap_max"] > 0
     assert spanning > 0
 
 

@@ -55,6 +55,7 @@ from core_engine.rl.trainer.checkpoint import (
     save_checkpoint,
 )
 from core_engine.rl.trainer.metrics import (
+    kv_mixture_metrics,
     lag_metrics,
     mismatch_metrics,
     rollout_metrics,
@@ -211,6 +212,7 @@ class GRPOTrainer:
                 metrics.update(mismatch_metrics(rollout, rows, update.logprobs))
             if cfg.pipeline != "sync" or rollout.policy_version != self.version:
                 metrics.update(lag_metrics(rollout, rows, self.version))
+                metrics.update(kv_mixture_metrics(rollout, rows, update.logprobs, self.version))
             metrics.update(update_metrics(update, grad_norm, self.optimizer.param_groups[0]["lr"]))
             timings["train_s"] = time.perf_counter() - start
             version = self._publish_next_version(metrics, timings)
