@@ -12,7 +12,7 @@ from core_engine.rl.config import GRPOConfig
 from core_engine.rl.objective.advantages import AdvantageSettings, advantages
 from core_engine.rl.objective.update import TrainSample
 from core_engine.rl.rollout import RawRollout, RolloutResult
-from core_engine.rl.trainer.metrics import token_lags
+from core_engine.rl.trainer.metrics import behaviour_lags
 
 
 @dataclass(frozen=True)
@@ -83,9 +83,10 @@ def train_samples(
 ) -> list[TrainSample]:
     """The `rows` of `rollout` as the update's samples. `proximal`: the trainer's log-probs at
     the rollout's version where known (a reused rollout), else the update's own forward is
-    pi_prox; a token is off-policy when a version other than pi_prox's sampled it.
-    `mask_truncated` (TRL's `mask_truncated_completions`): a sample that hit the length limit
-    keeps no token in the loss (it still counts as a sequence of the step)."""
+    pi_prox; a token is corrected when its behaviour log-prob depends on a version other than
+    pi_prox's (`metrics.behaviour_lags`). `mask_truncated` (TRL's `mask_truncated_completions`):
+    a sample that hit the length limit keeps no token in the loss (it still counts as a
+    sequence of the step)."""
     return [
         TrainSample(
             rollout.prompt_ids[rollout.group_of(i)],
@@ -93,7 +94,9 @@ def train_samples(
             rollout.temp_logprobs[i],
             advantages[i],
             proximal.get(i),
-            token_lags(rollout, i, rollout.policy_version if i in proximal else trainer_version),
+            behaviour_lags(
+                rollout, i, rollout.policy_version if i in proximal else trainer_version
+            ),
             _loss_mask(rollout, i, mask_truncated),
         )
         for i in rows
