@@ -5,7 +5,15 @@ upgrade()                       # DATABASE_URL, else rlwb.db in the data dir (db
 repo = Repository.from_url()
 """
 
-from db.enums import BatchStatus, EpisodeFinish, FinishReason, JobKind, JobStatus
+from db.enums import (
+    BatchStatus,
+    EpisodeFinish,
+    FinishReason,
+    JobKind,
+    JobStatus,
+    StudyKind,
+    StudyStatus,
+)
 from db.errors import (
     BatchNotFound,
     InvalidTransition,
@@ -15,6 +23,7 @@ from db.errors import (
     SampleNotFound,
     StaleOwner,
     StorageError,
+    StudyNotFound,
     VersionConflict,
     VersionNotFound,
 )
@@ -34,6 +43,7 @@ from db.records import (
     SampleRecord,
     SampleSummary,
     StepInfo,
+    StudyInfo,
     VersionMetrics,
 )
 from db.repository import Repository
@@ -72,6 +82,10 @@ __all__ = [
     "StaleOwner",
     "StepInfo",
     "StorageError",
+    "StudyInfo",
+    "StudyKind",
+    "StudyNotFound",
+    "StudyStatus",
     "VersionConflict",
     "VersionMetrics",
     "VersionNotFound",
