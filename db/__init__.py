@@ -43,12 +43,12 @@ from db.records import (
     SampleRecord,
     SampleSummary,
     StepInfo,
-    StudyInfo,
     VersionMetrics,
 )
 from db.repository import Repository
 from db.repository.base import MAX_PAGE_SIZE
 from db.repository.episode_filter import EpisodeFilter
+from db.repository.studies import StudyInfo
 from db.session import data_dir, make_engine, resolve_url
 
 __all__ = [

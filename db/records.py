@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, get_args, get_type_hints
 
-from db.enums import BatchStatus, FinishReason, JobKind, JobStatus, StudyKind, StudyStatus
+from db.enums import BatchStatus, FinishReason, JobKind, JobStatus
 
 # --- inputs -----------------------------------------------------------------------------
 
@@ -177,29 +177,6 @@ class JobInfo:
     study_id: int | None = None
     study_point: dict[str, Any] | None = None  # the varied fields' values (a study's job)
     study_trial: int | None = None  # its Optuna trial's number
-
-
-@dataclass(frozen=True)
-class StudyInfo:
-    """A study (`db.models.Study`) with how many of its jobs are in each status."""
-
-    id: int
-    name: str
-    kind: StudyKind
-    status: StudyStatus
-    base_config: dict[str, Any]
-    search_space: dict[str, Any]
-    seeds: int
-    max_jobs: int
-    concurrency: int
-    optuna_study: str | None
-    created_at: datetime
-    updated_at: datetime
-    job_counts: dict[str, int]  # job status -> how many
-
-    @property
-    def jobs(self) -> int:
-        return sum(self.job_counts.values())
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ study leaves its jobs (``ON DELETE SET NULL``).
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
@@ -17,13 +18,36 @@ from sqlalchemy.orm import Session
 from db.enums import JobKind, JobStatus, StudyKind, StudyStatus, coerce
 from db.errors import InvalidValue, StudyNotFound
 from db.models import Job, Study
-from db.records import JobInfo, StudyInfo
+from db.records import JobInfo
 from db.repository.base import RepositoryBase, check_json
 from db.repository.jobs import job_info
 
 MAX_NAME_LENGTH = 128
 # A study's jobs that still hold one of its ``concurrency`` slots.
 _OCCUPYING = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING)
+
+
+@dataclass(frozen=True)
+class StudyInfo:
+    """A study (`db.models.Study`) with how many of its jobs are in each status."""
+
+    id: int
+    name: str
+    kind: StudyKind
+    status: StudyStatus
+    base_config: dict[str, Any]
+    search_space: dict[str, Any]
+    seeds: int
+    max_jobs: int
+    concurrency: int
+    optuna_study: str | None
+    created_at: datetime
+    updated_at: datetime
+    job_counts: dict[str, int]  # job status -> how many
+
+    @property
+    def jobs(self) -> int:
+        return sum(self.job_counts.values())
 
 
 @dataclass(frozen=True)

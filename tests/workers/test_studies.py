@@ -1,0 +1,132 @@
+"""Studies over the queue with eager tasks: a grid x seeds study runs every planned job with
+its point and seed, never more than its concurrency at once, and completes; an Optuna study's
+pruned job ends ``pruned`` with its versions and checkpoints recorded, and resumes; caps and
+bad tables are refused with the reason before anything is stored."""
+
+import itertools
+
+import optuna
+import pytest
+
+from db import JobStatus, StudyStatus
+from tests.workers.helpers import train_config
+from workers import app as worker_app
+from workers import studies, study_trials
+from workers.app import app
+from workers.specs import HELDOUT_METRIC, SpecError
+from workers.study_spec import parse_study
+from workers.submission import resume_job
+
+DEMO = {**train_config("demo", task="addition", steps=1, batch_size=2, group_size=2)}
+DEMO |= {"max_tokens": 6, "heldout_every": 1, "heldout_prompts": 2}
+
+
+@pytest.fixture
+def eager(env, monkeypatch):
+    monkeypatch.setitem(app.conf, "task_always_eager", True)
+    monkeypatch.setattr(app.control, "revoke", lambda task_id, **_: None)
+
+
+def test_a_grid_of_two_fields_with_two_seeds_runs_its_eight_jobs_and_completes(
+    eager, repo, monkeypatch
+):
+    occupied = []  # the study's queued or running jobs each time one of its jobs is sent
+    send = worker_app.enqueue
+
+    def counting(celery, repository, job):
+        counts = repository.get_study(job.study_id).job_counts
+        occupied.append(counts.get("queued", 0) + counts.get("running", 0))
+        return send(celery, repository, job)
+
+    monkeypatch.setattr(worker_app, "enqueue", counting)
+    grid = {"lr": [0.001, 0.003], "temperature": [0.7, 1.0]}
+    table = {"name": "grid", "grid": grid, "seeds": 2, "seed": 5, "concurrency": 2}
+    study = studies.run_study(dict(DEMO), table)
+
+    study = repo.get_study(study.id)
+    assert study.status is StudyStatus.COMPLETED and study.job_counts == {"succeeded": 8}
+    jobs = repo.study_jobs(study.id)
+    expected = [
+        ({"lr": lr, "temperature": t}, seed)
+        for (lr, t), seed in itertools.product(itertools.product(*grid.values()), (5, 6))
+    ]
+    assert [(j.study_point, j.config["seed"]) for j in jobs] == expected
+    assert all(j.config == {**DEMO, **j.study_point, "seed": j.config["seed"]} for j in jobs)
+    assert max(occupied) == 2 and len(occupied) == 8
+    for job in jobs:
+        assert [v.version for v in repo.list_versions(job.id)] == [0, 1]
+
+
+# An Optuna study of one trial, pruned by the median of an earlier trial at every version past
+# the first (the test adds that trial: it scored 2.0, above any accuracy, at every version).
+PRUNED_TABLE = {
+    "name": "tuned",
+    "kind": "optuna",
+    "ranges": {"lr": {"low": 0.001, "high": 0.01, "log": True}},
+    "samples": 1,
+    "pruner": "median",
+    "pruner_warmup": 1,
+    "pruner_startup": 1,
+}
+
+
+def test_an_optuna_pruned_job_ends_pruned_with_its_record_complete_and_resumes(
+    eager, repo, monkeypatch
+):
+    table, config = PRUNED_TABLE, {**DEMO, "steps": 3}
+    made = studies.advance_study
+
+    def seeded(celery, repository, study_id):  # before the first job: an earlier, better trial
+        tuned = study_trials.optuna_study(repository, repository.get_study(study_id))
+        if not tuned.trials:
+            tuned.add_trial(
+                optuna.trial.create_trial(
+                    params={"lr": 0.005},
+                    distributions=study_trials.distributions(parse_study(table, config)),
+                    value=2.0,
+                    intermediate_values={v: 2.0 for v in range(4)},
+                )
+            )
+        return made(celery, repository, study_id)
+
+    monkeypatch.setattr(studies, "advance_study", seeded)
+    study = studies.run_study(config, table)
+
+    job = repo.study_jobs(study.id)[0]
+    assert job.status is JobStatus.PRUNED
+    assert job.error.startswith("pruned by the study's median pruner at version 1")
+    versions = repo.list_versions(job.id)
+    assert [v.version for v in versions] == [0, 1]  # stopped at version 1's step boundary
+    assert all(HELDOUT_METRIC in v.metrics.extra for v in versions)
+    assert versions[1].checkpoint_path and versions[1].weights_checksum
+    tuned = study_trials.optuna_study(repo, repo.get_study(study.id))
+    trial = tuned.trials[job.study_trial]
+    assert trial.state is optuna.trial.TrialState.PRUNED
+    assert trial.intermediate_values == {
+        v.version: v.metrics.extra[HELDOUT_METRIC] for v in versions
+    }
+    assert repo.get_study(study.id).status is StudyStatus.COMPLETED
+
+    resume_job(job.id)  # the pruner's word is not final: it trains on
+    resumed = repo.get_job(job.id)
+    assert resumed.status is JobStatus.SUCCEEDED
+    assert [v.version for v in repo.list_versions(job.id)] == [0, 1, 2, 3]
+
+
+def test_caps_and_bad_tables_are_refused_with_the_reason_and_nothing_is_stored(
+    eager, repo, monkeypatch
+):
+    monkeypatch.setenv("RLWB_STUDY_MAX_JOBS", "6")
+    monkeypatch.setenv("RLWB_STUDY_MAX_CONCURRENCY", "2")
+    grid = {"lr": [0.001, 0.003], "temperature": [0.7, 1.0]}
+    with pytest.raises(SpecError, match=r"plans 8 jobs, above the limit of 6 \(RLWB_STUDY_MAX"):
+        studies.run_study(dict(DEMO), {"name": "big", "grid": grid, "seeds": 2})
+    with pytest.raises(SpecError, match="asks for 3 jobs at once, above the limit of 2"):
+        studies.run_study(dict(DEMO), {"name": "wide", "grid": grid, "concurrency": 3})
+    with pytest.raises(SpecError, match="vary the seed with 'seeds'"):
+        studies.run_study(dict(DEMO), {"name": "s", "grid": {"seed": [1, 2]}})
+    with pytest.raises(SpecError, match="'colour' is not a job field"):
+        studies.run_study(dict(DEMO), {"name": "c", "grid": {"colour": [1]}})
+    with pytest.raises(SpecError, match=r"study point \{'lr': -1.0, 'seed': 0\}: .*lr"):
+        studies.run_study(dict(DEMO), {"name": "neg", "grid": {"lr": [0.001, -1.0]}})
+    assert repo.list_studies() == [] and repo.list_jobs() == []
