@@ -11,7 +11,7 @@ import pytest
 from db import JobStatus, StudyStatus
 from tests.workers.helpers import train_config
 from workers import app as worker_app
-from workers import studies, study_trials
+from workers import commands, studies, study_trials
 from workers.app import app
 from workers.specs import HELDOUT_METRIC, SpecError
 from workers.study_spec import parse_study
@@ -130,3 +130,52 @@ def test_caps_and_bad_tables_are_refused_with_the_reason_and_nothing_is_stored(
     with pytest.raises(SpecError, match=r"study point \{'lr': -1.0, 'seed': 0\}: .*lr"):
         studies.run_study(dict(DEMO), {"name": "neg", "grid": {"lr": [0.001, -1.0]}})
     assert repo.list_studies() == [] and repo.list_jobs() == []
+
+
+STUDY_FILE = """
+model = "demo"
+task = "addition"
+steps = 1
+batch_size = 2
+group_size = 2
+max_tokens = 6
+
+[study]
+name = "cli"
+grid = { lr = [0.001, 0.003] }
+seeds = 2
+concurrency = 2
+"""
+
+
+def test_the_cli_runs_cancels_and_resumes_a_study_from_a_job_file(
+    env, repo, monkeypatch, capsys, tmp_path
+):
+    """No worker takes the jobs here: each send is recorded, the jobs stay queued."""
+    sent = []
+    monkeypatch.setattr(worker_app, "send", lambda celery, job, task_id: sent.append(job.id))
+    path = tmp_path / "study.toml"
+    path.write_text(STUDY_FILE)
+
+    assert commands.main(["study", "run", str(path)]) == 0
+    first = [job.id for job in repo.study_jobs(repo.get_study("cli").id)]
+    assert sent == first and len(first) == 2  # the concurrency: point 1's two seeds
+    out = capsys.readouterr().out
+    assert out.startswith("study cli (grid, running): 2/4 jobs made, 2 at once  queued 2")
+    assert f"{first[1]:>6}  lr=0.001  seed=1  queued" in out
+
+    assert commands.main(["study", "cancel", "cli"]) == 0
+    study = repo.get_study("cli")
+    assert study.status is StudyStatus.CANCELLED and study.job_counts == {"cancelled": 2}
+
+    assert commands.main(["study", "resume", "cli"]) == 0
+    study = repo.get_study("cli")
+    assert study.status is StudyStatus.RUNNING and study.job_counts == {"queued": 2}
+    assert sent == first + first  # the same two jobs again, nothing new beyond the room
+    capsys.readouterr()
+
+    assert commands.main(["study", "status", "nope"]) == 1
+    assert capsys.readouterr().out == "refused: no study has the name 'nope'\n"
+    path.write_text(STUDY_FILE.split("[study]")[0])
+    assert commands.main(["study", "run", str(path)]) == 1
+    assert capsys.readouterr().out == "refused: a study's job file needs a [study] table\n"
