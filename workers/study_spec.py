@@ -21,6 +21,7 @@ The points are planned in order and each point's seeds follow one another (job `
 import itertools
 import math
 import random
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -31,6 +32,7 @@ from workers.settings import Settings
 from workers.specs import HELDOUT_KEYS, SpecError
 
 PRUNERS = ("median", "successive_halving")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 STUDY_KEYS = {
     "name",
     "kind",
@@ -168,8 +170,11 @@ def parse_study(values: Any, base: Mapping[str, Any]) -> StudySpec:
     if "output_dir" in base:
         raise SpecError("a study's jobs each write their own folder: remove output_dir")
     name = values.get("name")
-    if not isinstance(name, str) or not name.strip():
-        raise SpecError("study name: give a name")
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise SpecError(
+            f"study name: {name!r} is not 1 to 64 letters, digits, '.', '_' or '-' "
+            "(it names the study's tracker folder)"
+        )
     try:
         kind = StudyKind(values.get("kind", "grid"))
     except ValueError:

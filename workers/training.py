@@ -193,7 +193,8 @@ def run_training(
     evaluation = None
     if heldout.every:
         records, evaluation = heldout_eval(config, heldout, columns, records)
-    run = tracked_run(job, Path(config.output_dir), settings.data_dir)
+    study = None if job.study_id is None else repo.get_study(job.study_id).name
+    run = tracked_run(job, Path(config.output_dir), settings.data_dir, study)
     try:
         with closing(Trackers(report_to(job.config), run)) as trackers, ExitStack() as stack:
             pruning = job_pruning(repo, job)
