@@ -4,11 +4,14 @@ pruned job ends ``pruned`` with its versions and checkpoints recorded, and resum
 bad tables are refused with the reason before anything is stored."""
 
 import itertools
+from pathlib import Path
 
 import optuna
 import pytest
+import sqlalchemy as sa
 
-from db import JobStatus, StudyStatus
+from db import JobStatus, Repository, StudyStatus, upgrade
+from db.migrate import heads
 from tests.workers.helpers import train_config
 from workers import app as worker_app
 from workers import commands, studies, study_trials
@@ -179,3 +182,35 @@ def test_the_cli_runs_cancels_and_resumes_a_study_from_a_job_file(
     path.write_text(STUDY_FILE.split("[study]")[0])
     assert commands.main(["study", "run", str(path)]) == 1
     assert capsys.readouterr().out == "refused: a study's job file needs a [study] table\n"
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_optunas_tables_live_beside_the_workbenchs_and_never_among_them(backend, request, tmp_path):
+    """Both have a ``studies`` and an ``alembic_version`` table: Optuna's storage is the file
+    beside a SQLite database, a schema of its own on PostgreSQL."""
+    if backend == "sqlite":
+        url = sa.make_url(f"sqlite:///{tmp_path / 'rlwb.db'}")
+    else:
+        url = request.getfixturevalue("postgres_schemas").create()
+    upgrade(url)
+    repo = Repository.from_url(url)
+    repo.create_study("ours", "grid", {}, {}, seeds=1, max_jobs=1, concurrency=1)
+    storage = optuna.storages.RDBStorage(study_trials.optuna_url(repo))
+    optuna.create_study(study_name="theirs", storage=storage)
+    try:
+        with repo.engine.connect() as connection:
+            assert connection.exec_driver_sql("SELECT name FROM studies").scalars().all() == [
+                "ours"
+            ]
+            revision = connection.exec_driver_sql("SELECT version_num FROM alembic_version")
+            assert revision.scalar() == heads()[0]
+        assert optuna.get_all_study_names(storage) == ["theirs"]
+        if backend == "sqlite":
+            assert Path(storage.engine.url.database) == tmp_path / "rlwb-optuna.db"
+    finally:
+        storage.engine.dispose()
+        if backend == "postgresql":
+            with repo.engine.begin() as connection:
+                schema = connection.exec_driver_sql("SELECT current_schema()").scalar()
+                connection.exec_driver_sql(f'DROP SCHEMA "{schema}_optuna" CASCADE')
+        repo.close()

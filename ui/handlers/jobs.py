@@ -187,7 +187,7 @@ def _summary(services: Services, job: JobInfo) -> str:
     if isinstance(job.config.get("lora"), dict) and job.kind is JobKind.TRAIN:
         lines.append(_lora_summary(services, job))
     if job.error:
-        why = "Stalled" if job.status is JobStatus.STALLED else "Error"
+        why = {JobStatus.STALLED: "Stalled", JobStatus.PRUNED: "Pruned"}.get(job.status, "Error")
         lines.append(f"**{why}:** {inert(job.error)}")
     return "\n\n".join(lines)
 
