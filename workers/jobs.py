@@ -85,7 +85,10 @@ def run_job(
         outcome = _run(repo, job, settings, control, queued)
     outcome = finish(control, outcome)
     if job.study_id is not None and outcome.stop is None:
-        job_ended(repo, job_id)  # its trial told, the study's next jobs sent
+        try:
+            job_ended(repo, job_id)  # its trial told, the study's next jobs sent
+        except Exception:  # the job's own record is complete: its study waits for a resume
+            log.exception("job %s ended; its study was not advanced (rlwb study resume)", job_id)
     return outcome
 
 

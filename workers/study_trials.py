@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from db import JobInfo, JobStatus, Repository, StudyInfo
+from db import JobInfo, JobStatus, Repository, StudyInfo, StudyNotFound
 from workers.specs import HELDOUT_METRIC
 from workers.study_spec import StudySpec, stored_spec
 
@@ -108,7 +108,10 @@ def job_pruning(repo: Repository, job: JobInfo) -> Pruning | None:
         return None
     import optuna
 
-    study = repo.get_study(job.study_id)
+    try:
+        study = repo.get_study(job.study_id)
+    except StudyNotFound:  # deleted since: the job runs on alone
+        return None
     if stored_spec(study).pruner is None:
         return None
     tuned = optuna_study(repo, study)
