@@ -49,9 +49,14 @@ STUDY_KEYS = {
 # The search space as stored on the study row (the rest are its own columns).
 SPACE_KEYS = ("grid", "ranges", "samples", "seed", "pruner", "pruner_warmup", "pruner_startup")
 # Jobs of a study that `resume_study` queues again.
+# What a study may vary: a train job's fields but those the seeds, the worker or each job's
+# own folder set.
 VARIABLE_FIELDS = ({f.name for f in fields(GRPOConfig)} | set(HELDOUT_KEYS)) - {
     "seed",
     "output_dir",
+    "device",
+    "resume",
+    "checkpoint_every",
 }
 
 

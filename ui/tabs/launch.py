@@ -269,7 +269,7 @@ def build(services: Services) -> dict[str, gr.components.Component]:
             concurrency = _number(1, label="Jobs at once (budget)", elem_id="vary-concurrency")
         vary = gr.Textbox(
             label="Fields and values",
-            placeholder="lr: 0.001, 0.003\nloss: grpo, dapo",
+            placeholder="lr: 0.001, 0.003\nclip_eps: 0.2, 0.28",
             info="one field per line; every combination runs, each with every seed",
             lines=3,
             max_length=4000,
