@@ -23,7 +23,7 @@ import math
 import random
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from core_engine.rl.config import GRPOConfig
@@ -32,6 +32,7 @@ from workers.settings import Settings
 from workers.specs import HELDOUT_KEYS, SpecError
 
 PRUNERS = ("median", "successive_halving")
+PRUNER_KEYS = ("pruner", "pruner_warmup", "pruner_startup")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 STUDY_KEYS = {
     "name",
@@ -48,7 +49,6 @@ STUDY_KEYS = {
 }
 # The search space as stored on the study row (the rest are its own columns).
 SPACE_KEYS = ("grid", "ranges", "samples", "seed", "pruner", "pruner_warmup", "pruner_startup")
-# Jobs of a study that `resume_study` queues again.
 # What a study may vary: a train job's fields but those the seeds, the worker or each job's
 # own folder set.
 VARIABLE_FIELDS = ({f.name for f in fields(GRPOConfig)} | set(HELDOUT_KEYS)) - {
@@ -164,6 +164,12 @@ def _ranges(values: Any) -> dict[str, dict[str, Any]]:
     return ranges
 
 
+def _refuse_keys(values: Mapping[str, Any], kind: StudyKind, keys: tuple[str, ...]) -> None:
+    extra = sorted(set(keys) & set(values))
+    if extra:
+        raise SpecError(f"study: a {kind} study takes no {', '.join(extra)}")
+
+
 def parse_study(values: Any, base: Mapping[str, Any]) -> StudySpec:
     """A study table (a job file's ``[study]``) checked against ``base``, the jobs' common
     config (`SpecError` naming the problem)."""
@@ -201,34 +207,26 @@ def parse_study(values: Any, base: Mapping[str, Any]) -> StudySpec:
             _field_name(key)
             if not isinstance(options, list) or not options:
                 raise SpecError(f"study grid.{key}: give a non-empty list of values")
-        extra = {"ranges", "samples", "pruner"} & set(values)
-        if extra:
-            raise SpecError(f"study: a grid takes no {', '.join(sorted(extra))}")
-        return _replace(spec, grid={k: list(v) for k, v in grid.items()})
-    if "grid" in values:
-        raise SpecError(f"study: a {kind} study takes ranges, not a grid")
-    spec = _replace(
+        _refuse_keys(values, kind, ("ranges", "samples", *PRUNER_KEYS))
+        return replace(spec, grid={k: list(v) for k, v in grid.items()})
+    _refuse_keys(values, kind, ("grid",))
+    spec = replace(
         spec, ranges=_ranges(values.get("ranges")), samples=_whole(values, "samples", 0, 1)
     )
     if kind is StudyKind.RANDOM:
-        if "pruner" in values:
-            raise SpecError("study pruner: only an optuna study prunes")
+        _refuse_keys(values, kind, PRUNER_KEYS)
         return spec
     if spec.seeds != 1:
         raise SpecError("study seeds: an optuna study runs one job (one seed) per trial")
     pruner = values.get("pruner")
     if pruner is not None and pruner not in PRUNERS:
         raise SpecError(f"study pruner: {pruner!r} is not one of {', '.join(PRUNERS)}")
-    return _replace(
+    return replace(
         spec,
         pruner=pruner,
         pruner_warmup=_whole(values, "pruner_warmup", 1, 0),
         pruner_startup=_whole(values, "pruner_startup", 1, 0),
     )
-
-
-def _replace(spec: StudySpec, **changes: Any) -> StudySpec:
-    return StudySpec(**{**vars(spec), **changes})
 
 
 def stored_spec(study: StudyInfo) -> StudySpec:

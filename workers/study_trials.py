@@ -114,13 +114,14 @@ def job_pruning(repo: Repository, job: JobInfo) -> Pruning | None:
         return None
     if stored_spec(study).pruner is None:
         return None
-    tuned = optuna_study(repo, study)
-    trial_id = tuned._storage.get_trial_id_from_study_id_trial_number(
-        tuned._study_id, job.study_trial
-    )
-    if tuned._storage.get_trial(trial_id).state is not optuna.trial.TrialState.RUNNING:
+    storage = optuna_storage(optuna_url(repo))
+    study_id = storage.get_study_id_from_name(study.optuna_study)
+    trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, job.study_trial)
+    if storage.get_trial(trial_id).state is not optuna.trial.TrialState.RUNNING:
         return None
-    return Pruning(optuna.trial.Trial(tuned, trial_id), stored_spec(study).pruner)
+    return Pruning(
+        optuna.trial.Trial(optuna_study(repo, study), trial_id), stored_spec(study).pruner
+    )
 
 
 def tell_trial(repo: Repository, job: JobInfo, study: StudyInfo) -> None:
