@@ -3,9 +3,18 @@ the queue (`workers.study_queue`), with Optuna's sampler and pruner for an ``opt
 (`workers.study_trials`). Run, cancel, resume and clone a study (``rlwb study``,
 `workers.api`)."""
 
+import uuid
 from typing import Any
 
-from db import InvalidValue, JobKind, JobStatus, StudyInfo, StudyKind, StudyStatus
+from db import (
+    InvalidValue,
+    JobKind,
+    JobStatus,
+    StudyInfo,
+    StudyKind,
+    StudyNotFound,
+    StudyStatus,
+)
 from workers.job_files import absolute_paths, check_data_records, check_paths
 from workers.settings import Settings
 from workers.specs import SpecError
@@ -39,6 +48,14 @@ def _check_configs(spec: StudySpec, base: dict[str, Any]) -> None:
             raise SpecError(f"study point {varied}: {exc}") from None
 
 
+def _name_taken(repo: Any, name: str) -> bool:
+    try:
+        repo.get_study(name)
+    except StudyNotFound:
+        return False
+    return True
+
+
 def run_study(base_config: dict[str, Any], study: Any) -> StudyInfo:
     """Check a study (`parse_study`; every planned config validated as a submitted job,
     the caps, the files once), store it and send its first jobs."""
@@ -54,19 +71,15 @@ def run_study(base_config: dict[str, Any], study: Any) -> StudyInfo:
     check_paths(base, settings)
     check_data_records(base)
     repo = repository()
+    if _name_taken(repo, spec.name):
+        raise InvalidValue(f"name: a study named {spec.name!r} exists already")
     optuna_name = None
-    if spec.kind is StudyKind.OPTUNA:
+    if spec.kind is StudyKind.OPTUNA:  # its own name: a deleted study's may still be there
         import optuna
 
-        optuna_name = f"rlwb-{spec.name}"
-        try:
-            optuna.create_study(
-                study_name=optuna_name,
-                storage=optuna_storage(optuna_url(repo)),
-                direction="maximize",
-            )
-        except optuna.exceptions.DuplicatedStudyError:
-            raise InvalidValue(f"name: Optuna already holds a study {optuna_name!r}") from None
+        optuna_name = f"rlwb-{spec.name}-{uuid.uuid4().hex[:12]}"
+        storage = optuna_storage(optuna_url(repo))
+        optuna.create_study(study_name=optuna_name, storage=storage, direction="maximize")
     info = repo.create_study(
         spec.name,
         spec.kind,
