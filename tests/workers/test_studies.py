@@ -4,6 +4,7 @@ pruned job ends ``pruned`` with its versions and checkpoints recorded, and resum
 bad tables are refused with the reason before anything is stored."""
 
 import itertools
+import tomllib
 from pathlib import Path
 
 import optuna
@@ -17,6 +18,7 @@ from workers import app as worker_app
 from workers import commands, studies, study_trials
 from workers.app import app
 from workers.specs import HELDOUT_METRIC, SpecError
+from workers.study_commands import split_study_file
 from workers.study_spec import parse_study
 from workers.submission import resume_job
 
@@ -214,3 +216,11 @@ def test_optunas_tables_live_beside_the_workbenchs_and_never_among_them(backend,
                 schema = connection.exec_driver_sql("SELECT current_schema()").scalar()
                 connection.exec_driver_sql(f'DROP SCHEMA "{schema}_optuna" CASCADE')
         repo.close()
+
+
+def test_the_readmes_study_file_is_a_study_of_twelve_jobs():
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    after = text.split("### Studies: sweeps over the queue", 1)[1]
+    config = tomllib.loads(after.split("```toml\n", 1)[1].split("```", 1)[0])
+    spec = parse_study(*reversed(split_study_file(config)))
+    assert (spec.name, spec.planned_jobs, spec.concurrency) == ("lr-temp", 12, 2)
