@@ -4,6 +4,7 @@ pruned job ends ``pruned`` with its versions and checkpoints recorded, and resum
 bad tables are refused with the reason before anything is stored."""
 
 import itertools
+import json
 import tomllib
 from pathlib import Path
 
@@ -224,3 +225,44 @@ def test_the_readmes_study_file_is_a_study_of_twelve_jobs():
     config = tomllib.loads(after.split("```toml\n", 1)[1].split("```", 1)[0])
     spec = parse_study(*reversed(split_study_file(config)))
     assert (spec.name, spec.planned_jobs, spec.concurrency) == ("lr-temp", 12, 2)
+
+
+def test_a_random_study_draws_its_points_in_their_ranges_and_a_clone_draws_the_same(
+    env, repo, monkeypatch
+):
+    monkeypatch.setattr(worker_app, "send", lambda celery, job, task_id: None)  # no worker
+    ranges = {
+        "lr": {"low": 0.0001, "high": 0.01, "log": True},
+        "group_size": {"low": 2, "high": 4},
+        "clip_eps": {"choices": [0.2, 0.28]},
+    }
+    table = {"name": "drawn", "kind": "random", "ranges": ranges, "samples": 4}
+    table |= {"concurrency": 4, "seed": 3}
+    study = studies.run_study(dict(DEMO), table)
+    points = [job.study_point for job in repo.study_jobs(study.id)]
+    assert len(points) == 4 and len({json.dumps(p, sort_keys=True) for p in points}) == 4
+    for point in points:
+        assert 0.0001 <= point["lr"] <= 0.01
+        assert isinstance(point["group_size"], int) and 2 <= point["group_size"] <= 4
+        assert point["clip_eps"] in (0.2, 0.28)
+    assert {job.config["seed"] for job in repo.study_jobs(study.id)} == {3}
+
+    clone = studies.clone_study("drawn", "drawn-again")
+    assert [job.study_point for job in repo.study_jobs(clone.id)] == points
+    assert repo.get_study(clone.id).base_config == repo.get_study(study.id).base_config
+
+
+def test_an_optuna_study_tells_each_trial_its_jobs_last_heldout_score(eager, repo):
+    table = {"name": "tpe", "kind": "optuna", "samples": 2}
+    table["ranges"] = {"lr": {"low": 0.001, "high": 0.01, "log": True}}
+    study = studies.run_study({**DEMO, "steps": 2}, table)
+
+    study = repo.get_study(study.id)
+    assert study.status is StudyStatus.COMPLETED and study.job_counts == {"succeeded": 2}
+    trials = study_trials.optuna_study(repo, study).trials
+    for job in repo.study_jobs(study.id):
+        trial = trials[job.study_trial]
+        last = repo.list_versions(job.id)[-1]
+        assert trial.state is optuna.trial.TrialState.COMPLETE
+        assert trial.value == last.metrics.extra[HELDOUT_METRIC] and last.version == 2
+        assert trial.params == job.study_point and job.config["lr"] == trial.params["lr"]
