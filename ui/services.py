@@ -14,7 +14,7 @@ class Services:
     """The UI's collaborators. ``submit_job(kind, config)`` validates and enqueues a job
     (raising `ValueError` for invalid input), ``cancel_job(job_id)`` cancels one, and
     ``queue_overview()`` describes the workers and their tasks, ``resume_job(job_id)``
-    queues a failed, stalled or cancelled train job again, ``chat(job_id, version, messages,
+    queues a failed, stalled, pruned or cancelled train job again, ``chat(job_id, version, messages,
     temperature, max_tokens, seed)`` answers a Playground turn on a worker, ``audit(sample_ids)``
     re-scores samples under their versions' weights and ``token_diff(sample_id, version_a,
     version_b)`` scores one response under two versions, on a worker, and

@@ -7,13 +7,13 @@
     train CONFIG            run a training job here, without UI or queue, writing to the DB
     submit CONFIG           queue a job for the workers and print its id
     jobs                    list the jobs
-    resume JOB_ID           requeue a failed, stalled or cancelled train job, from its last version
+    resume JOB_ID           requeue a failed, stalled, pruned or cancelled train job (its last version)
     cancel JOB_ID           cancel a job
     audit JOB_ID [--samples N]   re-score stored samples under their versions' weights
     export JOB_ID VERSION DIR [--merged]   write a version's adapter, merged model or checkpoint
     study run FILE | status/cancel/resume NAME | clone NAME NEW   (workers.study_commands)
 
-Environment: DATABASE_URL, REDIS_URL, RLWB_DATA_DIR (see workers/README.md).
+Environment: DATABASE_URL, REDIS_URL, RLWB_DATA_DIR (see docs/operations.md).
 """
 
 import argparse
@@ -93,7 +93,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     jobs = commands.add_parser("jobs", help="list jobs, newest first")
     jobs.add_argument("--limit", type=int, default=20)
     for name, text in (
-        ("resume", "queue a failed, stalled or cancelled train job again (from its last version)"),
+        (
+            "resume",
+            "queue a failed, stalled, pruned or cancelled train job again (from its last version)",
+        ),
         ("cancel", "cancel a queued or running job"),
     ):
         commands.add_parser(name, help=text).add_argument("job_id", type=int)

@@ -74,8 +74,8 @@ def cancel_job(job_id: int) -> JobInfo:
 
 
 def resume_job(job_id: int) -> JobInfo:
-    """Queue a failed, stalled or cancelled train job again: it continues from its newest checkpoint
-    at that version (`db.InvalidTransition` for any other job)."""
+    """Queue a failed, stalled, pruned or cancelled train job again: it continues from its
+    newest checkpoint at that version (`db.InvalidTransition` for any other job)."""
     from workers.app import repository
 
     repo = repository()

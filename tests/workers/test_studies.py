@@ -219,10 +219,9 @@ def test_optunas_tables_live_beside_the_workbenchs_and_never_among_them(backend,
         repo.close()
 
 
-def test_the_readmes_study_file_is_a_study_of_twelve_jobs():
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    after = text.split("### Studies: sweeps over the queue", 1)[1]
-    config = tomllib.loads(after.split("```toml\n", 1)[1].split("```", 1)[0])
+def test_the_documented_study_file_is_a_study_of_twelve_jobs():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "studies.md").read_text()
+    config = tomllib.loads(text.split("```toml\n", 1)[1].split("```", 1)[0])
     spec = parse_study(*reversed(split_study_file(config)))
     assert (spec.name, spec.planned_jobs, spec.concurrency) == ("lr-temp", 12, 2)
 

@@ -121,7 +121,7 @@ def cancel_job(services: Services, job_id: float | str | None) -> str:
 
 
 def resume_job(services: Services, job_id: float | str | None) -> str:
-    """Queue a failed, stalled or cancelled train job again, from its newest checkpoint."""
+    """Queue a failed, stalled, pruned or cancelled train job again, from its newest checkpoint."""
     return _act(services, job_id, "resume", services.resume_job)
 
 
