@@ -7,7 +7,7 @@
     train CONFIG            run a training job here, without UI or queue, writing to the DB
     submit CONFIG           queue a job for the workers and print its id
     jobs                    list the jobs
-    resume JOB_ID           requeue a failed, stalled, pruned or cancelled train job (its last version)
+    resume JOB_ID           requeue a failed, stalled, pruned or cancelled train job
     cancel JOB_ID           cancel a job
     audit JOB_ID [--samples N]   re-score stored samples under their versions' weights
     export JOB_ID VERSION DIR [--merged]   write a version's adapter, merged model or checkpoint
