@@ -101,19 +101,24 @@ class Pruning:
         )
 
 
+def job_study(repo: Repository, job: JobInfo) -> StudyInfo | None:
+    """The study of a job (None: none, or deleted since: the job runs on alone)."""
+    if job.study_id is None:
+        return None
+    try:
+        return repo.get_study(job.study_id)
+    except StudyNotFound:
+        return None
+
+
 def job_pruning(repo: Repository, job: JobInfo) -> Pruning | None:
     """The pruning of an Optuna study's job whose trial is still running (a resumed pruned
     job runs on without it), else None."""
-    if job.study_id is None or job.study_trial is None:
+    study = job_study(repo, job)
+    if study is None or job.study_trial is None or stored_spec(study).pruner is None:
         return None
     import optuna
 
-    try:
-        study = repo.get_study(job.study_id)
-    except StudyNotFound:  # deleted since: the job runs on alone
-        return None
-    if stored_spec(study).pruner is None:
-        return None
     storage = optuna_storage(optuna_url(repo))
     study_id = storage.get_study_id_from_name(study.optuna_study)
     trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, job.study_trial)

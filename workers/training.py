@@ -39,7 +39,7 @@ from workers.job_files import job_output_dir, resolve_model
 from workers.records import policy_metrics, trainer_batches
 from workers.settings import Settings
 from workers.specs import data_columns, heldout_settings, report_to, train_config
-from workers.study_trials import Pruning, job_pruning
+from workers.study_trials import Pruning, job_pruning, job_study
 from workers.trackers import Trackers, tracked_run
 
 LOADING_PHASE = "loading the model and the data"
@@ -202,8 +202,10 @@ def run_training(
     evaluation = None
     if heldout.every:
         records, evaluation = heldout_eval(config, heldout, columns, records)
-    study = None if job.study_id is None else repo.get_study(job.study_id).name
-    run = tracked_run(job, Path(config.output_dir), settings.data_dir, study)
+    study = job_study(repo, job)
+    run = tracked_run(
+        job, Path(config.output_dir), settings.data_dir, study.name if study else None
+    )
     try:
         with closing(Trackers(report_to(job.config), run)) as trackers, ExitStack() as stack:
             pruning = job_pruning(repo, job)
