@@ -73,6 +73,7 @@ class Study(Base):
         CheckConstraint("seeds >= 1", name="seeds_positive"),
         CheckConstraint("max_jobs >= 1", name="max_jobs_positive"),
         CheckConstraint("concurrency >= 1", name="concurrency_positive"),
+        CheckConstraint("jobs_made >= 0 AND jobs_made <= max_jobs", name="jobs_made_in_plan"),
         {"sqlite_autoincrement": True},
     )
 
@@ -85,6 +86,9 @@ class Study(Base):
     seeds: Mapped[int]  # jobs per point, seeded seed, seed + 1, ...
     max_jobs: Mapped[int]
     concurrency: Mapped[int]  # jobs queued or running at once
+    # how many of the planned jobs were made (the next is number ``jobs_made``), kept apart
+    # from the jobs themselves: a job deleted by hand is not made again
+    jobs_made: Mapped[int] = mapped_column(default=0)
     optuna_study: Mapped[str | None] = mapped_column(String(255))  # in Optuna's storage
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)

@@ -51,7 +51,7 @@ def study_lines(study: Any, jobs: list[Any]) -> list[str]:
     """What ``study status`` prints: the study, then each job's point, seed and state."""
     counts = "  ".join(f"{status} {n}" for status, n in sorted(study.job_counts.items()))
     lines = [
-        f"study {study.name} ({study.kind}, {study.status}): {study.jobs}/{study.max_jobs} "
+        f"study {study.name} ({study.kind}, {study.status}): {study.jobs_made}/{study.max_jobs} "
         f"jobs made, {study.concurrency} at once  {counts}".rstrip()
     ]
     for job in jobs:

@@ -40,14 +40,11 @@ class StudyInfo:
     seeds: int
     max_jobs: int
     concurrency: int
+    jobs_made: int  # of the planned ones (a job deleted since still counts)
     optuna_study: str | None
     created_at: datetime
     updated_at: datetime
     job_counts: dict[str, int]  # job status -> how many
-
-    @property
-    def jobs(self) -> int:
-        return sum(self.job_counts.values())
 
 
 @dataclass(frozen=True)
@@ -87,6 +84,7 @@ def _info(study: Study, counts: dict[str, int]) -> StudyInfo:
         seeds=study.seeds,
         max_jobs=study.max_jobs,
         concurrency=study.concurrency,
+        jobs_made=study.jobs_made,
         optuna_study=study.optuna_study,
         created_at=study.created_at,
         updated_at=study.updated_at,
@@ -185,12 +183,12 @@ class StudiesMixin(RepositoryBase):
     def schedule_study(self, study_id: int, make: JobMaker) -> tuple[StudyInfo, list[JobInfo]]:
         """Under the study row's lock: add the next jobs of a running study (``make`` builds
         them) while fewer than ``concurrency`` of its jobs are queued or running and fewer
-        than ``max_jobs`` exist; a study with every job made and none left queued or running
+        than ``max_jobs`` were made; a study with every job made and none left queued or running
         becomes ``completed``. Returns the study and the new (queued) jobs, to send."""
         with self._write() as session:
             study = _load(session, study_id, for_update=True)
             counts = _job_counts(session, [study.id])[study.id]
-            made = sum(counts.values())
+            made = study.jobs_made
             occupied = sum(counts.get(status.value, 0) for status in _OCCUPYING)
             room = min(study.concurrency - occupied, study.max_jobs - made)
             created: list[Job] = []
@@ -209,8 +207,9 @@ class StudiesMixin(RepositoryBase):
                     )
                     session.add(job)
                     created.append(job)
+                study.jobs_made += len(created)
                 session.flush()
-            finished = made + len(created) >= study.max_jobs and occupied + len(created) == 0
+            finished = study.jobs_made >= study.max_jobs and occupied + len(created) == 0
             if study.status is StudyStatus.RUNNING and finished:
                 study.status = StudyStatus.COMPLETED
             session.flush()

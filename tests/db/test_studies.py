@@ -68,6 +68,15 @@ def test_jobs_are_made_in_plan_order_within_the_concurrency_until_the_study_comp
         assert study_job_ids(session, study.id) == [j.id for j in [*first, *second, *third]]
 
 
+def test_a_job_deleted_by_hand_is_not_made_again(repo):
+    study = _study(repo)
+    first = repo.schedule_study(study.id, _planned)[1]
+    repo.delete_job(first[1].id)
+    study, more = repo.schedule_study(study.id, _planned)
+    assert [j.config for j in more] == [{"lr": 0.2, "seed": 0}]  # plan entry 2, not 1 again
+    assert study.jobs_made == 3
+
+
 def test_a_cancelled_study_makes_no_more_jobs(repo):
     study = _study(repo)
     repo.set_study_status(study.id, "cancelled")

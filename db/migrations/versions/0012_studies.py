@@ -66,12 +66,16 @@ def upgrade() -> None:
         sa.Column("seeds", sa.Integer(), nullable=False),
         sa.Column("max_jobs", sa.Integer(), nullable=False),
         sa.Column("concurrency", sa.Integer(), nullable=False),
+        sa.Column("jobs_made", sa.Integer(), nullable=False),
         sa.Column("optuna_study", sa.String(length=255), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
         sa.CheckConstraint("seeds >= 1", name=op.f("ck_studies_seeds_positive")),
         sa.CheckConstraint("max_jobs >= 1", name=op.f("ck_studies_max_jobs_positive")),
         sa.CheckConstraint("concurrency >= 1", name=op.f("ck_studies_concurrency_positive")),
+        sa.CheckConstraint(
+            "jobs_made >= 0 AND jobs_made <= max_jobs", name=op.f("ck_studies_jobs_made_in_plan")
+        ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_studies")),
         sa.UniqueConstraint("name", name=op.f("uq_studies_name")),
         sqlite_autoincrement=True,
