@@ -50,7 +50,7 @@ from workers.job_files import (
     model_parameters,
     model_roots,
 )
-from workers.settings import GPU_QUEUE, TASK_FOR_KIND, Settings, worker_device
+from workers.settings import GPU_QUEUE, TASK_FOR_KIND, UPLOADS_DIR, Settings, worker_device
 from workers.shipped import CALCULATOR_MODEL, DEMO_MODEL, MODEL_PRESETS
 from workers.specs import (
     HELDOUT_EVERY,
@@ -85,6 +85,7 @@ __all__ = [
     "TASK_FOR_KIND",
     "TRACKERS",
     "TRAINER_DEFAULTS",
+    "UPLOADS_DIR",
     "WORKER_COMMANDS",
     "SpecError",
     "UnsafeFileError",

@@ -272,8 +272,9 @@ def check_output_dir(
     config: Mapping[str, Any], settings: Settings, repo: Repository, job_id: int | None = None
 ) -> None:
     """`SpecError` when the ``output_dir`` of job ``job_id`` (None: a job not yet created) is
-    the data directory or holds it, lies among the jobs' default folders (``jobs/``), or is
-    inside an earlier job's output folder or holds one: a job starts by cleaning its folder
+    the data directory or holds it, lies in a folder the workbench writes itself
+    (`Settings.own_dirs`: the jobs' default folders, the embedded broker's, the uploads'), or
+    is inside an earlier job's output folder or holds one: a job starts by cleaning its folder
     (`workers.training.reconcile`), which would delete another job's checkpoints. The folder
     belongs to the first job that names it."""
     output = config.get("output_dir")
@@ -282,11 +283,9 @@ def check_output_dir(
     mine = Path(output).resolve()
     if settings.data_dir.resolve().is_relative_to(mine):
         raise SpecError(f"output_dir: {output} is the data directory or holds it")
-    if mine.is_relative_to(settings.jobs_dir.resolve()):
-        raise SpecError(
-            f"output_dir: {output} is inside {settings.jobs_dir}, the folders of the jobs "
-            "that name no output_dir"
-        )
+    for folder, what in settings.own_dirs.items():
+        if mine.is_relative_to(folder.resolve()):
+            raise SpecError(f"output_dir: {output} is inside {folder}, {what}")
     for other, folder in sorted(repo.output_dirs().items()):
         if job_id is not None and other >= job_id:
             continue

@@ -171,7 +171,7 @@ def test_an_uploaded_jsonl_is_kept_and_can_be_launched(services, world, tmp_path
 
 
 @pytest.mark.parametrize(
-    "content, problem", [("not json\n", "not valid JSON"), ('{"input": 3}\n', "instruction")]
+    "content, problem", [("not json\n", "not valid JSON"), ('{"input": 3}\n', "nor 'instruction'")]
 )
 def test_an_unusable_upload_is_refused(services, tmp_path, content, problem):
     upload = tmp_path / "bad.jsonl"

@@ -82,19 +82,27 @@ class Columns:
         (an answer column is required when named or needed)."""
         if self.prompt is None and ("messages" in names or "instruction" in names):
             return None
-        prompt = _pick(names, self.prompt, PROMPT_COLUMNS, where, required=True)
+        form = "" if self.prompt else ", nor 'instruction' or 'messages' (the record form)"
+        prompt = _pick(names, self.prompt, PROMPT_COLUMNS, where, required=True, nor=form)
         needed = self.needs_answer or self.answer is not None
         return prompt, _pick(names, self.answer, ANSWER_COLUMNS, where, required=needed)
 
 
 def _pick(
-    names: Collection[str], name: str | None, choices: tuple[str, ...], where: str, required: bool
+    names: Collection[str],
+    name: str | None,
+    choices: tuple[str, ...],
+    where: str,
+    required: bool,
+    nor: str = "",
 ) -> str | None:
+    """The column of ``names`` that is ``name``, else the first of ``choices``; `DataError`
+    naming the candidates (and ``nor``, what else would have done) when none is there."""
     candidates = (name,) if name else choices
     found = next((candidate for candidate in candidates if candidate in names), None)
     if found is None and required:
         shown = " or ".join(repr(n) for n in candidates)
-        raise DataError(f"{where}: no column {shown} (columns: {column_list(names)})")
+        raise DataError(f"{where}: no column {shown}{nor} (columns: {column_list(names)})")
     return found
 
 
