@@ -23,6 +23,7 @@ from core_engine.rl.config import GRPOConfig, approx_parameters
 from core_engine.rl.data import DataError, longest_prompt, longest_records
 from core_engine.rl.data.files import load_records, split_heldout
 from core_engine.rl.data.tasks import prompt_records
+from core_engine.rl.template_sandbox import TemplateBoundError
 from core_engine.user_files import (
     MAX_DATA_BYTES,
     MAX_TEXT_BYTES,
@@ -188,8 +189,10 @@ def check_prompt_room(
     """`SpecError` when the longest prompt of ``records`` (among the `PROMPTS_CHECKED` of the
     most characters), rendered with the model's chat template as the trainer renders it, and
     ``max_tokens`` do not fit the model's context (``max_position_embeddings``): the engine
-    would refuse the prompt (``prompt_too_long``) or cut its responses short. A checkpoint
-    without a stated context or a tokenizer that loads is left to the worker."""
+    would refuse the prompt (``prompt_too_long``) or cut its responses short; or when the
+    template breaks a bound of its child (`core_engine.rl.template_sandbox`: time, memory,
+    length). A checkpoint without a stated context or a tokenizer that loads is left to the
+    worker."""
     try:
         model = Path(resolve_model(config["model"]))
     except DemoPolicyMissing:
@@ -200,6 +203,8 @@ def check_prompt_room(
         return
     try:
         longest = longest_prompt(tokenizer, longest_records(records, PROMPTS_CHECKED))
+    except TemplateBoundError as exc:  # rendered in a bounded child: past a bound here
+        raise SpecError(str(exc)) from None
     except Exception:  # a template this tokenizer cannot render: the worker's is the word
         return
     max_tokens = config.get("max_tokens", GRPOConfig.max_tokens)

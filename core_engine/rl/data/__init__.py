@@ -11,11 +11,12 @@ its system and user turns; its trailing assistant turn is the reference.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from core_engine.prompts import chat_prompt_ids
+from core_engine.prompts import encode_prompt
+from core_engine.rl.template_sandbox import render_prompts
 
 Batch = dict[str, list[str]]
 MAX_RECORDS = 1_000_000  # rows of a prompt set, in any format
@@ -42,11 +43,18 @@ def instruction_to_messages(instruction: str, input: str = "", output: str = "")
     return messages
 
 
-def longest_prompt(tokenizer: Any, records: Iterable[Mapping[str, str]]) -> int:
+def longest_prompt(
+    tokenizer: Any,
+    records: Iterable[Mapping[str, str]],
+    cancelled: Callable[[], bool] | None = None,
+) -> int:
     """Tokens of the longest prompt among `records`, each rendered with the tokenizer's chat
-    template as the engine is given it (`core_engine.prompts.chat_prompt_ids`)."""
+    template as the engine is given it, in the bounded child of
+    `core_engine.rl.template_sandbox` (`TemplateBoundError` past a bound, `RenderCancelled`
+    once ``cancelled()``)."""
     prompts = (instruction_to_messages(*_prompt_fields(r)) for r in records)
-    return max(len(chat_prompt_ids(tokenizer, messages)) for messages in prompts)
+    texts = render_prompts(tokenizer, prompts, cancelled)
+    return max(len(encode_prompt(tokenizer, text)) for text in texts)
 
 
 def longest_records(records: Iterable[Mapping[str, str]], count: int) -> list[Mapping[str, str]]:
