@@ -92,7 +92,7 @@ class GRPOTrainer:
         self.version, self.step_index = state["version"], state["step"]
         torch.manual_seed(config.seed + self.version)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model, local_files_only=True)
-        self.max_seq_len = policy.longest_sequence(config, self.tokenizer, records)
+        self.max_seq_len = policy.longest_sequence(config, self.tokenizer, records, self._cancelled)
         check_room_for(config, self.device, config.devices)  # before anything is loaded
         return_large_frees_to_the_os()
         trained = policy.trained_policy(config, resume, self.device, ranks is not None)

@@ -157,12 +157,19 @@ def colocated_engine(
     )
 
 
-def longest_sequence(config: GRPOConfig, tokenizer: Any, records: list[dict[str, str]]) -> int:
+def longest_sequence(
+    config: GRPOConfig,
+    tokenizer: Any,
+    records: list[dict[str, str]],
+    cancelled: Callable[[], bool] | None = None,
+) -> int:
     """The longest sample a job can make (sizes its engine and micro-batches): its longest
-    prompt + `max_tokens`, or an episode's `max_episode_tokens`."""
+    prompt + `max_tokens`, or an episode's `max_episode_tokens`. Every prompt is rendered in
+    the bounded child of `core_engine.rl.template_sandbox` (`RenderCancelled` once
+    ``cancelled()``), so the job renders in process only what rendered there within bounds."""
     longest = config.max_episode_tokens
     if config.environment is None:
-        longest = longest_prompt(tokenizer, records) + config.max_tokens
+        longest = longest_prompt(tokenizer, records, cancelled) + config.max_tokens
     if longest > config.max_tokens_per_micro_batch:
         raise ValueError(
             f"max_tokens_per_micro_batch={config.max_tokens_per_micro_batch} cannot hold "
