@@ -183,6 +183,8 @@ def run_training(
     run = tracked_run(job, Path(config.output_dir), settings.data_dir)
     try:
         with closing(Trackers(report_to(job.config), run)) as trackers, ExitStack() as stack:
+            if evaluation is not None:
+                stack.callback(evaluation.close)
             recorder = Recorder(repo, job.id, control, config.steps, evaluation, trackers)
             writer = checkpoint_writer(repo, control)
             ranks = None if config.devices == 1 else stack.enter_context(job_ranks(config, records))

@@ -5,72 +5,18 @@ ends that episode with an error finish and a code, stored in a rejected batch; n
 write. A scripted engine answers fixed texts through a character tokenizer that has a NUL
 token, as byte-level tokenizers do."""
 
-from dataclasses import dataclass, field
-
 import pytest
 
 from core_engine.rl.episodes import record
 from core_engine.rl.episodes.runner import EpisodeGenerator, EpisodeLimits
-from core_engine.task import FinishReason, GenerationResult, SamplingParams
-from core_engine.toy import DEFAULT_ALPHABET, char_tokenizer
+from core_engine.task import SamplingParams
 from db import SampleFilter
 from db.repository import batch_rows
+from tests.core_engine.episode_fakes import TOKENIZER, Environment, ScriptedEngine
 from tests.db.helpers import running_job
 from workers.records import sample_records, split_batch
 
-TOKENIZER = char_tokenizer(DEFAULT_ALPHABET + "<>{}_[]\x00")
 CALL = '<tool_call>{"name": "calculate", "arguments": {"expression": %s}}</tool_call>'
-
-
-@dataclass(frozen=True)
-class Reply:
-    """`env_sandbox.EnvResult`'s shape."""
-
-    messages: list[dict]
-    reward: float | None = None
-    done: bool = False
-    error: str | None = None
-    code: str | None = None
-
-
-@dataclass
-class Environment:
-    """Opens with `opening`, then answers every turn with `observation` (done at turn 2)."""
-
-    opening: str = "hi"
-    observation: str = "ok"
-    tools: list = field(default_factory=list)
-    turns: int = 0
-
-    def reset(self, ids, tasks):
-        self.turns = 0
-        return [Reply([{"role": "user", "content": self.opening}]) for _ in ids]
-
-    def step(self, ids, turns):
-        self.turns += 1
-        return [Reply([{"role": "user", "content": self.observation}], 1.0, self.turns >= 2)]
-
-    def close(self, ids=None):
-        pass
-
-
-class ScriptedEngine:
-    """Every request answers `text` (as the tokenizer encodes it), under version 0."""
-
-    version = 0
-
-    def __init__(self, text: str) -> None:
-        self.ids = TOKENIZER(text, add_special_tokens=False)["input_ids"]
-
-    def run_batch(self, prompts, params):
-        return [self._result(prompt) for prompt in prompts]
-
-    def _result(self, prompt):
-        n = len(self.ids)
-        return GenerationResult(
-            0, prompt, list(self.ids), [-1.0] * n, [-1.0] * n, FinishReason.STOP, None, None,
-            0, len(prompt), 0, 0, None, 0.0, None, None,
-        )  # fmt: skip
 
 
 def stored(repo, env: Environment, answer: str = "42", max_episode_tokens: int = 4096):

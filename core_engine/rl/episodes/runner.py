@@ -22,14 +22,16 @@ leaves no room for a turn (`prompt_too_long`) or a record the store could not ho
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from core_engine.prompts import encode_prompt, render_prompt, turn_bridge
+from core_engine.prompts import encode_prompt, render_prompt
 from core_engine.rl.data import batch_rows
+from core_engine.rl.episodes.observations import observation_ids
 from core_engine.rl.episodes.record import messages_problem, observation_problem, segment_problem
 from core_engine.rl.rollout import MixedVersionsError, RawRollout
+from core_engine.rl.rollout.sources import BatchCancelled
 from core_engine.scheduler import InferenceScheduler
 from core_engine.task import (
     ErrorCode,
@@ -127,7 +129,8 @@ class EpisodeGenerator:
     """`RolloutGenerator`'s role for multi-turn episodes: `generate(batch, seed)` runs G
     episodes of each task of the batch against an environment session
     (`core_engine.rl.episodes.env_sandbox.EnvironmentSession`) and returns them as a
-    `RawRollout` with their loss masks, segments, finishes and rewards."""
+    `RawRollout` with their loss masks, segments, finishes and rewards. `cancelled` is asked
+    between two turns: a cancel ends the batch there (`BatchCancelled`)."""
 
     def __init__(
         self,
@@ -138,10 +141,11 @@ class EpisodeGenerator:
         session: Any,
         limits: EpisodeLimits,
         in_flight: bool = False,
+        cancelled: Callable[[], bool] = lambda: False,
     ) -> None:
         self.engine, self.params, self.group_size = engine, params, group_size
         self.tokenizer, self.session, self.limits = tokenizer, session, limits
-        self.in_flight = in_flight
+        self.in_flight, self.cancelled = in_flight, cancelled
         self.tool_names = [t.get("function", {}).get("name") for t in session.tools]
 
     def generate(self, batch: Mapping[str, Sequence[str]], seed: int) -> RawRollout:
@@ -150,11 +154,17 @@ class EpisodeGenerator:
         try:
             live = [e for e in episodes if e.finish is None]
             while live:
+                if self.cancelled():
+                    raise BatchCancelled("cancelled between two turns of the batch's episodes")
                 self._turn(live, seed)
                 live = [e for e in episodes if e.finish is None]
         finally:
             self.session.close([e.episode_id for e in episodes])
         return self._rollout(rows, episodes, seed)
+
+    def close(self) -> None:
+        """End the environment session (its child and every process it started)."""
+        self.session.close()
 
     # ----------------------------------------------------------------- the steps
     def _open(self, rows: list[dict[str, str]]) -> list[Episode]:
@@ -256,12 +266,8 @@ class EpisodeGenerator:
         if problem is not None:
             e.end("error", TaskError(ErrorCode.UNSTORABLE, problem))
             return
-        end, bridge = turn_bridge(self.tokenizer, e.messages, observation, self.session.tools)
-        stop = result.stop_reason
-        if isinstance(stop, int):  # the sampled end token already stands for its text
-            sampled = self.tokenizer.decode([stop], skip_special_tokens=False)
-            end = end[len(sampled) :] if end.startswith(sampled) else end
-        ids = encode_prompt(self.tokenizer, end + bridge)
+        tools, stop = self.session.tools, result.stop_reason
+        ids = observation_ids(self.tokenizer, e.messages, observation, tools, stop)
         if len(e.history) + len(ids) >= self.limits.max_episode_tokens:
             e.end("context_exceeded")
             return
