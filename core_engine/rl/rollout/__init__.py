@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Self
 
 from core_engine.prompts import encode_prompt, render_prompt
 from core_engine.rl.data import batch_rows, instruction_to_messages
@@ -83,13 +83,6 @@ class RawRollout:
             return [self.policy_version] * len(self.response_ids[sample])
         return expand_runs(self.token_versions[sample])
 
-
-@dataclass(frozen=True)
-class RolloutResult(RawRollout):
-    rewards: list[float] = field(default_factory=list)  # the total (weighted sum)
-    # name -> one score per sample, for a job with a list of rewards (else empty)
-    reward_components: dict[str, list[float]] = field(default_factory=dict)
-
     def to_json(self) -> dict[str, Any]:
         """Plain JSON values (floats round-trip exactly), for a checkpoint to resume from or
         another rank. The rollout's own lists, not copies (`asdict` copied every number)."""
@@ -98,12 +91,19 @@ class RolloutResult(RawRollout):
         return values
 
     @classmethod
-    def from_json(cls, values: dict[str, Any]) -> RolloutResult:
+    def from_json(cls, values: dict[str, Any]) -> Self:
         errors = [
             None if e is None else TaskError(ErrorCode(e["code"]), e["message"])
             for e in values["errors"]
         ]
         return cls(**{**values, "errors": errors})
+
+
+@dataclass(frozen=True)
+class RolloutResult(RawRollout):
+    rewards: list[float] = field(default_factory=list)  # the total (weighted sum)
+    # name -> one score per sample, for a job with a list of rewards (else empty)
+    reward_components: dict[str, list[float]] = field(default_factory=dict)
 
 
 class RolloutGenerator:
