@@ -87,6 +87,7 @@ class ChildProcess:
         if self.status is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, signal.SIGKILL)  # the child unreaped: still its id
+            self.process.kill()  # the child itself, whatever became of its group
             self.status = self.process.wait()
             self.process.stdin.close()
             self.process.stdout.close()
