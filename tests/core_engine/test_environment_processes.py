@@ -110,10 +110,13 @@ def test_a_forked_copys_reply_is_an_error_never_another_episodes_answer(scripted
     (forked,) = session.step([0], [turn("fork")])  # the copy answers first, the original later
     copy = int(forked.messages[0]["content"].split()[-1])
     assert forked.error is None and copy != child
-    (stray,) = session.step([1], [turn("sleep")])  # the original's late answer comes first
-    assert stray.code == "env_error" and "answers request 1 episode 0, not request 2" in (
-        stray.error
-    )
+    for _ in range(5):  # the original's late answer is the next line read, once written
+        (reply,) = session.step([1], [turn("sleep")])
+        if reply.error is not None:
+            break
+        assert reply.messages[0]["content"].startswith("sleep ")  # episode 1's own answer
+    assert reply.code == "env_error"
+    assert re.search(r"answers request 1 episode 0, not request \d+ episode 1", reply.error)
     assert all_gone([child, copy])  # both copies are in the killed process group
 
 
@@ -148,14 +151,12 @@ def test_the_reply_limit_counts_the_reply_not_its_escaped_json(scripted):
 
 
 def test_a_batch_has_one_deadline_not_one_per_item(scripted):
-    """Four 1 s steps, each within the 3 s item limit, against a 2.5 s batch limit."""
-    session = scripted(timeout_s=3, batch_timeout_s=2.5)
+    """Four 1 s steps, each far within the 30 s item limit, against a 2.5 s batch limit."""
+    session = scripted(timeout_s=30, batch_timeout_s=2.5)
     session.reset([0, 1, 2, 3], [{"input": "a"}] * 4)
     results = session.step([0, 1, 2, 3], [turn("sleep")] * 4)
-    assert [r.error for r in results[:2]] == [None, None]
-    assert results[2].code == "env_timeout" and "the batch's step took longer than 2.5 s" in (
-        results[2].error
-    )
+    timed_out = [r for r in results if r.code == "env_timeout"]
+    assert len(timed_out) == 1 and "the batch's step took longer than 2.5 s" in timed_out[0].error
 
 
 def test_the_child_sees_none_of_the_workers_secrets(scripted, monkeypatch):

@@ -12,6 +12,7 @@ SPAWNER = """
 import os, subprocess, sys
 
 PIDS = {pids!r}
+SPIN = "import time\\nwhile True: time.sleep(0.05)"
 
 
 class Spawner:
@@ -21,7 +22,7 @@ class Spawner:
         return [{{"role": "user", "content": "say 7"}}]
 
     def step(self, turn):
-        spinner = subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(0.05)"])
+        spinner = subprocess.Popen([sys.executable, "-c", SPIN])
         with open(PIDS, "a") as f:
             f.write(f"{{os.getpid()}} {{spinner.pid}}\\n")
         return {{"messages": [], "reward": float("7" in turn["text"]), "done": True}}
