@@ -160,8 +160,9 @@ def _sample_row(sample: SampleRecord, batch: BatchRecord, where: str) -> dict[st
     for name in ("prompt_text", "response_text"):
         if not isinstance(getattr(sample, name), str):
             raise InvalidValue(f"{where}.{name}: expected a string")
-    for name in ("prompt_text", "response_text", "error_message", "reference_output"):
-        check_text(getattr(sample, name), f"{where}.{name}")
+    if sample.segments is not None:  # an episode's record (its contract: `_segments`)
+        for name in ("prompt_text", "response_text"):
+            check_text(getattr(sample, name), f"{where}.{name}")
     if finish.is_failure != (sample.error_code is not None):
         need = "requires" if finish.is_failure else "must not have"
         raise InvalidValue(f"{where}: finish_reason {finish.value!r} {need} an error_code")
