@@ -31,6 +31,7 @@ from core_engine.rl.data import batch_rows
 from core_engine.rl.episodes.observations import observation_ids
 from core_engine.rl.episodes.record import messages_problem, observation_problem, segment_problem
 from core_engine.rl.rollout import MixedVersionsError, RawRollout
+from core_engine.rl.rollout.seeds import sample_seed
 from core_engine.rl.rollout.sources import BatchCancelled
 from core_engine.scheduler import InferenceScheduler
 from core_engine.task import (
@@ -215,7 +216,7 @@ class EpisodeGenerator:
         if not ready:
             return
         params = [
-            replace(self.params, max_tokens=room, seed=seed + 7919 * e.index + e.turns)
+            replace(self.params, max_tokens=room, seed=sample_seed(seed, e.index, e.turns))
             for e, room in ready
         ]
         results = self.engine.run_batch([e.history for e, _ in ready], params)
@@ -305,7 +306,7 @@ class EpisodeGenerator:
             ],
             errors=[e.error if e.finish in failed else None for e in episodes],
             cached_prompt_tokens=[e.cached_tokens for e in episodes],
-            seeds=[seed + 7919 * e.index for e in episodes],
+            seeds=[sample_seed(seed, e.index) for e in episodes],
             policy_version=min(versions, default=self.engine.version),
             group_size=g,
             temperature=self.params.temperature,
