@@ -80,6 +80,11 @@ class Scripted:
         elif action == "fork":  # both copies answer and go on serving
             if os.fork():
                 time.sleep(FORKED_REPLY_DELAY_S)
+        elif action.startswith("spawn_and_hang:"):  # the pids to that file, then hang
+            spinner = subprocess.Popen([sys.executable, "-c", SPINNER])
+            with open(action.removeprefix("spawn_and_hang:"), "w") as f:
+                f.write(f"{os.getpid()} {spinner.pid}")
+            time.sleep(HANG_S)
         elif action.startswith("write:"):  # a hand-written line on the protocol pipe
             os.write(protocol_fd(), action.removeprefix("write:").encode() + b"\n")
         elif action == "variables":

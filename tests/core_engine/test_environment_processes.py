@@ -4,7 +4,6 @@ request and episode (a forked copy's or a hand-written line is that episode's er
 another's answer); a reply's size is counted decoded; a batch has one deadline; the child sees
 none of the worker's secrets."""
 
-import json
 import os
 import re
 import subprocess
@@ -75,24 +74,26 @@ def test_a_timed_out_child_takes_its_grandchildren_with_it(scripted):
 
 
 WORKER = """
-import json, sys
+import sys
 from core_engine.rl.episodes.env_sandbox import EnvironmentSession
-session = EnvironmentSession("scripted")
-(opened,) = session.reset([0], [{"input": "a"}])
-(reply,) = session.step([0], [{"content": "spawn", "tool_calls": [], "text": "spawn"}])
-print(json.dumps([int(opened.messages[0]["content"]), int(reply.messages[0]["content"])]))
-sys.stdout.flush()
-sys.stdin.read()  # until the test kills this worker
+session = EnvironmentSession("scripted", timeout_s=600)
+session.reset([0], [{"input": "a"}])
+action = "spawn_and_hang:" + sys.argv[1]
+session.step([0], [{"content": action, "tool_calls": [], "text": action}])  # until killed
 """
 
 
-def test_a_killed_worker_takes_its_environments_processes_with_it(monkeypatch):
+def test_a_killed_worker_takes_its_environments_processes_with_it(monkeypatch, tmp_path):
+    """The worker is killed while its environment is busy in a step (so only the lifeline,
+    not the end of its requests, can tell the child)."""
     monkeypatch.setenv("RLWB_ENVIRONMENTS", SCRIPTED)
-    worker = subprocess.Popen(
-        [sys.executable, "-c", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
+    written = tmp_path / "pids"
+    worker = subprocess.Popen([sys.executable, "-c", WORKER, str(written)])
     try:
-        child, grandchild = json.loads(worker.stdout.readline())
+        end = time.monotonic() + PATIENCE_S
+        while not (written.exists() and written.read_text()) and time.monotonic() < end:
+            time.sleep(POLL_S)
+        child, grandchild = map(int, written.read_text().split())
         assert running(child) and running(grandchild)
         worker.kill()
         worker.wait()
@@ -100,8 +101,6 @@ def test_a_killed_worker_takes_its_environments_processes_with_it(monkeypatch):
     finally:
         worker.kill()
         worker.wait()
-        worker.stdin.close()
-        worker.stdout.close()
 
 
 def test_a_forked_copys_reply_is_an_error_never_another_episodes_answer(scripted):

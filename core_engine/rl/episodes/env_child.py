@@ -6,7 +6,7 @@ address space, imports the factory, reports the tools, then keeps one environmen
 id. A request ``{"id", "op", "items", "close"}`` is answered item by item, each reply one JSON
 line ``{"id": request id, "episode": episode id, ...}`` on the original stdout (what the
 environment prints goes to stderr). When the worker holding the other end of `lifeline_fd`
-exits, however it ends, the whole process group is killed.
+exits, however it ends, or closes the request pipe, the whole process group is killed.
 """
 
 from __future__ import annotations
@@ -98,4 +98,7 @@ def serve(target: str, memory_bytes: int, lifeline: int) -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    try:
+        serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    finally:  # the worker closed the pipe, or is gone: nothing the environment started stays
+        os.killpg(os.getpgrp(), signal.SIGKILL)
