@@ -65,7 +65,7 @@ def test_closing_a_session_kills_what_its_environment_started(scripted):
 
 
 def test_a_timed_out_child_takes_its_grandchildren_with_it(scripted):
-    session = scripted(timeout_s=2)
+    session = scripted(timeout_s=5)
     (child,) = pids(session.reset([0], [{"input": "a"}]))
     grandchild = spawned(session, 0)
     (hung,) = session.step([0], [turn("hang")])
