@@ -209,6 +209,8 @@ def run_training(
     )
     try:
         with closing(Trackers(report_to(job.config), run)) as trackers, ExitStack() as stack:
+            if evaluation is not None:
+                stack.callback(evaluation.close)
             pruning = job_pruning(repo, job)
             recorder = Recorder(repo, job.id, control, config.steps, evaluation, trackers, pruning)
             writer = checkpoint_writer(repo, control)
