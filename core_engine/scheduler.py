@@ -25,7 +25,7 @@ from core_engine.intake import TaskIntake
 from core_engine.metrics import EngineMetrics
 from core_engine.model import CausalLM
 from core_engine.outcomes import decode_text, stop_reason
-from core_engine.policy import (
+from core_engine.weight_updates import (
     WeightUpdateAck,
     barrier,
     check_mode,
