@@ -88,6 +88,11 @@ class GRPOConfig:
     clip_eps: float = 0.2
     kl_coef: float = 0.0
     drop_zero_variance_groups: bool = True
+    # DAPO's dynamic sampling (`core_engine.rl.rollout.dynamic`): draw further batches of
+    # prompts until `batch_size` groups have mixed rewards, at most `max_sampling_draws` draws
+    # per step (then the step is rejected, saying so); every drawn group is stored.
+    dynamic_sampling: bool = False
+    max_sampling_draws: int = 10
     reject_scope: str = "batch"  # "batch" or "group"
     max_consecutive_rejections: int = 5
     max_policy_lag: int = 0
@@ -151,6 +156,7 @@ class GRPOConfig:
             problems.append(f"kv_strategy must be one of {', '.join(KV_STRATEGIES)}")
         problems.extend(self._pipeline_problems(numbers))
         problems.extend(self._devices_problems(numbers))
+        problems.extend(self._dynamic_sampling_problems())
         if self.reject_scope not in ("batch", "group"):
             problems.append("reject_scope must be 'batch' or 'group'")
         if self.optimizer_state_dtype not in OPTIMIZER_STATE_DTYPES:
@@ -247,6 +253,22 @@ class GRPOConfig:
         if self.updates_per_batch != 1:
             problems.append(f"devices = {self.devices} needs updates_per_batch = 1")
         return problems
+
+    def _dynamic_sampling_problems(self) -> list[str]:
+        """Dynamic sampling draws several batches for one step on demand: only in sync mode,
+        on one rank, with one update per batch."""
+        if self.dynamic_sampling is not True:
+            return []
+        needs = {
+            "pipeline = 'sync' (a pipeline produces one batch per step ahead of the trainer)": (
+                self.pipeline == "sync"
+            ),
+            "devices = 1": self.devices == 1,
+            "updates_per_batch = 1 (its batch is several draws, not one reusable batch)": (
+                self.updates_per_batch == 1
+            ),
+        }
+        return [f"dynamic_sampling needs {need}" for need, met in needs.items() if not met]
 
     def _resolve_lora(self) -> list[str]:
         """`lora` given as a table becomes `LoraSettings`; returns what is wrong with it."""

@@ -80,6 +80,8 @@ TRAINER_FIELDS: dict[str, Field] = {
     "clip_eps": real(0, 10.0, above_low=True),
     "kl_coef": real(0, 1e3),
     "drop_zero_variance_groups": FLAG,
+    "dynamic_sampling": FLAG,
+    "max_sampling_draws": whole(1, 1000),
     "max_consecutive_rejections": whole(1, 10**6),
     "max_policy_lag": whole(0, 10**6),
     "max_turns": whole(1, 256),

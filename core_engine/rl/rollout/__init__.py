@@ -89,6 +89,9 @@ class RolloutResult(RawRollout):
     rewards: list[float] = field(default_factory=list)  # the total (weighted sum)
     # name -> one score per sample, for a job with a list of rewards (else empty)
     reward_components: dict[str, list[float]] = field(default_factory=dict)
+    # group -> why it is not trained on although nothing failed: dynamic sampling's filtered
+    # groups (`core_engine.rl.rollout.dynamic`); empty: none
+    filtered_groups: dict[int, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON values (floats round-trip exactly), for a checkpoint to resume from or
@@ -103,7 +106,8 @@ class RolloutResult(RawRollout):
             None if e is None else TaskError(ErrorCode(e["code"]), e["message"])
             for e in values["errors"]
         ]
-        return cls(**{**values, "errors": errors})
+        filtered = {int(g): why for g, why in values.get("filtered_groups", {}).items()}
+        return cls(**{**values, "errors": errors, "filtered_groups": filtered})
 
 
 class RolloutGenerator:

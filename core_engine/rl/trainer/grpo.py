@@ -182,7 +182,12 @@ class GRPOTrainer:
         screened = screen_groups(result, self.config.reject_scope)
         if screened.rejected_all:
             return self._reject(result, screened.reasons, timings, screened.rejected)
-        return self._optimise(result, screened.rejected, fresh, screened.reasons, timings)
+        filtered = result.filtered_groups
+        if len(filtered) == len(result.prompt_ids):  # dynamic sampling's bound was hit
+            reasons = list(dict.fromkeys(filtered.values()))
+            return self._reject(result, reasons, timings, filtered, failure=False)
+        rejected = {**filtered, **screened.rejected}
+        return self._optimise(result, rejected, fresh, screened.reasons, timings)
 
     def _optimise(self, rollout, rejected, fresh, reasons, timings) -> StepRecord:
         cfg, g = self.config, rollout.group_size
