@@ -23,6 +23,7 @@ from core_engine.rl.config import GRPOConfig, approx_parameters
 from core_engine.rl.data import DataError, longest_prompt, longest_records
 from core_engine.rl.data.files import load_records, split_heldout
 from core_engine.rl.data.tasks import prompt_records
+from core_engine.rl.rewards.reward_model import REWARD_MODEL, check_reward_model
 from core_engine.user_files import (
     MAX_DATA_BYTES,
     MAX_TEXT_BYTES,
@@ -66,6 +67,48 @@ def resolve_model(model: str, download: Callable[[str], None] | None = None) -> 
     if hub.is_hub_id(model):
         return str(hub.cached_snapshot(model) or model)
     return model
+
+
+def _is_reward_model(entry: Any) -> bool:
+    """Whether a reward list entry is a reward model's (with a checkpoint or Hub id)."""
+    return (
+        isinstance(entry, Mapping)
+        and entry.get("name") == REWARD_MODEL
+        and isinstance(entry.get("model"), str)
+    )
+
+
+def reward_models(reward: Any) -> list[str]:
+    """The checkpoints (or Hub ids) of a reward list's reward models."""
+    if not isinstance(reward, list | tuple):
+        return []
+    return [entry["model"] for entry in reward if _is_reward_model(entry)]
+
+
+def resolve_reward_models(reward: Any, download: Callable[[str], None] | None = None) -> Any:
+    """``reward`` with each reward model's ``model`` as `resolve_model` gives it (a Hub id:
+    its snapshot, downloaded first when ``download`` is given)."""
+    if not reward_models(reward):
+        return reward
+    return [
+        {**entry, "model": resolve_model(entry["model"], download)}
+        if _is_reward_model(entry)
+        else entry
+        for entry in reward
+    ]
+
+
+def check_reward_models(reward: Any, roots: Sequence[Path]) -> None:
+    """`SpecError` unless each reward model of ``reward`` passes `check_model` and is a reward
+    model this worker can load (`check_reward_model`; a Hub id the worker is yet to download
+    is checked when it has it)."""
+    for model in reward_models(reward):
+        try:
+            checkpoint = check_model(model, roots)
+            if checkpoint is not None:
+                check_reward_model(checkpoint)
+        except (SpecError, ValueError) as exc:
+            raise SpecError(f"reward {REWARD_MODEL}: {exc}") from None
 
 
 def model_parameters(model: str) -> int | None:
@@ -243,6 +286,13 @@ def absolute_paths(config: dict[str, Any]) -> dict[str, Any]:
             continue
         if key != "model" or (value not in SHIPPED_MODEL_NAMES and Path(value).exists()):
             paths[key] = os.path.abspath(value)
+    if reward_models(config.get("reward")):
+        paths["reward"] = [
+            {**entry, "model": os.path.abspath(entry["model"])}
+            if _is_reward_model(entry) and Path(entry["model"]).exists()
+            else entry
+            for entry in config["reward"]
+        ]
     return {**config, **paths}
 
 
@@ -255,6 +305,7 @@ def check_paths(config: dict[str, Any], settings: Settings) -> None:
         if checkpoint is not None:
             check_adapter_base(checkpoint, model, roots)
             check_kv_budget(config, checkpoint)
+    check_reward_models(config.get("reward"), roots)
     for key in ("data", "heldout_data"):
         if isinstance(config.get(key), str):
             check_data_file(config[key], (*roots, settings.data_dir), key)

@@ -28,7 +28,7 @@ from core_engine.weights import model_checksum
 from db import JobInfo, PolicyMetrics, PolicyVersionRecord, Repository
 from workers.control import JobControl, Outcome
 from workers.evaluation import HeldoutEval, heldout_eval
-from workers.job_files import job_output_dir, resolve_model
+from workers.job_files import job_output_dir, resolve_model, resolve_reward_models
 from workers.records import policy_metrics, trainer_batches
 from workers.settings import Settings
 from workers.specs import data_columns, heldout_settings, report_to, train_config
@@ -172,6 +172,8 @@ def run_training(
     model = resolve_model(job.config["model"], download=phase)
     phase(LOADING_PHASE)
     values = {"device": settings.device, **job.config, "model": model}
+    if "reward" in job.config:  # its reward models' Hub ids: their snapshots
+        values["reward"] = resolve_reward_models(job.config["reward"], download=phase)
     config = train_config(values, str(job_output_dir(job.id, job.config, settings)))
     reconcile(repo, job.id, config.output_dir, control.fence)
     columns = data_columns(job.config)

@@ -108,6 +108,9 @@ TRAINER_FIELDS: dict[str, Field] = {
 REWARD_TERM_FIELDS: dict[str, Field] = {
     "weight": real(-100.0, 100.0),
     "threshold": whole(0, 2**20),
+    "max_length": whole(1, 2**20),
+    "cache_length": whole(1, 2**20),
+    "batch_size": whole(1, 4096),
 }
 
 

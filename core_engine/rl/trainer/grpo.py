@@ -45,7 +45,7 @@ from core_engine.rl.rollout.sources import (
     SyncSource,
     ThreadProducer,
 )
-from core_engine.rl.trainer import policy
+from core_engine.rl.trainer import policy, screen
 from core_engine.rl.trainer.checkpoint import (
     checkpoint_dir,
     latest_checkpoint,
@@ -182,12 +182,7 @@ class GRPOTrainer:
         screened = screen_groups(result, self.config.reject_scope)
         if screened.rejected_all:
             return self._reject(result, screened.reasons, timings, screened.rejected)
-        filtered = result.filtered_groups
-        if len(filtered) == len(result.prompt_ids):  # dynamic sampling's bound was hit
-            reasons = list(dict.fromkeys(filtered.values()))
-            return self._reject(result, reasons, timings, filtered, failure=False)
-        rejected = {**filtered, **screened.rejected}
-        return self._optimise(result, rejected, fresh, screened.reasons, timings)
+        return self._optimise(result, screened.rejected, fresh, screened.reasons, timings)
 
     def _optimise(self, rollout, rejected, fresh, reasons, timings) -> StepRecord:
         cfg, g = self.config, rollout.group_size
@@ -196,7 +191,7 @@ class GRPOTrainer:
         rows = trainable_rows(zero_var, rejected, g, cfg.drop_zero_variance_groups)
         metrics = rollout_metrics(rollout, rewards, zero_var, fresh, timings["generate_s"])
         if not rows:
-            reasons = [*reasons, "filtered: no trainable group (all have zero reward variance)"]
+            reasons = [*reasons, *screen.untrained_reasons(rollout)]
             return self._reject(rollout, reasons, {**timings, **metrics}, rejected, failure=False)
         start = time.perf_counter()
         # Only trainable samples are scored: the others have no weight in the loss. The

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from core_engine.rl.objective.update import TrainSample
-from core_engine.rl.rollout import RawRollout, RolloutResult
+from core_engine.rl.rollout import RolloutResult
 from core_engine.rl.trainer.metrics import token_lags
 
 
@@ -20,9 +20,10 @@ class Screened:
     reasons: list[str]  # the problems found, one per faulty group
 
 
-def screen_groups(rollout: RawRollout, reject_scope: str) -> Screened:
+def screen_groups(rollout: RolloutResult, reject_scope: str) -> Screened:
     """A group with an errored, aborted or empty sample is never trained on; with
-    `reject_scope="batch"` such a group rejects the whole batch."""
+    `reject_scope="batch"` such a group rejects the whole batch. Dynamic sampling's filtered
+    groups (`rollout.dynamic`) are rejected too, with their reason, rejecting nothing else."""
     rejected: dict[int, str] = {}
     for i, (reason, error, ids) in enumerate(
         zip(rollout.finish_reasons, rollout.errors, rollout.response_ids, strict=True)
@@ -39,7 +40,16 @@ def screen_groups(rollout: RawRollout, reject_scope: str) -> Screened:
     rejected_all = bool(rejected) and (reject_scope == "batch" or len(rejected) == groups)
     if rejected_all:
         rejected = {g: rejected.get(g, "rejected with its batch") for g in range(groups)}
-    return Screened(rejected, rejected_all, reasons)
+    return Screened({**rollout.filtered_groups, **rejected}, rejected_all, reasons)
+
+
+def untrained_reasons(rollout: RolloutResult) -> list[str]:
+    """Why no group of a rollout that passed the screen is trained on: dynamic sampling's
+    bound was hit (every group filtered, `rollout.dynamic`), or no group has reward variance."""
+    filtered = rollout.filtered_groups
+    if filtered and len(filtered) == len(rollout.prompt_ids):
+        return list(dict.fromkeys(filtered.values()))
+    return ["filtered: no trainable group (all have zero reward variance)"]
 
 
 def trainable_rows(
