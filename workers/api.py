@@ -25,6 +25,7 @@ from core_engine.rl.data.files import Columns, record_count
 from core_engine.rl.data.tasks import BUILTIN_TASKS
 from core_engine.rl.episodes.environments import registered_environments
 from core_engine.rl.objective.clip import clip_active
+from core_engine.rl.presets import ALGORITHM_PRESETS, algorithm_label
 from core_engine.rl.rewards import STANDALONE_REWARDS
 from core_engine.rl.rewards.mix import RewardSpec, parse_rewards
 from core_engine.task import KV_STRATEGIES
@@ -65,6 +66,7 @@ from workers.submission import cancel_job, celery_app, resume_job, submit_job, v
 from workers.trackers import TRACKERS
 
 __all__ = [
+    "ALGORITHM_PRESETS",
     "ALL_LINEAR",
     "CALCULATOR_MODEL",
     "COMMANDS",
@@ -90,6 +92,7 @@ __all__ = [
     "UnsafeFileError",
     "adapter_bytes",
     "add_worker_commands",
+    "algorithm_label",
     "audit",
     "cancel_job",
     "chat",

@@ -10,6 +10,7 @@ from typing import Any
 
 from core_engine.lora_settings import LoraSettings
 from core_engine.rl.limits import TRAINER_FIELDS, field_problems
+from core_engine.rl.presets import apply_preset, preset_settings
 from core_engine.rl.rewards.mix import RewardSpec, parse_rewards
 from core_engine.task import KV_STRATEGIES, SamplingParams
 from core_engine.user_files import MAX_TEXT_BYTES, read_text
@@ -138,6 +139,9 @@ class GRPOConfig:
     environment: str | None = None
     max_turns: int = 4
     max_episode_tokens: int = 512
+    # a published variant's settings (`core_engine.rl.presets`), beneath the job's own: applied
+    # by `from_dict` (job files, the worker), kept to name the job's algorithm
+    preset: str | None = None
 
     def __post_init__(self) -> None:
         problems = self._resolve_lora()
@@ -185,6 +189,11 @@ class GRPOConfig:
         if self.reward is not None:
             try:
                 parse_rewards(self.reward, None if numbers else self.max_tokens)
+            except ValueError as exc:
+                problems.append(str(exc))
+        if self.preset is not None:
+            try:
+                preset_settings(self.preset)
             except ValueError as exc:
                 problems.append(str(exc))
         if problems:
@@ -285,6 +294,11 @@ class GRPOConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GRPOConfig:
         values = _renamed(values)
+        if "preset" in values:
+            try:
+                values = apply_preset(values, cls.max_tokens)
+            except ValueError as exc:
+                raise ValueError(f"invalid training config: {exc}") from None
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:

@@ -5,6 +5,12 @@ from typing import Any
 
 import gradio as gr
 
+from ui.handlers.algorithm_form import (
+    ALGORITHM_CHOICES,
+    ALGORITHM_FIELDS,
+    CUSTOM_ALGORITHM,
+    algorithm_form,
+)
 from ui.handlers.launch import (
     FORM_FIELDS,
     JSONL_SOURCE,
@@ -59,6 +65,14 @@ def _apply_preset(model: str | None) -> tuple[dict, ...]:
     return tuple(gr.update(value=values[name]) for name in PRESET_FIELDS)
 
 
+def _apply_algorithm(name: str | None) -> tuple[Any, ...]:
+    """An algorithm preset's values in the form's fields it sets (`ALGORITHM_FIELDS`), the
+    others unchanged, and its paper."""
+    values, paper = algorithm_form(name)
+    updates = (gr.update(value=values[f]) if f in values else gr.update() for f in ALGORITHM_FIELDS)
+    return (*updates, paper)
+
+
 def _more_rewards() -> tuple[gr.components.Component, ...]:
     """The first reward's weight, each extra reward's name and weight, then the `length`
     threshold (`REWARD_FIELDS`)."""
@@ -93,6 +107,17 @@ def build(services: Services) -> dict[str, gr.components.Component]:
     """The Launch tab's components and events (inside a ``gr.Tab``); returns the form's
     fields by name (`FORM_FIELDS`), for "Clone job" to fill in."""
     d = api.LAUNCH_DEFAULTS
+    with gr.Row():
+        algorithm = gr.Dropdown(
+            ALGORITHM_CHOICES,
+            value=CUSTOM_ALGORITHM,
+            label="Algorithm",
+            info="a published variant: fills in its paper's settings (what the form has no "
+            "field for comes with the job); your own values win",
+            elem_id="launch-algorithm",
+            scale=2,
+        )
+        algorithm_paper = gr.Markdown(elem_id="launch-algorithm-paper")
     with gr.Row():  # the button keeps its own height beside the labelled dropdown
         model = gr.Dropdown(
             model_choices(services),
@@ -261,7 +286,8 @@ def build(services: Services) -> dict[str, gr.components.Component]:
         launch = gr.Button("Launch", variant="primary", elem_id="launch-button", scale=1)
         status = gr.Markdown(elem_id="launch-status")
 
-    fields = (model, source, task, data, reward, steps, batch_size, group_size, lr, temperature)
+    fields = (algorithm, model, source, task, data, reward, steps, batch_size, group_size, lr)
+    fields += (temperature,)
     fields += (top_p, max_tokens, max_policy_lag, kv_strategy, clip_eps, kl_coef, seed)
     fields += (updates_per_batch, pipeline, heldout_every, heldout_prompts, report_to, lora)
     fields += (lora_rank, lora_alpha, lora_dropout, lora_target_modules, lora_modules_to_save)
@@ -284,6 +310,12 @@ def build(services: Services) -> dict[str, gr.components.Component]:
     preset = [form[name] for name in PRESET_FIELDS]
     model.input(_apply_preset, model, preset, api_name="launch_model_preset")
     lora.input(lr_for_mode, [lora, lr, model], lr, api_name="launch_lora")
+    algorithm.input(
+        _apply_algorithm,
+        algorithm,
+        [*(form[name] for name in ALGORITHM_FIELDS), algorithm_paper],
+        api_name="launch_algorithm",
+    )
     rescan.click(partial(_rescan, services), None, [model, data], api_name="launch_rescan")
     upload.upload(
         partial(_after_upload, services),
