@@ -23,7 +23,12 @@ from core_engine.rl.config import GRPOConfig, approx_parameters
 from core_engine.rl.data import DataError, longest_prompt, longest_records
 from core_engine.rl.data.files import load_records, split_heldout
 from core_engine.rl.data.tasks import prompt_records
-from core_engine.rl.rewards.reward_model import REWARD_MODEL, check_reward_model
+from core_engine.rl.rewards.reward_model import (
+    REWARD_MODEL,
+    check_reward_model,
+    reward_model_paths,
+    with_reward_models,
+)
 from core_engine.user_files import (
     MAX_DATA_BYTES,
     MAX_TEXT_BYTES,
@@ -69,40 +74,11 @@ def resolve_model(model: str, download: Callable[[str], None] | None = None) -> 
     return model
 
 
-def _is_reward_model(entry: Any) -> bool:
-    """Whether a reward list entry is a reward model's (with a checkpoint or Hub id)."""
-    return (
-        isinstance(entry, Mapping)
-        and entry.get("name") == REWARD_MODEL
-        and isinstance(entry.get("model"), str)
-    )
-
-
-def reward_models(reward: Any) -> list[str]:
-    """The checkpoints (or Hub ids) of a reward list's reward models."""
-    if not isinstance(reward, list | tuple):
-        return []
-    return [entry["model"] for entry in reward if _is_reward_model(entry)]
-
-
-def resolve_reward_models(reward: Any, download: Callable[[str], None] | None = None) -> Any:
-    """``reward`` with each reward model's ``model`` as `resolve_model` gives it (a Hub id:
-    its snapshot, downloaded first when ``download`` is given)."""
-    if not reward_models(reward):
-        return reward
-    return [
-        {**entry, "model": resolve_model(entry["model"], download)}
-        if _is_reward_model(entry)
-        else entry
-        for entry in reward
-    ]
-
-
 def check_reward_models(reward: Any, roots: Sequence[Path]) -> None:
     """`SpecError` unless each reward model of ``reward`` passes `check_model` and is a reward
     model this worker can load (`check_reward_model`; a Hub id the worker is yet to download
     is checked when it has it)."""
-    for model in reward_models(reward):
+    for model in reward_model_paths(reward):
         try:
             checkpoint = check_model(model, roots)
             if checkpoint is not None:
@@ -206,8 +182,9 @@ def check_data_records(config: dict[str, Any]) -> None:
     """`SpecError` naming the file and the column when the job's ``data`` or ``heldout_data``
     cannot be read as prompt records with its column mapping, its held-out fraction leaves
     nothing to train on, or its prompts (a built-in task's as the worker draws them) do not
-    fit the model's context (`check_prompt_room`). Read at submission; the paths are checked
-    first (`check_paths`)."""
+    fit the model's context (`check_prompt_room`), nor an environment job's episodes
+    (`check_episode_room`). Read at submission; the paths are checked first (`check_paths`)."""
+    check_episode_room(config)
     columns, heldout = data_columns(config), heldout_settings(config)
     seed = config.get("seed", GRPOConfig.seed)
     try:
@@ -223,6 +200,24 @@ def check_data_records(config: dict[str, Any]) -> None:
             check_prompt_room(config, load_records(heldout.data, columns), heldout.data)
     except DataError as exc:
         raise SpecError(str(exc)) from None
+
+
+def check_episode_room(config: Mapping[str, Any]) -> None:
+    """`SpecError` when an environment job's episodes (``max_episode_tokens``: the prompt,
+    every turn and observation) cannot fit the model's context (``max_position_embeddings``):
+    its long episodes would end ``context_exceeded`` or be refused by the engine."""
+    if config.get("environment") is None:
+        return
+    try:
+        context = checkpoint_context(resolve_model(config["model"]))
+    except DemoPolicyMissing:
+        return  # the worker says so
+    tokens = config.get("max_episode_tokens", GRPOConfig.max_episode_tokens)
+    if context is not None and isinstance(tokens, int) and tokens > context:
+        raise SpecError(
+            f"max_episode_tokens ({tokens}) exceeds the model's {context}-token context "
+            f"(max_position_embeddings in its config.json): set max_episode_tokens <= {context}"
+        )
 
 
 def check_prompt_room(
@@ -286,14 +281,13 @@ def absolute_paths(config: dict[str, Any]) -> dict[str, Any]:
             continue
         if key != "model" or (value not in SHIPPED_MODEL_NAMES and Path(value).exists()):
             paths[key] = os.path.abspath(value)
-    if reward_models(config.get("reward")):
-        paths["reward"] = [
-            {**entry, "model": os.path.abspath(entry["model"])}
-            if _is_reward_model(entry) and Path(entry["model"]).exists()
-            else entry
-            for entry in config["reward"]
-        ]
+    if reward_model_paths(config.get("reward")):  # a reward model's as a model's
+        paths["reward"] = with_reward_models(config["reward"], _absolute_if_local)
     return {**config, **paths}
+
+
+def _absolute_if_local(path: str) -> str:
+    return os.path.abspath(path) if Path(path).exists() else path
 
 
 def check_paths(config: dict[str, Any], settings: Settings) -> None:

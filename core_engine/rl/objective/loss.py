@@ -4,8 +4,10 @@ correction. Micro-batching, scoring and backward live in `update.py`.
 
 Three log-probs per response token: the current policy's `logp` (with gradient), the trainer's
 own before this update, `proximal` (pi_prox), and the engine's at sampling time, `behaviour`
-(mu). A token is *corrected* when it was sampled by an older version (`lags > 0`) or, with
-`correct_on_policy`, always (a lower-precision engine: the train/infer mismatch). Then its PPO
+(mu). A token is *corrected* when its behaviour log-prob depends on an older version than
+pi_prox's (`lags > 0`: it was sampled by one, or, in flight, sampled after an update over K/V
+an older version wrote; `trainer.metrics.behaviour_lags`) or, with `correct_on_policy`, always
+(a lower-precision engine: the train/infer mismatch). Then its PPO
 ratio is pi_theta / pi_prox and its surrogate is weighted by w = pi_prox / mu under one of two
 importance modes with one cap:
 

@@ -29,7 +29,8 @@ class TrainSample:
     behaviour: list[float]  # the engine's temperature-only log-probs of `response`
     advantage: float
     old: list[float] | None = None  # the trainer's log-probs at the rollout's version, if known
-    # per token, the trainer's version minus the version that sampled it (None: all 0)
+    # per token, pi_prox's version minus the oldest version its behaviour log-prob depends on
+    # (`trainer.metrics.behaviour_lags`; None: all 0): the objective corrects where > 0
     lags: list[int] | None = None
     # per token, 1 where the policy sampled it (an episode's observations: 0; None: all 1)
     loss_mask: list[int] | None = None

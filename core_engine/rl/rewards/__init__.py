@@ -122,7 +122,7 @@ def check_reward_spec(spec: str) -> None:
     if spec in LIST_ONLY_REWARDS:
         what, entry = LIST_ONLY_REWARDS[spec]
         raise ValueError(
-            f"reward {spec!r} needs {what}: use a reward list entry {entry} (see the README)"
+            f"reward {spec!r} needs {what}: use a reward list entry {entry} (see docs/rewards.md)"
         )
     if spec in BUILTIN_NAMES:
         return

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import struct
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from math import prod
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,33 @@ REWARD_MODEL = "reward_model"  # its name in a reward list
 DEFAULT_BATCH_SIZE = 8
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 _loaded: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _is_reward_model(entry: Any) -> bool:
+    """Whether a reward list entry is a reward model's (with a checkpoint or Hub id)."""
+    return (
+        isinstance(entry, Mapping)
+        and entry.get("name") == REWARD_MODEL
+        and isinstance(entry.get("model"), str)
+    )
+
+
+def reward_model_paths(reward: Any) -> list[str]:
+    """The checkpoints (or Hub ids) of the reward models of a job's ``reward`` (valid or not)."""
+    if not isinstance(reward, list | tuple):
+        return []
+    return [entry["model"] for entry in reward if _is_reward_model(entry)]
+
+
+def with_reward_models(reward: Any, change: Callable[[str], str]) -> Any:
+    """A job's ``reward`` with each reward model's ``model`` changed by ``change`` (e.g. a Hub
+    id resolved to its snapshot); anything else as it is."""
+    if not reward_model_paths(reward):
+        return reward
+    return [
+        {**entry, "model": change(entry["model"])} if _is_reward_model(entry) else entry
+        for entry in reward
+    ]
 
 
 def check_reward_model(path: str | Path) -> None:

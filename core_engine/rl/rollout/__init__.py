@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Self
 
 from core_engine.prompts import encode_prompt, render_prompt
 from core_engine.rl.data import batch_rows, instruction_to_messages
@@ -83,6 +83,21 @@ class RawRollout:
             return [self.policy_version] * len(self.response_ids[sample])
         return expand_runs(self.token_versions[sample])
 
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON values (floats round-trip exactly), for a checkpoint to resume from or
+        another rank. The rollout's own lists, not copies (`asdict` copied every number)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["errors"] = [None if e is None else asdict(e) for e in self.errors]
+        return values
+
+    @classmethod
+    def from_json(cls, values: dict[str, Any]) -> Self:
+        errors = [
+            None if e is None else TaskError(ErrorCode(e["code"]), e["message"])
+            for e in values["errors"]
+        ]
+        return cls(**{**values, "errors": errors})
+
 
 @dataclass(frozen=True)
 class RolloutResult(RawRollout):
@@ -93,21 +108,10 @@ class RolloutResult(RawRollout):
     # groups (`core_engine.rl.rollout.dynamic`); empty: none
     filtered_groups: dict[int, str] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
-        """Plain JSON values (floats round-trip exactly), for a checkpoint to resume from or
-        another rank. The rollout's own lists, not copies (`asdict` copied every number)."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        values["errors"] = [None if e is None else asdict(e) for e in self.errors]
-        return values
-
     @classmethod
-    def from_json(cls, values: dict[str, Any]) -> RolloutResult:
-        errors = [
-            None if e is None else TaskError(ErrorCode(e["code"]), e["message"])
-            for e in values["errors"]
-        ]
+    def from_json(cls, values: dict[str, Any]) -> Self:
         filtered = {int(g): why for g, why in values.get("filtered_groups", {}).items()}
-        return cls(**{**values, "errors": errors, "filtered_groups": filtered})
+        return super().from_json({**values, "filtered_groups": filtered})
 
 
 class RolloutGenerator:

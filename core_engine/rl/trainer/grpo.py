@@ -55,6 +55,7 @@ from core_engine.rl.trainer.checkpoint import (
     save_checkpoint,
 )
 from core_engine.rl.trainer.metrics import (
+    kv_mixture_metrics,
     lag_metrics,
     mismatch_metrics,
     rollout_metrics,
@@ -108,7 +109,12 @@ class GRPOTrainer:
         self.plan = BatchPlan(records, config.batch_size, config.seed)
         state["pending"] = read_pending_rollout(resume) if resume else None
         self.source = self._source(state)
-        self._consecutive_failures = self._consecutive_filtered = 0
+        # rejected batches in a row (failed; without learning signal), and those with a
+        # rollout since the latest version: a stop's checkpoint keeps them (`save`)
+        rejections = state.get("rejections", {})
+        self._consecutive_failures = rejections.get("failures", 0)
+        self._consecutive_filtered = rejections.get("filtered", 0)
+        self.rejected_since_version = rejections.get("since_version", 0)
 
     def _source(self, state: dict[str, Any]) -> RolloutSource:
         """Where batches come from (`rollout.sources`): on demand, or one ahead on a thread
@@ -145,7 +151,8 @@ class GRPOTrainer:
         """Run until `config.steps` optimizer steps are done, `should_stop`, or stalled: one
         loop for every pipeline mode, each batch from the source. A stop between two updates
         of a batch resumes inside that batch; a cancel that arrives while the trainer waits
-        (for a batch, or for the generation gate) stops the run there."""
+        (for a batch, or for the generation gate) stops the run there, the batch whose step it
+        interrupted kept for the resumed run (`RolloutSource.consumed`)."""
         reason = StopReason.DONE
         self.source.open()
         try:
@@ -211,10 +218,12 @@ class GRPOTrainer:
                 metrics.update(mismatch_metrics(rollout, rows, update.logprobs))
             if cfg.pipeline != "sync" or rollout.policy_version != self.version:
                 metrics.update(lag_metrics(rollout, rows, self.version))
+                metrics.update(kv_mixture_metrics(rollout, rows, update.logprobs, self.version))
             metrics.update(update_metrics(update, grad_norm, self.optimizer.param_groups[0]["lr"]))
             timings["train_s"] = time.perf_counter() - start
             version = self._publish_next_version(metrics, timings)
         self._consecutive_failures = self._consecutive_filtered = 0
+        self.rejected_since_version = 0
         trained = dict(zip(rows, update.logprobs, strict=True))
         record = StepRecord(
             step=self.step_index - 1,
@@ -270,6 +279,7 @@ class GRPOTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
         except WeightSyncError as exc:
             raise TrainingError(str(exc)) from exc
+        self.source.consumed()
         parent, self.version = self.version, self.version + 1
         self.step_index += 1
         checksum = channel.checksum_of_record(self.version)
@@ -292,6 +302,8 @@ class GRPOTrainer:
             metrics=dict(metrics),
         )
         self._emit(record)
+        self.source.consumed()
+        self.rejected_since_version += rollout is not None
         limit = self.config.max_consecutive_rejections
         if failure:
             self._consecutive_failures += 1
@@ -321,10 +333,16 @@ class GRPOTrainer:
     def save(self) -> Path:
         """Checkpoint the current version with its source's state: the rollout the next update
         uses when there is one (pipelined: produced ahead and verified; else between two
-        updates of one batch), so a resumed run continues exactly."""
+        updates of one batch), so a resumed run continues exactly; and the rejected batches
+        since the version, which the stored rows keep (`workers.training.reconcile`)."""
         state = self.source.state()
         pending = state.pop("pending", None)
         state["base_checksum"] = self.base_checksum  # LoRA's, verified on resume
+        state["rejections"] = {
+            "failures": self._consecutive_failures,
+            "filtered": self._consecutive_filtered,
+            "since_version": self.rejected_since_version,
+        }
         gathered = full_state(self.model, self.optimizer) if is_sharded(self.model) else None
         if not self.writes_files:
             return checkpoint_dir(self.output_dir, self.version)

@@ -10,7 +10,7 @@ import torch
 
 from core_engine.rl.objective.update import TrainSample
 from core_engine.rl.rollout import RolloutResult
-from core_engine.rl.trainer.metrics import token_lags
+from core_engine.rl.trainer.metrics import behaviour_lags
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,8 @@ def train_samples(
 ) -> list[TrainSample]:
     """The `rows` of `rollout` as the update's samples. `proximal`: the trainer's log-probs at
     the rollout's version where known (a reused rollout), else the update's own forward is
-    pi_prox; a token is off-policy when a version other than pi_prox's sampled it."""
+    pi_prox; a token is corrected when its behaviour log-prob depends on a version other than
+    pi_prox's (`metrics.behaviour_lags`)."""
     return [
         TrainSample(
             rollout.prompt_ids[rollout.group_of(i)],
@@ -81,7 +82,9 @@ def train_samples(
             rollout.temp_logprobs[i],
             advantages[i],
             proximal.get(i),
-            token_lags(rollout, i, rollout.policy_version if i in proximal else trainer_version),
+            behaviour_lags(
+                rollout, i, rollout.policy_version if i in proximal else trainer_version
+            ),
             rollout.loss_masks[i] if rollout.loss_masks else None,
         )
         for i in rows
