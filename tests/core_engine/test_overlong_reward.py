@@ -48,10 +48,10 @@ def test_max_length_defaults_to_the_jobs_max_tokens():
             "must be between 1 and max_length",
         ),
         ({"name": "overlong", "cache_length": 0}, "cache_length must be >= 1"),
-        ({"name": "overlong", "cache_length": 2, "threshold": 3}, "only 'length' take threshold"),
+        ({"name": "overlong", "cache_length": 2, "threshold": 3}, "only 'length' takes threshold"),
         (
             {"name": "length", "threshold": 3, "cache_length": 2},
-            "only 'overlong' take cache_length",
+            "only 'overlong' takes cache_length",
         ),
         (
             {"name": "exact_match", "max_length": 3},

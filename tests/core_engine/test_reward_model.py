@@ -122,6 +122,10 @@ def _edit_config(folder, **changes):
             "not a sequence-classification model",
         ),
         (lambda f: _edit_config(f, id2label={"0": "a", "1": "b"}), "has 2 labels"),
+        (
+            lambda f: _edit_config(f, architectures=["MadeUpForSequenceClassification"]),
+            "has no MadeUpForSequenceClassification",
+        ),
         (lambda f: (f / "model.safetensors").unlink(), r"no \*.safetensors weights"),
         (
             lambda f: (f / "tokenizer.json").unlink() or (f / "tokenizer_config.json").unlink(),

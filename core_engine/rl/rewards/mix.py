@@ -76,8 +76,9 @@ def _term(entry: Any, max_tokens: int | None) -> RewardTerm:
         raise ValueError(f"reward {term.name!r}: " + "; ".join(problems))
     for key in own:
         if term.name not in _OWN_KEYS[key]:
-            takes = " and ".join(repr(name) for name in _OWN_KEYS[key])
-            raise ValueError(f"reward {term.name!r}: only {takes} take {key}")
+            names = [repr(name) for name in _OWN_KEYS[key]]
+            takes = f"{' and '.join(names)} {'take' if len(names) > 1 else 'takes'}"
+            raise ValueError(f"reward {term.name!r}: only {takes} {key}")
     if term.name == "length":
         if term.threshold is None:
             raise ValueError("reward 'length' needs a threshold (tokens)")

@@ -62,7 +62,7 @@ def with_reward_models(reward: Any, change: Callable[[str], str]) -> Any:
 
 def check_reward_model(path: str | Path) -> None:
     """ValueError naming what makes ``path`` no reward model this worker can load (reads
-    config.json only; nothing is imported)."""
+    config.json only; nothing of the checkpoint's is imported)."""
     where = f"reward model {path}"
     folder = Path(path)
     if not (folder / "config.json").is_file():
@@ -83,6 +83,13 @@ def check_reward_model(path: str | Path) -> None:
         raise ValueError(
             f"{where}: not a sequence-classification model (architectures {architectures}; "
             "expected a *ForSequenceClassification)"
+        )
+    import transformers  # what it has, not code of the checkpoint's
+
+    if not any(hasattr(transformers, str(a)) for a in architectures):
+        raise ValueError(
+            f"{where}: transformers {transformers.__version__} has no {architectures[0]} (a "
+            "reward model's architecture must be one transformers has)"
         )
     labels = len(config.get("id2label") or {"0": None})
     if labels != 1:
