@@ -242,8 +242,8 @@ def build(services: Services) -> dict[str, gr.components.Component]:
         )
     with gr.Accordion("More", open=False), gr.Row():
         kv_strategy = gr.Dropdown(list(api.KV_STRATEGIES), value=d["kv_strategy"], label="KV cache")
-        clip_eps = _number(d["clip_eps"], label="Clip ε")
-        kl_coef = _number(d["kl_coef"], label="KL coefficient")
+        clip_eps = _number(d["clip_eps"], label="Clip ε", elem_id="launch-clip-eps")
+        kl_coef = _number(d["kl_coef"], label="KL coefficient", elem_id="launch-kl-coef")
         seed = _number(d["seed"], label="Seed")
         updates_per_batch = _number(
             d["updates_per_batch"], label="Updates per batch (reuse within the lag)"
