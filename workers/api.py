@@ -25,8 +25,8 @@ from core_engine.rl.data.files import Columns, record_count
 from core_engine.rl.data.tasks import BUILTIN_TASKS
 from core_engine.rl.episodes.environments import registered_environments
 from core_engine.rl.objective.clip import clip_active
-from core_engine.rl.presets import ALGORITHM_PRESETS, algorithm_label
-from core_engine.rl.rewards import STANDALONE_REWARDS
+from core_engine.rl.presets import ALGORITHM_PRESETS, OVERLONG_CACHE_SHARE, algorithm_label
+from core_engine.rl.rewards import LIST_ONLY_REWARDS, STANDALONE_REWARDS
 from core_engine.rl.rewards.mix import RewardSpec, parse_rewards
 from core_engine.task import KV_STRATEGIES
 from core_engine.user_files import (
@@ -77,9 +77,11 @@ __all__ = [
     "KV_STRATEGIES",
     "LAUNCH_DEFAULTS",
     "LINEAR_MODULES",
+    "LIST_REWARDS",
     "MAX_DATA_BYTES",
     "MAX_TEXT_BYTES",
     "MODEL_PRESETS",
+    "OVERLONG_CACHE_SHARE",
     "PIPELINE_MODES",
     "REWARDS",
     "SAVABLE_MODULES",
@@ -128,6 +130,7 @@ __all__ = [
 
 TASKS: dict[str, str] = {name: task.description for name, task in BUILTIN_TASKS.items()}
 REWARDS: tuple[str, ...] = STANDALONE_REWARDS
+LIST_REWARDS: tuple[str, ...] = (*STANDALONE_REWARDS, *LIST_ONLY_REWARDS)  # as list entries
 TRAINER_DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in fields(GRPOConfig) if f.default is not MISSING
 }

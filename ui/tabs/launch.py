@@ -26,9 +26,10 @@ from ui.handlers.launch import (
     upload_dataset,
 )
 from ui.handlers.model_form import PRESET_FIELDS, model_choices, preset_values
-from ui.handlers.reward_form import EXTRA_REWARDS
 from ui.handlers.train_form import PIPELINE_CHOICES, PIPELINE_INFO
 from ui.services import Services
+from ui.tabs.fields import number_field as _number
+from ui.tabs.fields import reward_fields
 from workers import api
 
 
@@ -50,13 +51,6 @@ def _show_environment(environment: str | None) -> tuple[dict, dict, dict]:
     )
 
 
-def _number(value: float | None, label: str, **options: Any) -> gr.Textbox:
-    """A number field as text, read whole by the handlers (`parse_number`): a browser's
-    number box drops the characters it cannot read (``1e-3.5`` became ``1e-35``) and a
-    rounded one rounds, both unseen."""
-    return gr.Textbox("" if value is None else str(value), label=label, max_lines=1, **options)
-
-
 def _apply_preset(model: str | None) -> tuple[dict, ...]:
     """A shipped policy's preset filled in (`PRESET_FIELDS`); another model changes nothing."""
     values = preset_values(model)
@@ -71,36 +65,6 @@ def _apply_algorithm(name: str | None) -> tuple[Any, ...]:
     values, paper = algorithm_form(name)
     updates = (gr.update(value=values[f]) if f in values else gr.update() for f in ALGORITHM_FIELDS)
     return (*updates, paper)
-
-
-def _more_rewards() -> tuple[gr.components.Component, ...]:
-    """The first reward's weight, each extra reward's name and weight, then the `length`
-    threshold (`REWARD_FIELDS`)."""
-    fields: list[gr.components.Component] = [
-        _number(1.0, label="Weight of the first reward", elem_id="launch-reward-weight")
-    ]
-    for n in range(2, EXTRA_REWARDS + 2):
-        with gr.Row():
-            fields.append(
-                gr.Dropdown(
-                    [("(none)", ""), *((name, name) for name in api.REWARDS)],
-                    value="",
-                    allow_custom_value=True,
-                    label=f"Reward {n}",
-                    elem_id=f"launch-reward-{n}",
-                )
-            )
-            fields.append(_number(1.0, label=f"Weight {n}", elem_id=f"launch-weight-{n}"))
-    fields.append(
-        _number(
-            None,
-            label="Length threshold (tokens)",
-            info="reward `length`: 0 up to it, falling to -1 at max tokens; blank: 3/4 of max "
-            "tokens (0: a penalty from the first token)",
-            elem_id="launch-length-threshold",
-        )
-    )
-    return tuple(fields)
 
 
 def build(services: Services) -> dict[str, gr.components.Component]:
@@ -177,7 +141,7 @@ def build(services: Services) -> dict[str, gr.components.Component]:
     with gr.Accordion(
         "More rewards (weighted sum)", open=False, elem_id="launch-more-rewards"
     ) as more_rewards:
-        more = _more_rewards()
+        more = reward_fields()
     with gr.Row():
         environment = gr.Dropdown(
             environment_choices(),
