@@ -82,21 +82,23 @@ ALGORITHM_PRESETS: dict[str, AlgorithmPreset] = {
 }
 
 
-def preset_settings(name: str) -> Mapping[str, Any]:
-    """The settings of preset `name` (ValueError naming the presets there are)."""
-    if name not in ALGORITHM_PRESETS:
-        raise ValueError(f"preset {name!r}: choose one of {', '.join(ALGORITHM_PRESETS)}")
-    return ALGORITHM_PRESETS[name].settings
+def preset_problems(name: Any) -> list[str]:
+    """What is wrong with a job's ``preset`` (None: none chosen, nothing)."""
+    if name is None or (isinstance(name, str) and name in ALGORITHM_PRESETS):
+        return []
+    return [f"preset {name!r}: choose one of {', '.join(ALGORITHM_PRESETS)}"]
 
 
 def apply_preset(values: Mapping[str, Any], default_max_tokens: int) -> dict[str, Any]:
     """A job's values with its ``preset``'s settings beneath them (the job's own win) and,
     for DAPO, the overlong reward added (module docstring); values without a preset as they
-    are. Applying it twice changes nothing more."""
+    are (ValueError for an unknown one). Applying it twice changes nothing more."""
     name = values.get("preset")
     if name is None:
         return dict(values)
-    applied = {**preset_settings(name), **values}
+    if problems := preset_problems(name):
+        raise ValueError("invalid training config: " + problems[0])
+    applied = {**ALGORITHM_PRESETS[name].settings, **values}
     max_tokens = values.get("max_tokens", default_max_tokens)
     scored_by_rewards = values.get("environment") is None
     if ALGORITHM_PRESETS[name].overlong and scored_by_rewards and _is_count(max_tokens):

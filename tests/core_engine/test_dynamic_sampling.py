@@ -2,6 +2,8 @@
 rewards, every drawn group is stored, the filtered ones with their reason; the bound on draws
 rejects the step, saying so."""
 
+import statistics
+
 import pytest
 
 from core_engine.rl.config import GRPOConfig
@@ -102,3 +104,18 @@ def test_dynamic_sampling_refused_where_it_cannot_draw(settings, needs):
 def test_max_sampling_draws_is_bounded():
     with pytest.raises(ValueError, match="max_sampling_draws must be >= 1"):
         GRPOConfig(model="m", output_dir="o", task="always7", max_sampling_draws=0)
+
+
+def test_a_batch_wide_reward_scale_reads_only_the_kept_groups(checkpoint, tmp_path):
+    trainer = make_trainer(
+        checkpoint, tmp_path, dynamic_sampling=True, steps=1, scale_rewards="batch"
+    )
+    trainer.runner.reward_fn = groups_mixed_when(lambda k: k % 3 != 2)
+    record = trainer.step()
+    kept = [0, 1, 3, 4]  # each group's rewards 0, 1, 0, 1; the filtered ones not in the batch
+    rewards = [float(i % 2) for _ in kept for i in range(4)]
+    mean_of_group, std = 0.5, statistics.pstdev(rewards)  # TRL's batch scale, population std
+    for group in kept:
+        for i in range(4):
+            truth = (float(i % 2) - mean_of_group) / (std + 1e-6)
+            assert record.advantages[group * 4 + i] == pytest.approx(truth, abs=1e-6)

@@ -13,6 +13,7 @@ import torch
 
 from core_engine.rl.data.tasks import prompt_records
 from core_engine.rl.rollout import sources
+from core_engine.rl.rollout.seeds import batch_seed
 from core_engine.rl.rollout.sources import BatchPlan, PrefetchSource, ThreadProducer
 from core_engine.rl.trainer.checkpoint import latest_checkpoint, read_pending_rollout
 from core_engine.rl.trainer.grpo import TrainingError
@@ -362,7 +363,7 @@ def test_a_stop_while_one_step_waits_at_the_boundary_loses_no_batch(
     holder = {}
 
     def gated_produce(runner, batch, seed):
-        if seed == sources.batch_seed(0, 3):  # batch 3 generates until the stop is pressed
+        if seed == batch_seed(0, 3):  # batch 3 generates until the stop is pressed
             assert stop.wait(timeout=120)  # a hang guard
         return produce(runner, batch, seed)
 

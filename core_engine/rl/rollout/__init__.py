@@ -11,6 +11,7 @@ from core_engine.prompts import encode_prompt, render_prompt
 from core_engine.rl.data import batch_rows, instruction_to_messages
 from core_engine.rl.rewards import RewardError, RewardFn
 from core_engine.rl.rewards.mix import RewardMix, score_rewards
+from core_engine.rl.rollout.seeds import sample_seed
 from core_engine.scheduler import InferenceScheduler
 from core_engine.task import ErrorCode, SamplingParams, TaskError, expand_runs
 
@@ -154,7 +155,7 @@ class RolloutGenerator:
         prepared = self._prepare_prompts(batch)
         prompt_ids = [encode_prompt(self.tokenizer, text) for _, text, _ in prepared]
         g = self.group_size
-        params = [replace(self.params, seed=seed + i * g) for i in range(len(prepared))]
+        params = [replace(self.params, seed=sample_seed(seed, i * g)) for i in range(len(prepared))]
         results = self.engine.run_batch(prompt_ids, params, samples_per_prompt=g)
         runs = [r.token_versions or [[r.policy_version, 0]] for r in results]
         versions = {v for sample in runs for v, _ in sample if v >= 0}  # -1: never admitted
@@ -177,7 +178,7 @@ class RolloutGenerator:
             finish_reasons=[r.finish_reason.value for r in results],
             errors=[r.error for r in results],
             cached_prompt_tokens=[r.num_cached_prompt_tokens for r in results],
-            seeds=[seed + i for i in range(len(results))],
+            seeds=[sample_seed(seed, i) for i in range(len(results))],
             policy_version=min(versions, default=self.engine.version),
             group_size=g,
             temperature=self.params.temperature,

@@ -15,7 +15,7 @@ from dataclasses import fields, replace
 
 import torch
 
-from core_engine.rl.objective.loss import group_advantages
+from core_engine.rl.objective.advantages import zero_variance_groups
 from core_engine.rl.rollout import Produced, RolloutResult
 from core_engine.rl.trainer.screen import screen_groups
 
@@ -43,8 +43,8 @@ def concat_rollouts(parts: Sequence[RolloutResult]) -> RolloutResult:
 
 def mixed_groups(rollout: RolloutResult) -> list[bool]:
     """Per group: whether its rewards differ (the advantages' own zero-variance rule)."""
-    rewards = torch.tensor(rollout.rewards, dtype=torch.float64).view(-1, rollout.group_size)
-    return (~group_advantages(rewards)[1]).tolist()
+    rewards = torch.tensor(rollout.rewards).view(-1, rollout.group_size)
+    return (~zero_variance_groups(rewards)).tolist()
 
 
 def draw_until_mixed(

@@ -40,15 +40,11 @@ from core_engine.rl.rollout import (
     produce_rollout,
 )
 from core_engine.rl.rollout.dynamic import draw_until_mixed
+from core_engine.rl.rollout.seeds import batch_seed
 from core_engine.weight_sync import LocalChannel
 
 Batch = dict[str, list[str]]
 JOIN_POLL_S = 0.2  # how often a wait for a batch re-checks a cancel
-
-
-def batch_seed(seed: int, index: int) -> int:
-    """The sampling seed of batch `index` (pipelined: known before the trainer reaches it)."""
-    return seed * 1_000_003 + index * 10_007
 
 
 class BatchPlan:

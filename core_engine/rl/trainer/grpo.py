@@ -23,7 +23,7 @@ from transformers import AutoTokenizer
 from core_engine.engine import resolve_device
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.footprint.estimate import check_room_for, return_large_frees_to_the_os
-from core_engine.rl.objective.loss import group_advantages
+from core_engine.rl.objective.advantages import zero_variance_groups
 from core_engine.rl.objective.update import (
     TrainSample,
     UpdateResult,
@@ -62,7 +62,7 @@ from core_engine.rl.trainer.metrics import (
     update_metrics,
 )
 from core_engine.rl.trainer.records import StepRecord, StopReason, TrainerHooks, VersionRecord
-from core_engine.rl.trainer.screen import screen_groups, train_samples, trainable_rows
+from core_engine.rl.trainer.screen import screen_groups, step_samples, trainable_rows
 from core_engine.weight_sync import GateWaitCancelled, LocalChannel, WeightSyncError
 
 
@@ -194,7 +194,7 @@ class GRPOTrainer:
     def _optimise(self, rollout, rejected, fresh, reasons, timings) -> StepRecord:
         cfg, g = self.config, rollout.group_size
         rewards = torch.tensor(rollout.rewards).view(-1, g)
-        advantages, zero_var = group_advantages(rewards)
+        zero_var = zero_variance_groups(rewards)
         rows = trainable_rows(zero_var, rejected, g, cfg.drop_zero_variance_groups)
         metrics = rollout_metrics(rollout, rewards, zero_var, fresh, timings["generate_s"])
         if not rows:
@@ -204,8 +204,7 @@ class GRPOTrainer:
         # Only trainable samples are scored: the others have no weight in the loss. The
         # train/infer mismatch is therefore measured on the samples trained on.
         old = self.source.known_proximal(rollout, fresh)
-        flat_advantages = advantages.view(-1).tolist()
-        samples = train_samples(rollout, rows, flat_advantages, old, self.version)
+        flat_advantages, samples = step_samples(rollout, rewards, rows, old, self.version, cfg)
         with self._training_phase():
             update, grad_norm = self._backward(samples)
             stepped = update.finite and math.isfinite(grad_norm)
