@@ -318,7 +318,7 @@ class GRPOConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GRPOConfig:
-        values = apply_preset(trl_names_as_ours(_renamed(values)), cls.max_tokens)
+        values = apply_preset(trl_names_as_ours(_renamed(values)))
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:

@@ -7,8 +7,8 @@ A preset sets only what its paper changes (the objective's fields: `loss_type`, 
 `clip_eps` / `clip_eps_high`, `importance_sampling_level`, `kl_coef`; DAPO's dynamic sampling);
 batch sizes, lengths and the learning rate stay the job's, since they depend on the model and
 the task. DAPO also adds its soft overlong punishment to the job's rewards (the ``overlong``
-reward, its cache a fifth of ``max_tokens``: the paper's 4,096 of 20,480 tokens), unless the
-job's reward list has one already.
+reward with its defaults: up to ``max_tokens``, the last fifth penalised, the paper's 4,096 of
+20,480 tokens), unless the job's reward list has one already.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from core_engine.rl.data.tasks import default_reward
-
-OVERLONG_CACHE_SHARE = 5  # DAPO: L_cache = 4096 of L_max = 20480 tokens
 
 
 @dataclass(frozen=True)
@@ -89,7 +87,7 @@ def preset_problems(name: Any) -> list[str]:
     return [f"preset {name!r}: choose one of {', '.join(ALGORITHM_PRESETS)}"]
 
 
-def apply_preset(values: Mapping[str, Any], default_max_tokens: int) -> dict[str, Any]:
+def apply_preset(values: Mapping[str, Any]) -> dict[str, Any]:
     """A job's values with its ``preset``'s settings beneath them (the job's own win) and,
     for DAPO, the overlong reward added (module docstring); values without a preset as they
     are (ValueError for an unknown one). Applying it twice changes nothing more."""
@@ -99,19 +97,12 @@ def apply_preset(values: Mapping[str, Any], default_max_tokens: int) -> dict[str
     if problems := preset_problems(name):
         raise ValueError("invalid training config: " + problems[0])
     applied = {**ALGORITHM_PRESETS[name].settings, **values}
-    max_tokens = values.get("max_tokens", default_max_tokens)
-    scored_by_rewards = values.get("environment") is None
-    if ALGORITHM_PRESETS[name].overlong and scored_by_rewards and _is_count(max_tokens):
-        cache = max(1, max_tokens // OVERLONG_CACHE_SHARE)
-        applied["reward"] = _with_overlong(values.get("reward"), values.get("task"), cache)
+    if ALGORITHM_PRESETS[name].overlong and values.get("environment") is None:  # rewards score
+        applied["reward"] = _with_overlong(values.get("reward"), values.get("task"))
     return applied
 
 
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def _with_overlong(reward: Any, task: Any, cache_length: int) -> Any:
+def _with_overlong(reward: Any, task: Any) -> Any:
     """The job's reward as a list with the ``overlong`` reward in it (a malformed reward as it
     is: its check names the problem)."""
     if reward is None:
@@ -122,7 +113,7 @@ def _with_overlong(reward: Any, task: Any, cache_length: int) -> Any:
         return reward
     if any(isinstance(e, Mapping) and e.get("name") == "overlong" for e in reward):
         return reward
-    return [*reward, {"name": "overlong", "cache_length": cache_length}]
+    return [*reward, {"name": "overlong"}]
 
 
 def algorithm_label(config: Mapping[str, Any]) -> str:

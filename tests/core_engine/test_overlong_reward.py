@@ -30,9 +30,13 @@ def test_overlong_is_the_papers_formula(l_max, l_cache, max_tokens):
     assert parts["overlong"] == pytest.approx(truth, abs=1e-12)
 
 
-def test_max_length_defaults_to_the_jobs_max_tokens():
+def test_max_length_defaults_to_the_jobs_max_tokens_and_the_cache_to_a_fifth_of_it():
     [term] = parse_rewards([{"name": "overlong", "cache_length": 4}], max_tokens=12)
     assert term.max_length == 12
+    [term] = parse_rewards([{"name": "overlong"}], max_tokens=20480)
+    assert (term.max_length, term.cache_length) == (20480, 4096)  # the paper's
+    [term] = parse_rewards([{"name": "overlong", "max_length": 3}], max_tokens=16)
+    assert term.cache_length == 1  # at least one token
     _, parts = RewardMix([{"name": "overlong", "cache_length": 4}], 12).score(
         ["", "", ""], ["", "", ""], ["", "", ""], [8, 10, 12]
     )
@@ -42,7 +46,6 @@ def test_max_length_defaults_to_the_jobs_max_tokens():
 @pytest.mark.parametrize(
     ("entry", "problem"),
     [
-        ({"name": "overlong"}, "needs cache_length"),
         (
             {"name": "overlong", "cache_length": 9, "max_length": 8},
             "must be between 1 and max_length",
@@ -67,6 +70,6 @@ def test_bad_settings_are_refused_with_the_reason(entry, problem):
 def test_overlong_alone_names_the_list_entry_it_needs():
     with pytest.raises(
         ValueError,
-        match=re.escape('needs a cache length: use a reward list entry {name="overlong"'),
+        match=re.escape('needs its lengths: use a reward list entry {name="overlong"'),
     ):
         check_reward_spec("overlong")

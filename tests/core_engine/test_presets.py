@@ -31,19 +31,16 @@ needs_objectives = pytest.mark.skipif(
 
 @pytest.mark.parametrize("name", list(PAPERS))
 def test_each_preset_sets_its_papers_settings(name):
-    applied = apply_preset({**JOB, "preset": name}, GRPOConfig.max_tokens)
+    applied = apply_preset({**JOB, "preset": name})
     assert {key: applied[key] for key in PAPERS[name]} == PAPERS[name]
     assert ALGORITHM_PRESETS[name].url.startswith("https://arxiv.org/abs/")
 
 
 def test_dapo_adds_dynamic_sampling_and_the_soft_overlong_punishment():
-    applied = apply_preset({**JOB, "preset": "DAPO"}, GRPOConfig.max_tokens)
+    applied = apply_preset({**JOB, "preset": "DAPO"})
     assert applied["dynamic_sampling"] is True
-    # the task's own reward kept, DAPO's cache a fifth of the length: 4 of 20 tokens
-    assert applied["reward"] == [
-        {"name": default_reward("always7")},
-        {"name": "overlong", "cache_length": 4},
-    ]
+    # the task's own reward kept; the overlong reward's defaults: DAPO's cache, a fifth
+    assert applied["reward"] == [{"name": default_reward("always7")}, {"name": "overlong"}]
     lengths = list(range(23))
     _, parts = RewardMix(applied["reward"], 20).score(["7"] * 23, ["7"] * 23, [""] * 23, lengths)
     assert parts["overlong"] == pytest.approx([float(dapo_eq13(n, 20, 4)) for n in lengths])
@@ -52,17 +49,17 @@ def test_dapo_adds_dynamic_sampling_and_the_soft_overlong_punishment():
 def test_what_the_job_sets_wins_and_applying_twice_changes_nothing():
     own = {**JOB, "preset": "DAPO", "clip_eps": 0.1, "dynamic_sampling": False}
     own["reward"] = [{"name": "exact_match"}, {"name": "overlong", "cache_length": 2}]
-    applied = apply_preset(own, GRPOConfig.max_tokens)
+    applied = apply_preset(own)
     assert applied["clip_eps"] == 0.1 and applied["dynamic_sampling"] is False
     assert applied["reward"] == own["reward"]  # its own overlong reward, not a second one
-    assert apply_preset(applied, GRPOConfig.max_tokens) == applied
-    spec = apply_preset({**JOB, "preset": "DAPO", "reward": "regex:7"}, GRPOConfig.max_tokens)
-    assert spec["reward"] == [{"name": "regex:7"}, {"name": "overlong", "cache_length": 4}]
+    assert apply_preset(applied) == applied
+    spec = apply_preset({**JOB, "preset": "DAPO", "reward": "regex:7"})
+    assert spec["reward"] == [{"name": "regex:7"}, {"name": "overlong"}]
 
 
 def test_an_environment_scores_its_episodes_so_dapo_adds_no_reward():
     values = {**JOB, "preset": "DAPO", "environment": "calculator"}
-    assert "reward" not in apply_preset(values, GRPOConfig.max_tokens)
+    assert "reward" not in apply_preset(values)
 
 
 def test_an_unknown_preset_is_refused_naming_the_presets():
@@ -94,4 +91,4 @@ def test_a_job_file_names_its_preset(tmp_path):
     path.write_text('model = "m"\noutput_dir = "o"\ntask = "always7"\npreset = "DAPO"\n')
     config = GRPOConfig.from_file(path)
     assert config.dynamic_sampling and config.clip_eps_high == 0.28
-    assert config.reward[-1] == {"name": "overlong", "cache_length": GRPOConfig.max_tokens // 5}
+    assert config.reward[-1] == {"name": "overlong"}

@@ -11,13 +11,9 @@ def form(**overrides):
     return launch_form(heldout_every=0, **overrides)
 
 
-def test_overlong_takes_the_forms_cache_or_a_fifth_of_max_tokens(services, world):
+def test_overlong_takes_the_forms_cache_or_its_default(services, world):
     launch_job(services, **form(reward="exact_match", reward_2="overlong", max_tokens=20))
-    assert world["queue"].submitted[-1][1]["reward"][1] == {
-        "name": "overlong",
-        "weight": 1.0,
-        "cache_length": 4,
-    }
+    assert world["queue"].submitted[-1][1]["reward"][1] == {"name": "overlong", "weight": 1.0}
     launch_job(services, **form(reward="overlong", overlong_cache="3", max_tokens=10))
     assert world["queue"].submitted[-1][1]["reward"] == [
         {"name": "overlong", "weight": 1.0, "cache_length": 3}
@@ -33,7 +29,7 @@ def test_a_reward_model_takes_the_forms_checkpoint_and_clone_fills_it_back(servi
     job = world["repo"].create_job("train", config, total_steps=3)
     values, _ = clone_form(services, job.id)
     assert values["reward_model_path"] == "/models/rm"
-    assert values["overlong_cache"] == 1  # a fifth of max tokens 3, at least 1
+    assert values["overlong_cache"] is None  # blank: its default
     world["queue"].submitted.clear()
     launch_job(services, **{k: v for k, v in values.items() if k in FORM_FIELDS})
     assert world["queue"].submitted[-1][1]["reward"] == config["reward"]

@@ -1,29 +1,28 @@
-"""The Launch form's algorithm: a published variant's preset (`api.ALGORITHM_PRESETS`) fills
-the form's fields it sets and names its paper; the job carries the preset's name, so the
-settings the form has no field for come with it (`GRPOConfig.from_dict`)."""
+"""The Launch form's algorithm: a published variant's preset (`PRESETS`) fills the form's
+fields it sets and names its paper; the job carries the preset's name, so the settings the form
+has no field for come with it (`GRPOConfig.from_dict`)."""
 
 from typing import Any
 
 from ui.handlers.launch import FORM_FIELDS
 from workers import api
 
+PRESETS = api.algorithms.ALGORITHM_PRESETS
 CUSTOM_ALGORITHM = ""  # no preset: the fields as set
 ALGORITHM_CHOICES = [
     ("custom: the fields as set", CUSTOM_ALGORITHM),
-    *((f"{name}: {preset.summary}", name) for name, preset in api.ALGORITHM_PRESETS.items()),
+    *((f"{name}: {preset.summary}", name) for name, preset in PRESETS.items()),
 ]
 # the form's fields some preset sets, in the form's order
 ALGORITHM_FIELDS = tuple(
-    name
-    for name in FORM_FIELDS
-    if any(name in preset.settings for preset in api.ALGORITHM_PRESETS.values())
+    name for name in FORM_FIELDS if any(name in preset.settings for preset in PRESETS.values())
 )
 
 
 def algorithm_form(name: str | None) -> tuple[dict[str, Any], str]:
     """(the `ALGORITHM_FIELDS` preset ``name`` sets -> their values, a Markdown line with its
     paper and every setting it brings); nothing for the custom choice or an unknown name."""
-    preset = api.ALGORITHM_PRESETS.get(name or CUSTOM_ALGORITHM)
+    preset = PRESETS.get(name or CUSTOM_ALGORITHM)
     if preset is None:  # custom, or a name Launch refuses with the job's reason
         return {}, ""
     values = {key: preset.settings[key] for key in ALGORITHM_FIELDS if key in preset.settings}

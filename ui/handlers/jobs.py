@@ -33,7 +33,7 @@ from workers.api import (
     HELDOUT_MEAN_AT_K_METRIC,
     HELDOUT_METRIC,
     adapter_bytes,
-    algorithm_label,
+    algorithms,
     size_text,
     worker_device,
 )
@@ -85,7 +85,7 @@ def _job_row(services: Services, job: JobInfo, device: str) -> list[Any]:
         "—" if job.current_version is None else job.current_version,
         fmt(metrics.reward_mean if metrics else None),
         fmt(metrics.tokens_per_second if metrics else None),
-        algorithm_label(job.config) if job.kind is JobKind.TRAIN else "—",
+        algorithms.algorithm_label(job.config) if job.kind is JobKind.TRAIN else "—",
         job.created_at.strftime("%Y-%m-%d %H:%M:%S"),
     ]
 

@@ -11,7 +11,7 @@ from workers import api
 
 TASK_DEFAULT_REWARD = "task default"
 LENGTH_REWARD = "length"  # DAPO's overlong penalty: needs a threshold in tokens
-OVERLONG_REWARD = "overlong"  # DAPO's, as the paper writes it: needs a cache length
+OVERLONG_REWARD = "overlong"  # DAPO's, as the paper writes it: its cache length (or default)
 REWARD_MODEL = "reward_model"  # a sequence-classification model's score: needs its checkpoint
 EXTRA_REWARDS = 3
 # The form's fields after ``reward``: its weight, each extra reward's name and weight, then the
@@ -47,19 +47,14 @@ def _threshold(form: dict[str, Any], max_tokens: Any, problems: list[str]) -> in
     return default_length_threshold(int(budget)) if budget and budget.is_integer() else None
 
 
-def _cache(form: dict[str, Any], max_tokens: Any, problems: list[str]) -> int | float | None:
-    """The `overlong` cache length: the form's, else (blank) a fifth of ``max_tokens`` (DAPO's
-    4,096 of 20,480 tokens)."""
+def _cache(form: dict[str, Any], problems: list[str]) -> int | float | None:
+    """The `overlong` cache length the form gives (None: blank, the reward's default)."""
     try:
         number = parse_number(form.get("overlong_cache"), "overlong cache length")
-        budget = parse_number(max_tokens, "max tokens")
     except InvalidValue as exc:
         problems.append(str(exc))
         return None
-    if number is not None:
-        return int(number) if number.is_integer() else number
-    share = api.OVERLONG_CACHE_SHARE
-    return max(1, int(budget) // share) if budget and budget.is_integer() else None
+    return int(number) if number is not None and number.is_integer() else number
 
 
 def _reward_model(form: dict[str, Any], problems: list[str]) -> str | None:
@@ -84,8 +79,8 @@ def reward_config(
     """The job's ``reward``: None (the task's default), one spec, or a list of
     ``{name, weight}`` tables when a weight is not 1, more rewards are chosen or one is
     `length` (its ``threshold``: the form's, 0 included, else (blank) `default_length_threshold`
-    of ``max_tokens``), `overlong` (its ``cache_length``: the form's, else a fifth of
-    ``max_tokens``) or `reward_model` (its ``model``: the form's checkpoint). `form` holds the
+    of ``max_tokens``), `overlong` (its ``cache_length``: the form's, else its default) or
+    `reward_model` (its ``model``: the form's checkpoint). `form` holds the
     `REWARD_FIELDS`; problems (`api.check_reward`) go to `problems`."""
     first = (reward or "").strip()
     first = "" if first == TASK_DEFAULT_REWARD else first
@@ -106,7 +101,9 @@ def reward_config(
             if entry["name"] == LENGTH_REWARD:
                 entry["threshold"] = _threshold(form, max_tokens, problems)
             elif entry["name"] == OVERLONG_REWARD:
-                entry["cache_length"] = _cache(form, max_tokens, problems)
+                cache = _cache(form, problems)
+                if cache is not None:  # blank: the reward's default
+                    entry["cache_length"] = cache
             elif entry["name"] == REWARD_MODEL:
                 entry["model"] = _reward_model(form, problems)
     if spec is not None:
@@ -124,7 +121,7 @@ def reward_form(reward: Any) -> dict[str, Any]:
     not carried (the form has the defaults)."""
     values: dict[str, Any] = {"reward": TASK_DEFAULT_REWARD, "reward_weight": 1.0}
     values["length_threshold"] = None  # blank: `default_length_threshold`
-    values |= {"overlong_cache": None, "reward_model_path": ""}  # blank: a fifth; none
+    values |= {"overlong_cache": None, "reward_model_path": ""}  # blank: the defaults; none
     values |= {f"reward_{n}": None for n in range(2, EXTRA_REWARDS + 2)}
     values |= {f"weight_{n}": 1.0 for n in range(2, EXTRA_REWARDS + 2)}
     if isinstance(reward, str) and reward:

@@ -25,7 +25,7 @@ def reward_fields() -> tuple[gr.components.Component, ...]:
         with gr.Row():
             fields.append(
                 gr.Dropdown(
-                    [("(none)", ""), *((name, name) for name in api.LIST_REWARDS)],
+                    [("(none)", ""), *((name, name) for name in api.REWARDS)],
                     value="",
                     allow_custom_value=True,
                     label=f"Reward {n}",

@@ -67,7 +67,7 @@ STANDALONE_REWARDS = (*BUILTIN_REWARDS, "math", "format")  # the built-ins a spe
 # the built-ins that need settings, so only a reward list entry names them, and what they need
 LIST_ONLY_REWARDS = {
     "length": ("a threshold", '{name="length", threshold=N}'),
-    "overlong": ("a cache length", '{name="overlong", cache_length=N}'),
+    "overlong": ("its lengths", '{name="overlong", cache_length=N}'),
     "reward_model": ("a model", '{name="reward_model", model="<checkpoint or Hub id>"}'),
 }
 BUILTIN_NAMES = (*STANDALONE_REWARDS, *LIST_ONLY_REWARDS)

@@ -4,7 +4,8 @@ A job's ``reward`` is one spec (`core_engine.rl.rewards`) or a list of at most `
 tables ``{name=<spec>, weight=1.0}``, not every weight 0: ``length`` also takes ``threshold``
 (tokens; below the job's ``max_tokens``), ``format`` optional ``tags`` (two names, default
 think/answer); ``overlong`` (DAPO's soft overlong punishment, `overlong_penalty`) takes
-``cache_length`` and optional ``max_length`` (tokens; default the job's ``max_tokens``);
+optional ``max_length`` and ``cache_length`` (tokens; default the job's ``max_tokens`` and a
+fifth of it);
 ``reward_model`` takes ``model`` (a reward model's checkpoint directory, or a Hub id the worker
 resolves to one), optional ``max_length`` (tokens it reads) and ``batch_size``
 (`core_engine.rl.rewards.reward_model`). A list keeps each entry's scores as a component of the
@@ -32,6 +33,7 @@ from core_engine.rl.rewards import (
 from core_engine.rl.rewards.reward_model import REWARD_MODEL, RewardModelScorer
 
 MAX_REWARDS = 8
+OVERLONG_CACHE_SHARE = 5  # `overlong`'s default L_cache: L_max / 5 (DAPO: 4,096 of 20,480)
 _KEYS = ("name", "weight", "threshold", "tags", "model", "max_length", "cache_length", "batch_size")
 # with ``regex:`` patterns: score without a reference
 REFERENCE_FREE = ("format", "length", "overlong", REWARD_MODEL)
@@ -107,16 +109,20 @@ def _term(entry: Any, max_tokens: int | None) -> RewardTerm:
 
 
 def _overlong(term: RewardTerm, max_tokens: int | None) -> RewardTerm:
-    """An ``overlong`` term with its L_max (default: the job's ``max_tokens``), checked."""
-    if term.cache_length is None:
-        raise ValueError("reward 'overlong' needs cache_length (tokens: DAPO's L_cache)")
+    """An ``overlong`` term with its L_max (default: the job's ``max_tokens``) and L_cache
+    (default: a fifth of L_max, the paper's 4,096 of 20,480 tokens), checked."""
     max_length = term.max_length if term.max_length is not None else max_tokens
-    if max_length is not None and not 1 <= term.cache_length <= max_length:
+    if max_length is None:  # the job's max_tokens is itself refused
+        return term
+    cache = term.cache_length
+    if cache is None:
+        cache = max(1, max_length // OVERLONG_CACHE_SHARE)
+    if not 1 <= cache <= max_length:
         raise ValueError(
-            f"reward 'overlong': cache_length ({term.cache_length}) must be between 1 and "
-            f"max_length ({max_length})"
+            f"reward 'overlong': cache_length ({cache}) must be between 1 and max_length "
+            f"({max_length})"
         )
-    return replace(term, max_length=max_length)
+    return replace(term, max_length=max_length, cache_length=cache)
 
 
 def overlong_penalty(lengths: Sequence[int], max_length: int, cache_length: int) -> list[float]:
