@@ -36,6 +36,7 @@ from core_engine.rl.rollout.sources import (
     BatchCancelled,
     SyncSource,
 )
+from core_engine.rl.trainer import screen
 from core_engine.rl.trainer.checkpoint import (
     checkpoint_dir,
     prune_checkpoints,
@@ -147,7 +148,7 @@ class GRPOTrainer:
         rows = trainable_rows(zero_var, rejected, g, cfg.drop_zero_variance_groups)
         metrics = rollout_metrics(rollout, rewards, zero_var, fresh, timings["generate_s"])
         if not rows:
-            reasons = [*reasons, "filtered: no trainable group (all have zero reward variance)"]
+            reasons = [*reasons, *screen.untrained_reasons(rollout)]
             return self._reject(rollout, reasons, {**timings, **metrics}, rejected, failure=False)
         start = time.perf_counter()
         # Only trainable samples are scored: the others have no weight in the loss. The
