@@ -10,6 +10,7 @@ from db.repository.batches import BatchesMixin
 from db.repository.jobs import JobsMixin
 from db.repository.metrics import MetricsMixin
 from db.repository.ownership import OwnershipMixin
+from db.repository.runs import RunsMixin
 from db.repository.samples import SamplesMixin
 from db.repository.steps import StepsMixin
 from db.repository.versions import VersionsMixin
@@ -24,6 +25,7 @@ class Repository(
     StepsMixin,
     SamplesMixin,
     MetricsMixin,
+    RunsMixin,
 ):
     """Storage for jobs, policy versions, rollout batches and samples over one engine."""
 

@@ -1,0 +1,326 @@
+"""The Runs view's model, without Gradio: jobs grouped into points by their configs, each
+point's curve of a metric (mean over its seeds with a bootstrap band) and the tables of final
+held-out scores with their confidence intervals, speed and cost."""
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from db import JobInfo, RunMetric
+from ui.devices import devices_text, job_devices
+from ui.run_stats import (
+    BAND_RESAMPLES,
+    CONFIDENCE,
+    SCORE_RESAMPLES,
+    bootstrap_band,
+    bootstrap_mean_ci,
+    debiased_ema,
+)
+
+# The x axes a curve may be drawn against, and their titles.
+X_AXES = {
+    "version": "policy version",
+    "tokens": "response tokens sampled (cumulative)",
+    "wall time": "seconds since the run's first version",
+}
+# Settings that tell runs of one point apart without making another point: each run's own.
+RUN_KEYS = ("seed", "output_dir")
+ALL_RUNS = "all runs"  # the one point of runs whose configs differ in their run keys only
+POINT_COLUMNS = [
+    "point",
+    "runs",
+    "final held-out (mean)",
+    "95% CI low",
+    "95% CI high",
+    "steps/min",
+    "device·s",
+    "tokens",
+]
+RUN_COLUMNS = [
+    "job",
+    "point",
+    "seed",
+    "final held-out",
+    "at version",
+    "steps/min",
+    "devices",
+    "device·s",
+    "tokens",
+    "status",
+]
+CURVE_COLUMNS = ["series", "point", "job", "version", "x", "value", "ci_low", "ci_high"]
+
+
+def flat_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """A config as ``dotted.key -> JSON text`` (nested tables flattened), for comparing."""
+    flat: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flat_config(value, f"{name}."))
+        else:
+            flat[name] = json.dumps(value, sort_keys=True)
+    return flat
+
+
+@dataclass(frozen=True)
+class ConfigSplit:
+    """The settings every run shares, and each run's settings that not all runs share."""
+
+    common: dict[str, str]
+    differing: list[str]
+    runs: dict[int, dict[str, str]]  # job -> its flat config
+
+    def point_of(self, job_id: int) -> str:
+        """A run's point: its differing settings other than `RUN_KEYS`, as ``key=value``."""
+        config = self.runs[job_id]
+        parts = [
+            f"{key}={config.get(key, 'unset')}" for key in self.differing if key not in RUN_KEYS
+        ]
+        return ", ".join(parts) or ALL_RUNS
+
+
+def split_configs(jobs: list[JobInfo]) -> ConfigSplit:
+    """The common part of the jobs' configs and the keys whose values differ (or are unset in
+    some), in the order they first appear."""
+    runs = {job.id: flat_config(job.config) for job in jobs}
+    keys = list(dict.fromkeys(key for config in runs.values() for key in config))
+    common, differing = {}, []
+    for key in keys:
+        values = {config.get(key) for config in runs.values()}
+        if len(values) == 1 and None not in values:
+            common[key] = values.pop()
+        else:
+            differing.append(key)
+    return ConfigSplit(common, differing, runs)
+
+
+def points(jobs: list[JobInfo], split: ConfigSplit) -> dict[str, list[JobInfo]]:
+    """The jobs of each point, points in the order of their first job."""
+    grouped: dict[str, list[JobInfo]] = {}
+    for job in jobs:
+        grouped.setdefault(split.point_of(job.id), []).append(job)
+    return grouped
+
+
+def last_known(metric: RunMetric | None) -> tuple[float | None, int | None]:
+    """(value, version) of the highest version at which the metric was recorded."""
+    if metric is None:
+        return None, None
+    for version, value in zip(reversed(metric.versions), reversed(metric.values), strict=True):
+        if value is not None:
+            return value, version
+    return None, None
+
+
+def steps_per_minute(metric: RunMetric | None) -> float | None:
+    """Versions made per minute between the run's first and last recorded version."""
+    if metric is None or len(metric.versions) < 2 or metric.seconds[-1] <= 0:
+        return None
+    return (metric.versions[-1] - metric.versions[0]) / (metric.seconds[-1] / 60)
+
+
+def device_seconds(job: JobInfo, now: datetime) -> float | None:
+    """The seconds the job held its devices: its devices x its time from start to finish
+    (to ``now`` while it runs)."""
+    if job.started_at is None:
+        return None
+    end = job.finished_at or now
+    return job_devices(job.config) * max((end - job.started_at).total_seconds(), 0.0)
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One point's curve: the x and the mean over its seeds at each version, with the band
+    (NaN where fewer than 2 seeds are known), and each seed's (smoothed) series."""
+
+    point: str
+    versions: np.ndarray
+    x: np.ndarray
+    mean: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    seeds: int
+    runs: dict[int, dict[int, tuple[float, float]]]  # job -> version -> (x, value)
+
+
+def _run_series(
+    metric: RunMetric, x_axis: str, tokens: Mapping[int, int], weight: float
+) -> dict[int, tuple[float, float]]:
+    """version -> (x, smoothed value) over the versions where the run recorded the metric."""
+    known = [
+        (v, s, y)
+        for v, s, y in zip(metric.versions, metric.seconds, metric.values, strict=True)
+        if y is not None
+    ]
+    smoothed = debiased_ema([y for _, _, y in known], weight)
+    cumulative, total = {}, 0
+    for version in sorted(set(tokens) | set(metric.versions)):
+        total += tokens.get(version, 0)
+        cumulative[version] = total
+    x_of = {
+        "version": lambda v, s: float(v),
+        "tokens": lambda v, s: float(cumulative[v]),
+        "wall time": lambda v, s: s,
+    }[x_axis]
+    return {v: (x_of(v, s), y) for (v, s, _), y in zip(known, smoothed, strict=True)}
+
+
+def point_curve(
+    point: str,
+    jobs: list[JobInfo],
+    metrics: Mapping[int, RunMetric],
+    tokens: Mapping[int, Mapping[int, int]],
+    x_axis: str,
+    weight: float,
+) -> Curve | None:
+    """The point's curve: its seeds aligned by version (x: their mean x at that version);
+    None when none of its runs recorded the metric."""
+    runs = {
+        job.id: _run_series(metrics[job.id], x_axis, tokens.get(job.id, {}), weight)
+        for job in jobs
+        if job.id in metrics
+    }
+    runs = {job: series for job, series in runs.items() if series}
+    if not runs:
+        return None
+    versions = np.array(sorted({v for series in runs.values() for v in series}))
+    values = np.full((len(runs), len(versions)), np.nan)
+    xs = np.full_like(values, np.nan)
+    for row, series in enumerate(runs.values()):
+        for column, version in enumerate(versions.tolist()):
+            if version in series:
+                xs[row, column], values[row, column] = series[version]
+    mean, low, high = bootstrap_band(values)
+    return Curve(point, versions, np.nanmean(xs, axis=0), mean, low, high, len(runs), runs)
+
+
+def curves_frame(curves: list[Curve]) -> pd.DataFrame:
+    """The curves as rows: each point's mean with its band, then each run's values."""
+    rows = []
+    for c in curves:
+        for i, version in enumerate(c.versions.tolist()):
+            band = (None, None) if np.isnan(c.low[i]) else (c.low[i], c.high[i])
+            rows.append(("mean", c.point, None, version, c.x[i], c.mean[i], *band))
+        for job, series in c.runs.items():
+            for version, (x, value) in series.items():
+                rows.append(("run", c.point, job, version, x, value, None, None))
+    return pd.DataFrame(rows, columns=CURVE_COLUMNS)
+
+
+def method_note(weight: float) -> str:
+    """How the curves were computed, in words (drawn on the plot and under it)."""
+    smoothing = (
+        f"EMA {weight:g} with bias correction (TensorBoard's debiasing), per run"
+        if weight
+        else "none"
+    )
+    return (
+        f"Lines: mean over a point's seeds, aligned by version. Band: {CONFIDENCE:.0%} "
+        f"percentile bootstrap of that mean over seeds ({BAND_RESAMPLES:,} resamples; shown "
+        f"where 2 or more seeds are known). Smoothing: {smoothing}."
+    )
+
+
+def score_note(metric: str) -> str:
+    return (
+        f"Final held-out score: each run's `{metric}` at its highest version that has it. "
+        f"CI: {CONFIDENCE:.0%} percentile bootstrap of the mean over the point's seeds "
+        f"({SCORE_RESAMPLES:,} resamples; none with one seed)."
+    )
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the tables show about one run."""
+
+    job: JobInfo
+    point: str
+    score: float | None
+    score_version: int | None
+    steps_per_min: float | None
+    device_s: float | None
+    tokens: int
+
+
+def run_facts(
+    grouped: Mapping[str, list[JobInfo]],
+    scores: Mapping[int, RunMetric],
+    tokens: Mapping[int, Mapping[int, int]],
+    now: datetime,
+) -> list[RunFacts]:
+    """Each run's final held-out score and its speed (both from ``scores``, read at every
+    version of the run) and cost."""
+    facts = []
+    for point, jobs in grouped.items():
+        for job in jobs:
+            score, at = last_known(scores.get(job.id))
+            facts.append(
+                RunFacts(
+                    job,
+                    point,
+                    score,
+                    at,
+                    steps_per_minute(scores.get(job.id)),
+                    device_seconds(job, now),
+                    sum(tokens.get(job.id, {}).values()),
+                )
+            )
+    return facts
+
+
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def _total(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def points_table(facts: list[RunFacts]) -> pd.DataFrame:
+    """One row per point: its runs, the mean final held-out score over the runs that have one
+    with its bootstrap interval, the mean steps/min, and the total cost of its runs."""
+    rows = []
+    for point in dict.fromkeys(f.point for f in facts):
+        runs = [f for f in facts if f.point == point]
+        scores = [f.score for f in runs if f.score is not None]
+        interval = bootstrap_mean_ci(scores) or (None, None)
+        rows.append(
+            [
+                point,
+                len(runs),
+                _mean(scores),
+                *interval,
+                _mean([f.steps_per_min for f in runs]),
+                _total([f.device_s for f in runs]),
+                sum(f.tokens for f in runs),
+            ]
+        )
+    return pd.DataFrame(rows, columns=POINT_COLUMNS)
+
+
+def runs_table(facts: list[RunFacts], default_device: str) -> pd.DataFrame:
+    """One row per run."""
+    rows = [
+        [
+            f.job.id,
+            f.point,
+            f.job.config.get("seed"),
+            f.score,
+            f.score_version,
+            f.steps_per_min,
+            devices_text(f.job.config, default_device),
+            f.device_s,
+            f.tokens,
+            f.job.status.value,
+        ]
+        for f in facts
+    ]
+    return pd.DataFrame(rows, columns=RUN_COLUMNS)
