@@ -210,7 +210,8 @@ def curves_frame(curves: list[Curve]) -> pd.DataFrame:
         for job, series in c.runs.items():
             for version, (x, value) in series.items():
                 rows.append(("run", c.point, job, version, x, value, None, None))
-    return pd.DataFrame(rows, columns=CURVE_COLUMNS)
+    frame = pd.DataFrame(rows, columns=CURVE_COLUMNS)
+    return frame.astype({"job": "Int64"})  # blank on a mean's rows, a whole number on a run's
 
 
 def method_note(weight: float) -> str:

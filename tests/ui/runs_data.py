@@ -53,6 +53,4 @@ def seed_sweep(
 ) -> list[JobInfo]:
     """One run per (learning rate, seed)."""
     rng = random.Random(1234)
-    return [
-        seed_run(repo, model, lr, seed, versions, rng) for lr in lrs for seed in range(seeds)
-    ]
+    return [seed_run(repo, model, lr, seed, versions, rng) for lr in lrs for seed in range(seeds)]

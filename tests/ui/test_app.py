@@ -64,6 +64,13 @@ API_NAMES = {
     "clone",
     "job_csv",
     "token_diff",
+    "runs_jobs",
+    "runs_metrics",
+    "runs",
+    "runs_metric",
+    "runs_x_axis",
+    "runs_smoothing",
+    "runs_export",
 }
 
 
