@@ -8,7 +8,7 @@ import numpy as np
 
 CONFIDENCE = 0.95
 SCORE_RESAMPLES = 10_000  # a final score's interval: one number per point, afford many
-BAND_RESAMPLES = 2_000  # a curve's band: every x of every point
+BAND_RESAMPLES = 1_000  # a curve's band: every x of every point
 BOOTSTRAP_SEED = 0  # the same selection always draws the same interval
 
 
@@ -58,13 +58,18 @@ def bootstrap_band(
             drawn = _draws(data.shape[0], resamples, seed)
             times = (drawn[:, :, None] == np.arange(data.shape[0])).sum(axis=1).astype(np.float64)
             sums = times @ np.where(known, data, 0.0)  # [resamples, x]
-            drawn_counts = times @ known.astype(np.float64)
-            means = np.where(drawn_counts > 0, sums / np.maximum(drawn_counts, 1), np.nan)
+            if known.all():
+                means = sums / data.shape[0]
+            else:
+                drawn_counts = times @ known.astype(np.float64)
+                means = np.where(drawn_counts > 0, sums / np.maximum(drawn_counts, 1), np.nan)
             spread = counts >= 2
             if spread.any():
                 tail = 100 * (1 - confidence) / 2
-                percentile = np.nanpercentile if np.isnan(means[:, spread]).any() else np.percentile
-                low[spread], high[spread] = percentile(means[:, spread], [tail, 100 - tail], axis=0)
+                kept = means[:, spread] if not spread.all() else means
+                percentile = np.nanpercentile if np.isnan(kept).any() else np.percentile
+                bounds = percentile(kept, [tail, 100 - tail], axis=0, overwrite_input=True)
+                low[spread], high[spread] = bounds
     return mean, low, high
 
 

@@ -252,11 +252,11 @@ class RunFacts:
 def run_facts(
     grouped: Mapping[str, list[JobInfo]],
     scores: Mapping[int, RunMetric],
-    tokens: Mapping[int, Mapping[int, int]],
+    tokens: Mapping[int, int],
     now: datetime,
 ) -> list[RunFacts]:
     """Each run's final held-out score and its speed (both from ``scores``, read at every
-    version of the run) and cost."""
+    version of the run) and cost (its devices' time, its ``tokens``)."""
     facts = []
     for point, jobs in grouped.items():
         for job in jobs:
@@ -269,7 +269,7 @@ def run_facts(
                     at,
                     steps_per_minute(scores.get(job.id)),
                     device_seconds(job, now),
-                    sum(tokens.get(job.id, {}).values()),
+                    tokens.get(job.id, 0),
                 )
             )
     return facts

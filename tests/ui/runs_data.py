@@ -2,9 +2,13 @@
 seeds each, versions with a reward curve and a held-out score every few versions."""
 
 import random
+from datetime import timedelta
 from pathlib import Path
 
+import sqlalchemy as sa
+
 from db import BatchRecord, JobInfo, PolicyMetrics, PolicyVersionRecord, Repository, SampleRecord
+from db.models import PolicyVersion
 
 HELDOUT_EVERY = 2
 
@@ -45,7 +49,23 @@ def seed_run(
         samples = [_sample(version, i, rng.randint(1, 5)) for i in range(2)]
         repo.record_batch(BatchRecord(job.id, version, version, "accepted", samples))
         repo.update_progress(job.id, version)
+    _spread_in_time(repo, job.id, rng)
     return repo.mark_succeeded(job.id)
+
+
+def _spread_in_time(repo: Repository, job_id: int, rng: random.Random) -> None:
+    """The versions made 2-4 s apart from the job's start, as a trainer makes them (recorded
+    here within milliseconds)."""
+    started = repo.get_job(job_id).started_at
+    seconds = 0.0
+    with repo.engine.begin() as connection:
+        for version in range(len(repo.list_versions(job_id))):
+            seconds += rng.uniform(2, 4)
+            connection.execute(
+                sa.update(PolicyVersion)
+                .where(PolicyVersion.job_id == job_id, PolicyVersion.version == version)
+                .values(created_at=started + timedelta(seconds=seconds))
+            )
 
 
 def seed_sweep(

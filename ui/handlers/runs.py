@@ -106,8 +106,9 @@ def build_view(
     x_axis: str | None,
     smoothing: float | str | None,
 ) -> RunsView:
-    """The curves of ``metric`` and the tables of the selected runs: one query per metric
-    across all of them (the metric, the held-out score) plus their tokens."""
+    """The curves of ``metric`` and the tables of the selected runs: one query across all
+    of them for the metric and the held-out score, one for their tokens (and one more for
+    each version's tokens when they are the x axis)."""
     jobs = runs_for_selection(services, job_ids)
     if not metric:
         raise InvalidValue("choose a metric")
@@ -116,9 +117,9 @@ def build_view(
     weight = _smoothing(smoothing)
     ids = [job.id for job in jobs]
     repository = services.repository
-    values = repository.run_metric(ids, metric)
-    scores = values if metric == HELDOUT_METRIC else repository.run_metric(ids, HELDOUT_METRIC)
-    tokens = repository.run_tokens(ids)
+    read = repository.run_metrics(ids, [metric, HELDOUT_METRIC])
+    values, scores = read[metric], read[HELDOUT_METRIC]
+    tokens = repository.run_tokens(ids) if x_axis == "tokens" else {}
     split = split_configs(jobs)
     grouped = points(jobs, split)
     curves = [
@@ -126,7 +127,7 @@ def build_view(
         for point, members in grouped.items()
         if (curve := point_curve(point, members, values, tokens, x_axis, weight)) is not None
     ]
-    facts = run_facts(grouped, scores, tokens, datetime.now(UTC))
+    facts = run_facts(grouped, scores, repository.token_totals(ids), datetime.now(UTC))
     return RunsView(
         curves,
         points_table(facts),
