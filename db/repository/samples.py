@@ -4,7 +4,7 @@ from collections import defaultdict
 from collections.abc import Collection
 from typing import Any, Literal
 
-from sqlalchemy import ColumnElement, Select, distinct, func, literal, select, tuple_
+from sqlalchemy import ColumnElement, Select, case, distinct, func, literal, select, tuple_
 from sqlalchemy.orm import Session
 
 from db.enums import BatchStatus, FinishReason, coerce
@@ -289,21 +289,40 @@ class SamplesMixin(RepositoryBase):
         limit: int = 20,
         offset: int = 0,
     ) -> list[PromptComparison]:
-        """The prompts that both versions of the job answered, with each version's samples,
-        ordered by prompt index; page through them with ``limit`` and ``offset``."""
+        """The prompts that both versions of the job answered (`compare_samples`)."""
+        return self.compare_samples(
+            (job_id, version_a), (job_id, version_b), match_on=match_on, limit=limit, offset=offset
+        )
+
+    def compare_samples(
+        self,
+        side_a: tuple[int, int],
+        side_b: tuple[int, int],
+        *,
+        match_on: Literal["prompt_text", "prompt_index"] = "prompt_text",
+        limit: int = 20,
+        offset: int = 0,
+    ) -> list[PromptComparison]:
+        """The prompts answered by both sides, each a (job, version): two versions of one
+        job, or versions of two jobs (say two runs' evaluations on the same held-out prompts),
+        with each side's samples, ordered by prompt index; page through them with ``limit``
+        and ``offset``."""
         if match_on not in ("prompt_text", "prompt_index"):
             raise InvalidValue(f"match_on: {match_on!r} is not prompt_text or prompt_index")
-        if version_a == version_b:
-            raise InvalidValue("compare_versions needs two different versions")
+        if side_a == side_b:
+            raise InvalidValue("compare two different versions (or versions of two jobs)")
         check_limit(limit)
         if offset < 0:
             raise InvalidValue(f"offset: {offset} is negative")
         key = getattr(Sample, match_on)
+        is_a = (Sample.job_id == side_a[0]) & (Sample.policy_version == side_a[1])
+        is_b = (Sample.job_id == side_b[0]) & (Sample.policy_version == side_b[1])
+        side = case((is_a, 0), else_=1)
         in_both = (
             select(key.label("key"), func.min(Sample.prompt_index).label("first_index"))
-            .where(Sample.job_id == job_id, Sample.policy_version.in_((version_a, version_b)))
+            .where(is_a | is_b)
             .group_by(key)
-            .having(func.count(distinct(Sample.policy_version)) == 2)
+            .having(func.count(distinct(side)) == 2)
             .order_by("first_index", "key")
             .limit(limit)
             .offset(offset)
@@ -312,24 +331,26 @@ class SamplesMixin(RepositoryBase):
         statement = (
             _summaries()
             .join(in_both, in_both.c.key == key)
-            .where(Sample.job_id == job_id, Sample.policy_version.in_((version_a, version_b)))
+            .where(is_a | is_b)
             .order_by(in_both.c.first_index, in_both.c.key, Sample.group_index, Sample.id)
         )
         with self._read() as session:
-            load_job(session, job_id)
+            for job_id in {side_a[0], side_b[0]}:
+                load_job(session, job_id)
             rows = session.execute(statement).all()
-        grouped: dict[Any, dict[int, list[SampleSummary]]] = defaultdict(
-            lambda: {version_a: [], version_b: []}
+        grouped: dict[Any, tuple[list[SampleSummary], list[SampleSummary]]] = defaultdict(
+            lambda: ([], [])
         )
         for row in rows:
             sample = _summary(row)
-            grouped[getattr(sample, match_on)][sample.policy_version].append(sample)
+            of_a = (sample.job_id, sample.policy_version) == side_a
+            grouped[getattr(sample, match_on)][0 if of_a else 1].append(sample)
         return [
             PromptComparison(
-                prompt_index=by_version[version_a][0].prompt_index,
-                prompt_text=by_version[version_a][0].prompt_text,
-                samples_a=by_version[version_a],
-                samples_b=by_version[version_b],
+                prompt_index=samples_a[0].prompt_index,
+                prompt_text=samples_a[0].prompt_text,
+                samples_a=samples_a,
+                samples_b=samples_b,
             )
-            for by_version in grouped.values()
+            for samples_a, samples_b in grouped.values()
         ]
