@@ -17,7 +17,8 @@ class Services:
     queues a failed, stalled or cancelled train job again, ``chat(job_id, version, messages,
     temperature, max_tokens, seed)`` answers a Playground turn on a worker, ``audit(sample_ids)``
     re-scores samples under their versions' weights and ``token_diff(sample_id, version_a,
-    version_b)`` scores one response under two versions, on a worker (see `workers.api`)."""
+    version_b, job_a, job_b)`` scores one response under two versions (of the sample's job,
+    or of jobs A and B), on a worker (see `workers.api`)."""
 
     repository: Repository
     submit_job: Callable[[str, dict[str, Any]], JobInfo]
@@ -26,7 +27,7 @@ class Services:
     resume_job: Callable[[int], JobInfo]
     chat: Callable[..., dict[str, Any]]
     audit: Callable[[list[int]], dict[str, Any]]
-    token_diff: Callable[[int, int, int], dict[str, Any]]
+    token_diff: Callable[..., dict[str, Any]]
     model_roots: tuple[Path, ...] = field(default_factory=model_roots)
     data_dir: Path = field(default_factory=data_dir)
 

@@ -62,6 +62,7 @@ from workers.specs import (
     check_environment,
 )
 from workers.submission import cancel_job, celery_app, resume_job, submit_job, validate_job
+from workers.tokenizer_match import tokenizer_problem
 from workers.trackers import TRACKERS
 
 __all__ = [
@@ -119,6 +120,7 @@ __all__ = [
     "size_text",
     "submit_job",
     "token_diff",
+    "tokenizer_problem",
     "validate_job",
     "worker_device",
 ]
@@ -256,11 +258,17 @@ def audit(sample_ids: list[int], timeout: float = AUDIT_TIMEOUT_S) -> dict[str, 
 
 
 def token_diff(
-    sample_id: int, version_a: int, version_b: int, timeout: float = CHAT_TIMEOUT_S
+    sample_id: int,
+    version_a: int,
+    version_b: int,
+    job_a: int | None = None,
+    job_b: int | None = None,
+    timeout: float = CHAT_TIMEOUT_S,
 ) -> dict[str, Any]:
-    """One stored response scored under two versions on an ``interactive`` worker (see
-    `workers.scoring.token_diff`)."""
-    return _interactive("workers.token_diff", [sample_id, version_a, version_b], timeout)
+    """One stored response scored under version A of job A and version B of job B (default:
+    the sample's job) on an ``interactive`` worker (see `workers.scoring.token_diff`)."""
+    args = [sample_id, version_a, version_b, job_a, job_b]
+    return _interactive("workers.token_diff", args, timeout)
 
 
 def _interactive(name: str, args: list[Any], timeout: float) -> dict[str, Any]:

@@ -22,9 +22,10 @@ def _jobs(services: Services) -> dict:
     return gr.update(choices=run_choices(services))
 
 
-def _metrics(services: Services, job_ids: list[int] | None) -> dict:
+def _metrics(services: Services, job_ids: list[int] | None, current: str | None) -> dict:
+    """The metrics the runs recorded, the current one kept when they have it."""
     names, first = metric_choices(services, job_ids)
-    return gr.update(choices=names, value=first or None)
+    return gr.update(choices=names, value=current if current in names else first or None)
 
 
 def _export(services: Services, *view: object) -> tuple[dict, str]:
@@ -84,7 +85,9 @@ def build(services: Services, tab: gr.Tab) -> None:
     outputs = [plot, points, runs, configs, message]
     draw = partial(runs_view, services)
     tab.select(partial(_jobs, services), None, jobs, api_name="runs_jobs")
-    jobs.change(partial(_metrics, services), jobs, metric, api_name="runs_metrics")
+    jobs.change(partial(_metrics, services), [jobs, metric], metric, api_name="runs_metrics").then(
+        draw, view, outputs, api_name="runs_picked", show_progress="hidden"
+    )
     show.click(draw, view, outputs, api_name="runs")
     metric.change(draw, view, outputs, api_name="runs_metric", show_progress="hidden")
     x_axis.change(draw, view, outputs, api_name="runs_x_axis", show_progress="hidden")
