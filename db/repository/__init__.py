@@ -7,6 +7,7 @@
 from sqlalchemy import URL
 
 from db.repository.batches import BatchesMixin
+from db.repository.comparisons import ComparisonsMixin
 from db.repository.jobs import JobsMixin
 from db.repository.metrics import MetricsMixin
 from db.repository.ownership import OwnershipMixin
@@ -24,6 +25,7 @@ class Repository(
     BatchesMixin,
     StepsMixin,
     SamplesMixin,
+    ComparisonsMixin,
     MetricsMixin,
     RunsMixin,
 ):

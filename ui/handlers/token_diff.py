@@ -7,7 +7,7 @@ from pathlib import Path
 
 from db import InvalidValue
 from ui.handlers.common import ask_worker, parse_id
-from ui.handlers.compare import side_names
+from ui.handlers.compare_sides import side_names
 from ui.render import BLOCK_STYLE, TOKEN_STYLE, visible
 from ui.services import Services
 from ui.tokens import token_texts
