@@ -270,8 +270,8 @@ def token_diff(
     job_b: int | None = None,
 ) -> dict[str, Any]:
     """A stored response scored under version A of job A and version B of job B (each job
-    by default the sample's; the sample must be of one of them, and two jobs must share a
-    tokenizer, `workers.tokenizer_match`): the token ids and each side's log-probs, or
+    by default the sample's; two jobs must share a tokenizer with the sample:
+    `workers.tokenizer_match`): the token ids and each side's log-probs, or
     ``{"problem": ...}`` (e.g. a version whose weights were not kept)."""
     try:
         if not all(isinstance(v, int) for v in (sample_id, version_a, version_b)):
@@ -280,14 +280,12 @@ def token_diff(
             raise ChatProblem("jobs must be whole numbers")
         detail = repo.get_sample(sample_id)
         sides = [(job_a or detail.job_id, version_a), (job_b or detail.job_id, version_b)]
-        if detail.job_id not in {job for job, _ in sides}:
-            raise ChatProblem(
-                f"sample {sample_id} is of job {detail.job_id}, neither job A nor job B"
-            )
         if not detail.response_token_ids:
             raise ChatProblem(f"sample {sample_id} has no response tokens to score")
         checkpoints = [saved_version(repo, *side).checkpoint_path for side in sides]
-        if sides[0][0] != sides[1][0] and (problem := tokenizer_problem(*checkpoints)):
+        if sides[0][0] != sides[1][0] and (
+            problem := _tokenizer_problem(repo, detail, sides, checkpoints)
+        ):
             raise ChatProblem(f"jobs {sides[0][0]} and {sides[1][0]}: {problem}")
         temperature = scoring_temperature(repo.get_job(detail.job_id))
         scores = [
@@ -304,3 +302,18 @@ def token_diff(
         "logprobs_a": scores[0],
         "logprobs_b": scores[1],
     }
+
+
+def _tokenizer_problem(
+    repo: Repository, detail: SampleDetail, sides: list[tuple[int, int]], checkpoints: list[str]
+) -> str | None:
+    """Why a sample cannot be scored under versions of two jobs (None: it can): their
+    tokenizers differ, or the sample (of a third job: an evaluation of one of them) was
+    generated on another tokenizer or on one no checkpoint tells."""
+    problem = tokenizer_problem(*checkpoints)
+    if problem is not None or detail.job_id in {job for job, _ in sides}:
+        return problem
+    own = repo.get_version(detail.job_id, detail.policy_version)
+    if own is None or not own.checkpoint_path:
+        return f"sample {detail.id}'s version records no checkpoint to tell its tokenizer"
+    return tokenizer_problem(own.checkpoint_path, checkpoints[0])

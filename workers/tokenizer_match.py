@@ -79,6 +79,6 @@ def tokenizer_problem(checkpoint_a: str | Path, checkpoint_b: str | Path) -> str
         return None
     if len(a) != len(b):
         return f"different tokenizers: vocabularies of {len(a)} and {len(b)} tokens"
-    moved = [token for token, index in a.items() if b.get(token) != index]
+    moved = sorted((token for token, index in a.items() if b.get(token) != index), key=a.get)
     shown = ", ".join(f"{token!r}: {a[token]} vs {b.get(token)}" for token in moved[:EXAMPLES])
     return f"different tokenizers: {len(moved)} of {len(a)} tokens differ ({shown})"
