@@ -48,7 +48,11 @@ def test_a_job_without_versions_has_no_curve_and_unknown_metrics_are_none(repo) 
 def test_tokens_are_the_response_tokens_of_each_version(repo: Repository) -> None:
     a = _job(repo, [0.1, 0.2], {})
     b = _job(repo, [0.1], {})
-    repo.record_batch(make_batch(a, [make_sample(0, 0, tokens=3), make_sample(1, 0, tokens=4)]))
+    stopped, truncated = (
+        make_sample(0, 0, tokens=3),
+        make_sample(1, 0, tokens=4, finish_reason="length"),
+    )
+    repo.record_batch(make_batch(a, [stopped, truncated]))  # two finish reasons: two totals
     repo.record_batch(make_batch(a, [make_sample(0, 0, version=1, tokens=5)], version=1))
     repo.record_batch(
         make_batch(b, [make_sample(0, 0, tokens=2)], status="rejected", reasons=("bad",))
