@@ -135,6 +135,15 @@ def device_seconds(job: JobInfo, now: datetime) -> float | None:
 
 
 @dataclass(frozen=True)
+class Series:
+    """One run's known values of a metric: their versions, x and (smoothed) values."""
+
+    versions: np.ndarray
+    x: np.ndarray
+    values: np.ndarray
+
+
+@dataclass(frozen=True)
 class Curve:
     """One point's curve: the x and the mean over its seeds at each version, with the band
     (NaN where fewer than 2 seeds are known), and each seed's (smoothed) series."""
@@ -146,29 +155,26 @@ class Curve:
     low: np.ndarray
     high: np.ndarray
     seeds: int
-    runs: dict[int, dict[int, tuple[float, float]]]  # job -> version -> (x, value)
+    runs: dict[int, Series]  # by job
 
 
-def _run_series(
-    metric: RunMetric, x_axis: str, tokens: Mapping[int, int], weight: float
-) -> dict[int, tuple[float, float]]:
-    """version -> (x, smoothed value) over the versions where the run recorded the metric."""
-    known = [
-        (v, s, y)
-        for v, s, y in zip(metric.versions, metric.seconds, metric.values, strict=True)
-        if y is not None
-    ]
-    smoothed = debiased_ema([y for _, _, y in known], weight)
-    cumulative, total = {}, 0
-    for version in sorted(set(tokens) | set(metric.versions)):
-        total += tokens.get(version, 0)
-        cumulative[version] = total
-    x_of = {
-        "version": lambda v, s: float(v),
-        "tokens": lambda v, s: float(cumulative[v]),
-        "wall time": lambda v, s: s,
-    }[x_axis]
-    return {v: (x_of(v, s), y) for (v, s, _), y in zip(known, smoothed, strict=True)}
+def run_series(metric: RunMetric, x_axis: str, tokens: Mapping[int, int], weight: float) -> Series:
+    """The versions where the run recorded the metric, their x (the version, the run's
+    response tokens up to it, or its seconds) and the values smoothed (`debiased_ema`)."""
+    versions = np.asarray(metric.versions, dtype=np.int64)
+    values = np.asarray(metric.values, dtype=np.float64)  # None: NaN
+    known = ~np.isnan(values)
+    if x_axis == "tokens":
+        x = np.cumsum([tokens.get(v, 0) for v in metric.versions], dtype=np.float64)
+        before = sum(count for v, count in tokens.items() if v < metric.versions[0])
+        x += before  # tokens of versions sampled before the first recorded one
+    elif x_axis == "wall time":
+        x = np.asarray(metric.seconds, dtype=np.float64)
+    else:
+        x = versions.astype(np.float64)
+    kept = values[known]
+    smoothed = np.asarray(debiased_ema(kept.tolist(), weight), dtype=np.float64) if weight else kept
+    return Series(versions[known], x[known], smoothed)
 
 
 def point_curve(
@@ -182,35 +188,58 @@ def point_curve(
     """The point's curve: its seeds aligned by version (x: their mean x at that version);
     None when none of its runs recorded the metric."""
     runs = {
-        job.id: _run_series(metrics[job.id], x_axis, tokens.get(job.id, {}), weight)
+        job.id: run_series(metrics[job.id], x_axis, tokens.get(job.id, {}), weight)
         for job in jobs
         if job.id in metrics
     }
-    runs = {job: series for job, series in runs.items() if series}
+    runs = {job: series for job, series in runs.items() if series.versions.size}
     if not runs:
         return None
-    versions = np.array(sorted({v for series in runs.values() for v in series}))
+    versions = np.unique(np.concatenate([series.versions for series in runs.values()]))
     values = np.full((len(runs), len(versions)), np.nan)
     xs = np.full_like(values, np.nan)
     for row, series in enumerate(runs.values()):
-        for column, version in enumerate(versions.tolist()):
-            if version in series:
-                xs[row, column], values[row, column] = series[version]
+        columns = np.searchsorted(versions, series.versions)
+        xs[row, columns], values[row, columns] = series.x, series.values
     mean, low, high = bootstrap_band(values)
     return Curve(point, versions, np.nanmean(xs, axis=0), mean, low, high, len(runs), runs)
 
 
 def curves_frame(curves: list[Curve]) -> pd.DataFrame:
     """The curves as rows: each point's mean with its band, then each run's values."""
-    rows = []
+    frames = []
     for c in curves:
-        for i, version in enumerate(c.versions.tolist()):
-            band = (None, None) if np.isnan(c.low[i]) else (c.low[i], c.high[i])
-            rows.append(("mean", c.point, None, version, c.x[i], c.mean[i], *band))
+        band = ~np.isnan(c.low)
+        frames.append(
+            pd.DataFrame(
+                {
+                    "series": "mean",
+                    "point": c.point,
+                    "job": None,
+                    "version": c.versions,
+                    "x": c.x,
+                    "value": c.mean,
+                    "ci_low": np.where(band, c.low, np.nan),
+                    "ci_high": np.where(band, c.high, np.nan),
+                }
+            )
+        )
         for job, series in c.runs.items():
-            for version, (x, value) in series.items():
-                rows.append(("run", c.point, job, version, x, value, None, None))
-    frame = pd.DataFrame(rows, columns=CURVE_COLUMNS)
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "series": "run",
+                        "point": c.point,
+                        "job": job,
+                        "version": series.versions,
+                        "x": series.x,
+                        "value": series.values,
+                    }
+                )
+            )
+    if not frames:
+        return pd.DataFrame(columns=CURVE_COLUMNS)
+    frame = pd.concat(frames, ignore_index=True).reindex(columns=CURVE_COLUMNS)
     return frame.astype({"job": "Int64"})  # blank on a mean's rows, a whole number on a run's
 
 
