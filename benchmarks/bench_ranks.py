@@ -25,7 +25,6 @@ times, so the machine's load is shared alike; the median round is reported.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -39,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from bench_pipeline import wide_policy
 
+from benchmarks.results import BenchmarkRun, Table
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data.tasks import addition_records
 from core_engine.rl.demo_policy import SHIPPED_POLICY
@@ -120,6 +120,7 @@ def run(policy: Path, out: Path, variant: tuple, args: argparse.Namespace) -> fl
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    run_record = BenchmarkRun("bench_ranks")
     # LoRA replicates whatever `sharding` says: its replicated variants would repeat the others
     variants = [v for v in VARIANTS if not (args.lora and v[4] == "replicate")]
     rates: dict[str, list[float]] = {variant[0]: [] for variant in variants}
@@ -142,7 +143,17 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:22s} {median:10.1f} {median / base:8.2f}x")
     print(f"goal: 2 ranks >= {TARGET}x one rank x 1 thread")
     if args.json:
-        args.json.write_text(json.dumps(summary, indent=1))
+        what = "LoRA" if args.lora else "full weights"
+        rows = [
+            [name, f"{s['steps_per_min']:.1f}", f"{s['speedup']:.2f}x"]
+            for name, s in summary.items()
+        ]
+        table = Table(
+            f"Optimizer steps per minute ({what}, {args.steps} steps x {args.rounds} rounds)",
+            ["variant", "steps/min", "x 1 rank x 1 thread"],
+            rows,
+        )
+        run_record.write(args.json, summary, [table])
 
 
 if __name__ == "__main__":

@@ -6,6 +6,11 @@ The parser is strict and bounded, and never raises on model output: whatever is 
 unclosed or nested tag, a body over the size bound, JSON that is not a call object, nesting
 deeper than `MAX_JSON_DEPTH`, an unknown tool) comes back as `ParsedTurn.error`. No torch: the
 RL rollouts and the HTTP server both import it.
+
+Reasoning is not acting: text between `<think>` and `</think>` (Qwen3's and DeepSeek-R1's
+reasoning block; to the end of the turn when it is never closed) is reasoning, where a
+`<tool_call>` is text the model thought about, never a call, as vLLM's reasoning parsers
+separate reasoning from the content its tool parsers read.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 MAX_JSON_DEPTH = 32  # nesting of arrays and objects in a call, the call object included
 
 # The JSON name of each type `json.loads` returns, for error messages.
@@ -90,9 +96,19 @@ def _split(
     pos = 0
     while True:
         start = text.find(TOOL_CALL_OPEN, pos)
-        stray = text.find(TOOL_CALL_CLOSE, pos, len(text) if start < 0 else start)
+        think = text.find(THINK_OPEN, pos, len(text) if start < 0 else start)
+        if think >= 0:  # reasoning up to its end (module docstring): text, never a call
+            stray = text.find(TOOL_CALL_CLOSE, pos, think)
+            close = text.find(THINK_CLOSE, think)
+            end = len(text) if close < 0 else close + len(THINK_CLOSE)
+        else:
+            stray = text.find(TOOL_CALL_CLOSE, pos, len(text) if start < 0 else start)
         if stray >= 0:
             raise _Refused(f"{TOOL_CALL_CLOSE} without a {TOOL_CALL_OPEN} before it")
+        if think >= 0:
+            outside.append(text[pos:end])
+            pos = end
+            continue
         if start < 0:
             outside.append(text[pos:])
             return "".join(outside), calls

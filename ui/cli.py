@@ -15,7 +15,7 @@
     rlwb export JOB_ID VERSION DIR [--merged]   a version's adapter, merged model or checkpoint
 
 ``up`` and ``ui`` live here; the others are `workers.commands`. Environment: DATABASE_URL,
-REDIS_URL, RLWB_DATA_DIR, RLWB_AUTH (USER:PASSWORD for the UI; see workers/README.md).
+REDIS_URL, RLWB_DATA_DIR, RLWB_AUTH (USER:PASSWORD for the UI; see docs/operations.md).
 """
 
 import argparse

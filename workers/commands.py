@@ -12,7 +12,7 @@
     audit JOB_ID [--samples N]   re-score stored samples under their versions' weights
     export JOB_ID VERSION DIR [--merged]   write a version's adapter, merged model or checkpoint
 
-Environment: DATABASE_URL, REDIS_URL, RLWB_DATA_DIR (see workers/README.md).
+Environment: DATABASE_URL, REDIS_URL, RLWB_DATA_DIR (see docs/operations.md).
 """
 
 import argparse

@@ -163,8 +163,9 @@ def check_data_records(config: dict[str, Any]) -> None:
     """`SpecError` naming the file and the column when the job's ``data`` or ``heldout_data``
     cannot be read as prompt records with its column mapping, its held-out fraction leaves
     nothing to train on, or its prompts (a built-in task's as the worker draws them) do not
-    fit the model's context (`check_prompt_room`). Read at submission; the paths are checked
-    first (`check_paths`)."""
+    fit the model's context (`check_prompt_room`), nor an environment job's episodes
+    (`check_episode_room`). Read at submission; the paths are checked first (`check_paths`)."""
+    check_episode_room(config)
     columns, heldout = data_columns(config), heldout_settings(config)
     seed = config.get("seed", GRPOConfig.seed)
     try:
@@ -180,6 +181,24 @@ def check_data_records(config: dict[str, Any]) -> None:
             check_prompt_room(config, load_records(heldout.data, columns), heldout.data)
     except DataError as exc:
         raise SpecError(str(exc)) from None
+
+
+def check_episode_room(config: Mapping[str, Any]) -> None:
+    """`SpecError` when an environment job's episodes (``max_episode_tokens``: the prompt,
+    every turn and observation) cannot fit the model's context (``max_position_embeddings``):
+    its long episodes would end ``context_exceeded`` or be refused by the engine."""
+    if config.get("environment") is None:
+        return
+    try:
+        context = checkpoint_context(resolve_model(config["model"]))
+    except DemoPolicyMissing:
+        return  # the worker says so
+    tokens = config.get("max_episode_tokens", GRPOConfig.max_episode_tokens)
+    if context is not None and isinstance(tokens, int) and tokens > context:
+        raise SpecError(
+            f"max_episode_tokens ({tokens}) exceeds the model's {context}-token context "
+            f"(max_position_embeddings in its config.json): set max_episode_tokens <= {context}"
+        )
 
 
 def check_prompt_room(

@@ -5,8 +5,10 @@ A worker-run job writes, per version: the checkpoint (atomic rename), then the s
 and the version row in one transaction (`Repository.record_step`). So every version row has
 its checkpoint, and after a crash `reconcile` finds either nothing newer than the database
 (resume there) or a checkpoint whose step never committed (deleted; the step is redone).
-Rejected batches stored after the latest version are deleted too: the resumed run redoes
-those steps with the same seeds, so a retried step replaces them instead of adding copies.
+Rejected batches stored after the latest version are deleted too, but for those its checkpoint
+counts (`rejected_since_version`: a stop saves it after the batches it rejected, a crash's
+checkpoint counts none): the resumed run redoes the others with the same seeds, so a retried
+step replaces them instead of adding copies, and a stop loses none.
 
 Version 0 of a full-weight job is the model directory itself. A LoRA job's version 0 is its
 starting adapter, checkpointed like every other version (so its checksum, the adapter's, is
@@ -21,7 +23,12 @@ from pathlib import Path
 from core_engine.atomic_dir import Writer, recover
 from core_engine.rl.data.tasks import prompt_records
 from core_engine.rl.ranks.launch import RankFailedError, job_ranks
-from core_engine.rl.trainer.checkpoint import checkpoint_dir, is_complete, list_checkpoints
+from core_engine.rl.trainer.checkpoint import (
+    checkpoint_dir,
+    is_complete,
+    list_checkpoints,
+    read_trainer_state,
+)
 from core_engine.rl.trainer.grpo import GRPOTrainer, TrainingError
 from core_engine.rl.trainer.records import StepRecord, StopReason, TrainerHooks
 from core_engine.weights import model_checksum
@@ -60,13 +67,15 @@ def reconcile(repo: Repository, job_id: int, root: str | Path, fence: int) -> in
                 "use an empty output_dir"
             )
         return None
-    repo.discard_unversioned(job_id, latest.version, fence)
     for version, path in checkpoints:
         if version > latest.version:
             shutil.rmtree(path)
-    known = latest.version
-    if known and not is_complete(checkpoint_dir(root, known)):
+    known, kept = latest.version, 0
+    if is_complete(checkpoint := checkpoint_dir(root, known)):
+        kept = read_trainer_state(checkpoint).get("rejections", {}).get("since_version", 0)
+    elif known:
         raise ResumeError(f"the checkpoint of recorded version {known} is missing from {root}")
+    repo.discard_unversioned(job_id, known, fence, keep=kept)
     return known
 
 

@@ -162,7 +162,7 @@ def problem_stream(seed: int, exclude: set[str]) -> Iterator[dict[str, str]]:
 
 def heldout_records(count: int = 200) -> list[dict[str, str]]:
     """The held-out problems (seed `HELDOUT_SEED`, the one the worker draws a built-in task's
-    held-out prompts from) that the warm-up stops on and the README scores."""
+    held-out prompts from) that the warm-up stops on and docs/benchmarks.md scores."""
     return word_problem_records(count, HELDOUT_SEED)
 
 

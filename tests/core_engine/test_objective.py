@@ -1,8 +1,9 @@
 """The policy objective against the formulas of the peers it names, as their sources write them:
 AReaL's `ppo_actor_loss_fn` (the `mask` mode: decoupled PPO, tokens whose pi_prox / pi_behaviour
 exceeds the cap drop out) and TRL's GRPO loss with `vllm_importance_sampling_correction` in
-`token_truncate` mode (the `truncate` mode: the weight is capped). Per-token lag decides which
-tokens are corrected; without any, the loss is exactly the synchronous one."""
+`token_truncate` mode (the `truncate` mode: the weight is capped). Per-token behaviour lag
+decides which tokens are corrected (in flight, every token from a sample's first older-version
+token on); without any, the loss is exactly the synchronous one."""
 
 import dataclasses
 import math
@@ -13,7 +14,10 @@ from torch.nn.utils.rnn import pad_sequence
 
 from core_engine.rl.objective.logprobs import packed_response_logprobs
 from core_engine.rl.objective.loss import Importance, policy_loss
-from core_engine.rl.objective.update import accumulate_gradients
+from core_engine.rl.objective.update import TrainSample, accumulate_gradients
+from core_engine.rl.rollout import RolloutResult
+from core_engine.rl.trainer.metrics import behaviour_lags, kv_mixture_metrics, token_lags
+from core_engine.rl.trainer.screen import train_samples
 
 from .reference import make_pair
 from .test_rl_scale import samples, settings
@@ -120,30 +124,113 @@ def test_on_policy_correction_covers_lag_zero_tokens_too():
     assert "on_tokens" in out.importance and "off_tokens" not in out.importance
 
 
+def in_flight_rollout(base, behaviour, token_versions, resumed_at, trainer_version):
+    """`base`'s samples as one group of an in-flight rollout whose tokens carry
+    `token_versions` (runs of [version, count]) and `resumed_at` (recomputes)."""
+    n = len(base)
+    return RolloutResult(
+        prompts=["p"],
+        messages=[[]],
+        references=[""],
+        prompt_ids=[base[0].prompt],
+        response_ids=[s.response for s in base],
+        completions=[""] * n,
+        behaviour_logprobs=behaviour,
+        temp_logprobs=behaviour,
+        finish_reasons=["length"] * n,
+        errors=[None] * n,
+        cached_prompt_tokens=[0] * n,
+        seeds=list(range(n)),
+        policy_version=min(runs[0][0] for runs in token_versions),
+        group_size=n,
+        temperature=0.8,
+        token_versions=token_versions,
+        resumed_at=resumed_at,
+        rewards=[0.0] * n,
+    )
+
+
+def test_tokens_after_an_in_flight_update_are_corrected_until_a_recompute():
+    """An update lands mid-sequence: the tokens the new version samples read K/V the old one
+    wrote, so every token from the sample's first older-version token on is corrected, up to a
+    recompute of the whole context (`resumed_at`: a preemption's resume, an episode's turn)."""
+    base = [TrainSample([5, 6], list(range(7)), [0.0] * 7, 0.0)] * 5
+    rollout = in_flight_rollout(
+        base,
+        [[0.0] * 7] * 5,
+        [[[3, 2], [4, 5]], [[3, 2], [4, 5]], [[4, 7]], [[3, 7]], [[3, 2], [4, 5]]],
+        [[], [5], [], [], [1]],  # sample 4 resumed before its update: still mixed after it
+        4,
+    )
+    lags = [behaviour_lags(rollout, i, 4) for i in range(5)]
+    assert lags == [
+        [1] * 7,  # spans the update: the lag-0 tokens after it are corrected too
+        [1] * 5 + [0] * 2,  # recomputed by version 4 at token 5: whole again from there
+        [0] * 7,  # version 4's own, start to end
+        [1] * 7,
+        [1] * 7,
+    ]
+    assert [token_lags(rollout, i, 4) for i in range(2)] == [[1, 1, 0, 0, 0, 0, 0]] * 2
+
+
 @pytest.mark.parametrize("mode", ["truncate", "mask"])
-def test_off_policy_is_decided_per_token(mode):
-    """A sample whose first tokens the trainer's version sampled and whose last an older one
-    did (an in-flight update): its lag-0 tokens keep the synchronous loss (ratio to the
-    behaviour, no weight), its lagged tokens get the peer's formula."""
-    logp, prox, behaviour, advantages, mask = random_tokens(seed=6)
-    lags = torch.zeros_like(mask, dtype=torch.long)
-    lags[:, 3:] = 1  # every sample spans the update
-    out, grad = ours(mode, logp, prox, behaviour, advantages, mask, lags)
-    lagged = mask & (lags > 0)
-    plain = mask & ~lagged
+def test_the_in_flight_objective_is_areals_decoupled_loss_on_a_spanning_sample(mode):
+    """A batch whose samples span an update (versions 3 then 4, the trainer at 4), trained
+    through `train_samples` and `accumulate_gradients` with the tokens in several micro-batches:
+    its loss equals a float64 computation in which every token from a sample's first older one
+    on (until its recompute) takes AReaL's decoupled loss (pi_prox the trainer's, the behaviour
+    weight under `mode`), and the others the synchronous one; the K/V-mixture gap is the mean
+    |pi_prox - mu| over the version-4 tokens that read version-3 K/V."""
+    model = make_pair("qwen2", seed=5, vocab_size=4096, tie_word_embeddings=False)[0]
+    base = [dataclasses.replace(s, prompt=samples()[0].prompt) for s in samples(count=6)]
+    with torch.no_grad():
+        own = packed_response_logprobs(
+            model, [s.prompt for s in base], [s.response for s in base], 0.8, 4096
+        )
+    gen = torch.Generator().manual_seed(1)
+    behaviour = [(lp + 0.6 * torch.randn(len(lp), generator=gen)).tolist() for lp in own]
+    lengths = [len(s.response) for s in base]
+    spans = [[[3, 1], [4, n - 1]] if n > 1 else [[3, 1]] for n in lengths]
+    spans[2], spans[3] = [[4, lengths[2]]], [[3, lengths[3]]]
+    resumed = [[] for _ in base]
+    resumed[4] = [lengths[4] - 1]  # recomputed by version 4 for its last token
+    rollout = in_flight_rollout(base, behaviour, spans, resumed, 4)
+    rows = list(range(len(base)))
+    advantages = [s.advantage for s in base]
+    batch = train_samples(rollout, rows, advantages, {}, trainer_version=4)
+    result = accumulate_gradients(
+        model, batch, settings(kl_coef=0.0, max_tokens=20, importance=Importance(mode, CAP))
+    )
+    assert result.micro_batches > 1
+    width = max(lengths)
+
+    def padded(rows):
+        return torch.tensor([[*r, *[0.0] * (width - len(r))] for r in rows], dtype=torch.float64)
+
+    prox, mu = padded(result.logprobs), padded(behaviour)
+    mask = padded([[1.0] * n for n in lengths]).bool()
+    corrected = torch.zeros_like(mask)
+    for i, n in enumerate(lengths):  # the spanning samples, to the end or their recompute
+        if i != 2:
+            corrected[i, : n - 1 if i == 4 else n] = True
+    adv = torch.tensor(advantages, dtype=torch.float64)[:, None]
     count = int(mask.sum())
-    reference = areal_ppo_actor_loss_fn if mode == "mask" else None
-    if reference is not None:
-        off = reference(logp, prox, behaviour, advantages[:, None], EPS, lagged, CAP)
+    if mode == "mask":
+        off = areal_ppo_actor_loss_fn(prox, prox, mu, adv, EPS, corrected, CAP)
     else:
-        off = trl_grpo_loss(logp, prox, behaviour, advantages, lagged.double(), EPS, CAP)
-    off = off * int(lagged.sum()) / count
-    on = trl_grpo_loss(logp, behaviour, behaviour, advantages, plain.double(), EPS, math.inf)
-    on = on * int(plain.sum()) / count
-    (their_grad,) = torch.autograd.grad(off + on, logp)
-    assert float(out.loss) == pytest.approx(float(off + on), abs=1e-12)
-    assert torch.allclose(grad, their_grad, atol=1e-12)
-    assert out.importance["off_tokens"] == int(lagged.sum())
+        off = trl_grpo_loss(prox, prox, mu, adv.squeeze(1), corrected.double(), EPS, CAP)
+    plain = mask & ~corrected
+    on = trl_grpo_loss(prox, mu, mu, adv.squeeze(1), plain.double(), EPS, math.inf)
+    expected = off * int(corrected.sum()) / count + on * int(plain.sum()) / count
+    assert result.loss == pytest.approx(float(expected), rel=1e-5, abs=1e-6)
+    mixed = corrected.clone()
+    mixed[:, 0] = False  # version 3 sampled the first token of every spanning sample
+    mixed[3] = False  # ... and all of sample 3
+    gap = (prox - mu).abs()[mixed]
+    metrics = kv_mixture_metrics(rollout, rows, result.logprobs, 4)
+    assert metrics["kv_mixture_tokens"] == int(mixed.sum())
+    assert metrics["kv_mixture_gap_mean"] == pytest.approx(float(gap.mean()), rel=1e-6)
+    assert metrics["kv_mixture_gap_max"] == pytest.approx(float(gap.max()), rel=1e-6)
 
 
 @pytest.fixture(scope="module")

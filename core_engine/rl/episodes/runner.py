@@ -27,6 +27,7 @@ from typing import Any
 from core_engine.prompts import encode_prompt, render_prompt, turn_bridge
 from core_engine.rl.data import batch_rows
 from core_engine.rl.rollout import MixedVersionsError, RawRollout
+from core_engine.rl.rollout.seeds import sample_seed
 from core_engine.scheduler import InferenceScheduler
 from core_engine.task import (
     ErrorCode,
@@ -183,7 +184,7 @@ class EpisodeGenerator:
         if not ready:
             return
         params = [
-            replace(self.params, max_tokens=room, seed=seed + 7919 * e.index + e.turns)
+            replace(self.params, max_tokens=room, seed=sample_seed(seed, e.index, e.turns))
             for e, room in ready
         ]
         results = self.engine.run_batch([e.history for e, _ in ready], params)
@@ -269,7 +270,7 @@ class EpisodeGenerator:
             ],
             errors=[e.error if e.finish in failed else None for e in episodes],
             cached_prompt_tokens=[e.cached_tokens for e in episodes],
-            seeds=[seed + 7919 * e.index for e in episodes],
+            seeds=[sample_seed(seed, e.index) for e in episodes],
             policy_version=min(versions, default=self.engine.version),
             group_size=g,
             temperature=self.params.temperature,

@@ -5,14 +5,15 @@ The floor: the trainer's fp32 weights, gradients and AdamW's two moments (16 byt
 parameter, 12 with bfloat16 moments), a KL reference model (4 bytes per parameter), the
 engine's own copy when it computes in a lower precision, and the engine's KV pool when it is
 kept during the training phase. A LoRA job instead holds its frozen base once, in the engine's
-dtype (the engine serves it, its adapter disabled it is the KL reference), plus 16 (12) bytes
-per adapter parameter, counted as fp32.
-Over N devices (ranks), each device's share: with full weights FSDP2 shards the trainer's
-weights, gradients and moments (and the frozen KL reference) into N parts, and all-gathers one
-decoder layer at a time in its compute dtype (bf16 on CUDA); forward and backward prefetch may
-hold a second one, counted on top like the activations. Each rank's engine keeps its own full
-copy and KV pool. A LoRA job replicates its frozen base and its adapter on every rank, and
-`sharding = "replicate"` all of a full-weight job: nothing of them shrinks with N.
+dtype (the engine serves it; its KL reference is a module tree over the same base tensors, no
+copy), plus 16 (12) bytes per adapter parameter, counted as fp32.
+Over N devices (ranks), each device's share: with full weights FSDP2 shards the trainer's weights,
+gradients and moments into N parts, and all-gathers one decoder layer at a time in its compute dtype
+(bf16 on CUDA); forward and backward prefetch may hold a second one, counted on top like the
+activations. Each rank's engine keeps its own full copy and KV pool, and each rank its own whole
+fp32 KL reference (`trainer.policy.kl_reference`: never sharded). A LoRA job replicates its frozen
+base and its adapter on every rank, and `sharding = "replicate"` all of a full-weight job: nothing
+of them shrinks with N.
 Activations, the log-softmax chunks and the process itself come on top, so a job refused here
 could never have run; one that passes may still need more.
 """
@@ -77,7 +78,7 @@ class Footprint:
                 "parameters) + gradients + AdamW",
             ]
         if self.reference_bytes:
-            parts.append(f"{self.reference_bytes / GIB:.2f} GiB KL reference{shard}")
+            parts.append(f"{self.reference_bytes / GIB:.2f} GiB KL reference")
         if self.gathered_bytes:
             parts.append(f"{self.gathered_bytes / GIB:.2f} GiB one layer gathered")
         if self.engine_copy_bytes:
@@ -159,7 +160,7 @@ def training_footprint(
     return Footprint(
         parameters=parameters,
         trainer_bytes=per_trained * shard,
-        reference_bytes=4 * shard if config.kl_coef else 0,
+        reference_bytes=4 * parameters if config.kl_coef else 0,  # whole on every rank
         engine_copy_bytes=engine_copy,
         kv_bytes=kv,
         devices=devices,

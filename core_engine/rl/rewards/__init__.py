@@ -116,7 +116,7 @@ def check_reward_spec(spec: str) -> None:
     if spec == "length":
         raise ValueError(
             "reward 'length' needs a threshold: use a reward list entry "
-            '{name="length", threshold=N} (see the README)'
+            '{name="length", threshold=N} (see docs/rewards.md)'
         )
     if spec in BUILTIN_NAMES:
         return

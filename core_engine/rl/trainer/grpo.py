@@ -23,7 +23,7 @@ from transformers import AutoTokenizer
 from core_engine.engine import resolve_device
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.footprint.estimate import check_room_for, return_large_frees_to_the_os
-from core_engine.rl.objective.loss import group_advantages
+from core_engine.rl.objective.advantages import zero_variance_groups
 from core_engine.rl.objective.update import (
     TrainSample,
     UpdateResult,
@@ -55,13 +55,14 @@ from core_engine.rl.trainer.checkpoint import (
     save_checkpoint,
 )
 from core_engine.rl.trainer.metrics import (
+    kv_mixture_metrics,
     lag_metrics,
     mismatch_metrics,
     rollout_metrics,
     update_metrics,
 )
 from core_engine.rl.trainer.records import StepRecord, StopReason, TrainerHooks, VersionRecord
-from core_engine.rl.trainer.screen import screen_groups, train_samples, trainable_rows
+from core_engine.rl.trainer.screen import screen_groups, step_samples, trainable_rows
 from core_engine.weight_sync import GateWaitCancelled, LocalChannel, WeightSyncError
 
 
@@ -108,7 +109,12 @@ class GRPOTrainer:
         self.plan = BatchPlan(records, config.batch_size, config.seed)
         state["pending"] = read_pending_rollout(resume) if resume else None
         self.source = self._source(state)
-        self._consecutive_failures = self._consecutive_filtered = 0
+        # rejected batches in a row (failed; without learning signal), and those with a
+        # rollout since the latest version: a stop's checkpoint keeps them (`save`)
+        rejections = state.get("rejections", {})
+        self._consecutive_failures = rejections.get("failures", 0)
+        self._consecutive_filtered = rejections.get("filtered", 0)
+        self.rejected_since_version = rejections.get("since_version", 0)
 
     def _source(self, state: dict[str, Any]) -> RolloutSource:
         """Where batches come from (`rollout.sources`): on demand, or one ahead on a thread
@@ -145,7 +151,8 @@ class GRPOTrainer:
         """Run until `config.steps` optimizer steps are done, `should_stop`, or stalled: one
         loop for every pipeline mode, each batch from the source. A stop between two updates
         of a batch resumes inside that batch; a cancel that arrives while the trainer waits
-        (for a batch, or for the generation gate) stops the run there."""
+        (for a batch, or for the generation gate) stops the run there, the batch whose step it
+        interrupted kept for the resumed run (`RolloutSource.consumed`)."""
         reason = StopReason.DONE
         self.source.open()
         try:
@@ -187,7 +194,7 @@ class GRPOTrainer:
     def _optimise(self, rollout, rejected, fresh, reasons, timings) -> StepRecord:
         cfg, g = self.config, rollout.group_size
         rewards = torch.tensor(rollout.rewards).view(-1, g)
-        advantages, zero_var = group_advantages(rewards)
+        zero_var = zero_variance_groups(rewards)
         rows = trainable_rows(zero_var, rejected, g, cfg.drop_zero_variance_groups)
         metrics = rollout_metrics(rollout, rewards, zero_var, fresh, timings["generate_s"])
         if not rows:
@@ -197,8 +204,7 @@ class GRPOTrainer:
         # Only trainable samples are scored: the others have no weight in the loss. The
         # train/infer mismatch is therefore measured on the samples trained on.
         old = self.source.known_proximal(rollout, fresh)
-        flat_advantages = advantages.view(-1).tolist()
-        samples = train_samples(rollout, rows, flat_advantages, old, self.version)
+        flat_advantages, samples = step_samples(rollout, rewards, rows, old, self.version, cfg)
         with self._training_phase():
             update, grad_norm = self._backward(samples)
             stepped = update.finite and math.isfinite(grad_norm)
@@ -211,10 +217,12 @@ class GRPOTrainer:
                 metrics.update(mismatch_metrics(rollout, rows, update.logprobs))
             if cfg.pipeline != "sync" or rollout.policy_version != self.version:
                 metrics.update(lag_metrics(rollout, rows, self.version))
+                metrics.update(kv_mixture_metrics(rollout, rows, update.logprobs, self.version))
             metrics.update(update_metrics(update, grad_norm, self.optimizer.param_groups[0]["lr"]))
             timings["train_s"] = time.perf_counter() - start
             version = self._publish_next_version(metrics, timings)
         self._consecutive_failures = self._consecutive_filtered = 0
+        self.rejected_since_version = 0
         trained = dict(zip(rows, update.logprobs, strict=True))
         record = StepRecord(
             step=self.step_index - 1,
@@ -270,6 +278,7 @@ class GRPOTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
         except WeightSyncError as exc:
             raise TrainingError(str(exc)) from exc
+        self.source.consumed()
         parent, self.version = self.version, self.version + 1
         self.step_index += 1
         checksum = channel.checksum_of_record(self.version)
@@ -292,6 +301,8 @@ class GRPOTrainer:
             metrics=dict(metrics),
         )
         self._emit(record)
+        self.source.consumed()
+        self.rejected_since_version += rollout is not None
         limit = self.config.max_consecutive_rejections
         if failure:
             self._consecutive_failures += 1
@@ -321,10 +332,16 @@ class GRPOTrainer:
     def save(self) -> Path:
         """Checkpoint the current version with its source's state: the rollout the next update
         uses when there is one (pipelined: produced ahead and verified; else between two
-        updates of one batch), so a resumed run continues exactly."""
+        updates of one batch), so a resumed run continues exactly; and the rejected batches
+        since the version, which the stored rows keep (`workers.training.reconcile`)."""
         state = self.source.state()
         pending = state.pop("pending", None)
         state["base_checksum"] = self.base_checksum  # LoRA's, verified on resume
+        state["rejections"] = {
+            "failures": self._consecutive_failures,
+            "filtered": self._consecutive_filtered,
+            "since_version": self.rejected_since_version,
+        }
         gathered = full_state(self.model, self.optimizer) if is_sharded(self.model) else None
         if not self.writes_files:
             return checkpoint_dir(self.output_dir, self.version)

@@ -25,6 +25,7 @@ from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data import longest_prompt
 from core_engine.rl.data.tasks import default_reward
 from core_engine.rl.objective.loss import Importance
+from core_engine.rl.objective.settings import Objective
 from core_engine.rl.objective.update import UpdateSettings
 from core_engine.rl.ranks import distribute_policy, is_sharded
 from core_engine.rl.ranks.state import load_optimizer_shards
@@ -36,6 +37,7 @@ from core_engine.rl.trainer.checkpoint import (
     read_trainer_state,
 )
 from core_engine.rl.trainer.optimizer import build_optimizer
+from core_engine.rl.trainer.schedule import lr_schedule
 from core_engine.scheduler import EngineConfig, InferenceScheduler
 from core_engine.task import SamplingParams
 
@@ -61,7 +63,8 @@ def trained_policy(
     config: GRPOConfig, resume: Path | None, device: torch.device, on_ranks: bool
 ) -> TrainedPolicy:
     """The policy and its optimizer, from `config.model` or the checkpoint `resume` (its
-    optimizer state too); `on_ranks`: laid out over the job's ranks (`place_on_ranks`)."""
+    optimizer state and learning-rate schedule's step too); `on_ranks`: laid out over the
+    job's ranks (`place_on_ranks`)."""
     model, checksum = load_policy(config, resume, device)
     reference = kl_reference(config, model, device)
     whole = place_on_ranks(config, model, resume, device) if on_ranks else model
@@ -73,6 +76,7 @@ def trained_policy(
         load_optimizer_shards(model, optimizer, read_optimizer_state(resume))
     elif resume:
         load_optimizer_state(optimizer, resume)
+    lr_schedule(config, optimizer, read_trainer_state(resume)["step"] if resume else 0)
     return TrainedPolicy(model, whole, optimizer, reference, checksum)
 
 
@@ -215,4 +219,23 @@ def update_settings(config: GRPOConfig, engine: InferenceScheduler) -> UpdateSet
             low_precision if on_policy is None else on_policy,
         ),
         autocast=engine_dtype if on_cuda and low_precision and config.lora is None else None,
+        objective=objective_of(config),
+    )
+
+
+def objective_of(config: GRPOConfig) -> Objective:
+    """The job's objective (`core_engine.rl.objective`); dr_grpo's constant is the most
+    response tokens a sample holds."""
+    return Objective(
+        loss_type=config.loss_type,
+        policy_loss=config.policy_loss,
+        importance_sampling_level=config.importance_sampling_level,
+        clip_eps_high=config.clip_eps_high,
+        clip_ratio_c=config.clip_ratio_c,
+        delta=config.delta,
+        sapo_temperature_pos=config.sapo_temperature_pos,
+        sapo_temperature_neg=config.sapo_temperature_neg,
+        entropy_coef=config.entropy_coef,
+        top_entropy_quantile=config.top_entropy_quantile,
+        completion_length=config.tokens_per_sample,
     )

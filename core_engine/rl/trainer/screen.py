@@ -8,9 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
+from core_engine.rl.config import GRPOConfig
+from core_engine.rl.objective.advantages import AdvantageSettings, advantages
 from core_engine.rl.objective.update import TrainSample
 from core_engine.rl.rollout import RawRollout, RolloutResult
-from core_engine.rl.trainer.metrics import token_lags
+from core_engine.rl.trainer.metrics import behaviour_lags
 
 
 @dataclass(frozen=True)
@@ -54,16 +56,37 @@ def trainable_rows(
     return trainable.repeat_interleave(group_size).nonzero().squeeze(1).tolist()
 
 
+def step_samples(
+    rollout: RolloutResult,
+    rewards: torch.Tensor,
+    rows: list[int],
+    proximal: Mapping[int, list[float]],
+    trainer_version: int,
+    config: GRPOConfig,
+) -> tuple[list[float], list[TrainSample]]:
+    """Every sample's advantage by the job's estimator (`objective.advantages`; the tokens
+    each trains on weigh REINFORCE++'s whitening) and the `rows` as the update's samples."""
+    masked = config.mask_truncated_completions
+    tokens = torch.tensor(trained_tokens(rollout, rows, masked)).view_as(rewards)
+    settings = AdvantageSettings(config.advantage, config.scale_rewards, config.advantage_std)
+    flat = advantages(rewards, tokens, settings).view(-1).tolist()
+    return flat, train_samples(rollout, rows, flat, proximal, trainer_version, masked)
+
+
 def train_samples(
     rollout: RolloutResult,
     rows: list[int],
     advantages: list[float],
     proximal: Mapping[int, list[float]],
     trainer_version: int,
+    mask_truncated: bool = False,
 ) -> list[TrainSample]:
     """The `rows` of `rollout` as the update's samples. `proximal`: the trainer's log-probs at
     the rollout's version where known (a reused rollout), else the update's own forward is
-    pi_prox; a token is off-policy when a version other than pi_prox's sampled it."""
+    pi_prox; a token is corrected when its behaviour log-prob depends on a version other than
+    pi_prox's (`metrics.behaviour_lags`). `mask_truncated` (TRL's `mask_truncated_completions`):
+    a sample that hit the length limit keeps no token in the loss (it still counts as a
+    sequence of the step)."""
     return [
         TrainSample(
             rollout.prompt_ids[rollout.group_of(i)],
@@ -71,8 +94,34 @@ def train_samples(
             rollout.temp_logprobs[i],
             advantages[i],
             proximal.get(i),
-            token_lags(rollout, i, rollout.policy_version if i in proximal else trainer_version),
-            rollout.loss_masks[i] if rollout.loss_masks else None,
+            behaviour_lags(
+                rollout, i, rollout.policy_version if i in proximal else trainer_version
+            ),
+            _loss_mask(rollout, i, mask_truncated),
         )
         for i in rows
+    ]
+
+
+def truncated(rollout: RawRollout, sample: int) -> bool:
+    return rollout.finish_reasons[sample] == "length"
+
+
+def _loss_mask(rollout: RolloutResult, sample: int, mask_truncated: bool) -> list[int] | None:
+    if mask_truncated and truncated(rollout, sample):
+        return [0] * len(rollout.response_ids[sample])
+    return rollout.loss_masks[sample] if rollout.loss_masks else None
+
+
+def trained_tokens(
+    rollout: RolloutResult, rows: Collection[int], mask_truncated: bool
+) -> list[int]:
+    """Per sample of `rollout`, the tokens its loss keeps: 0 off `rows` (and, with
+    `mask_truncated`, for a truncated sample)."""
+    chosen = set(rows)
+    return [
+        sum(rollout.loss_mask_of(i))
+        if i in chosen and not (mask_truncated and truncated(rollout, i))
+        else 0
+        for i in range(rollout.num_samples)
     ]
