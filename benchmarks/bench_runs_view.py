@@ -8,8 +8,11 @@ totals per finish reason. Then times the view's query + aggregation path
 tokens, grouping into points, the bootstrap bands, the tables) and, apart, the SVG drawn from
 it: warm, median of ``--repeats``. Target: the view within 1 s.
 
-    .venv/bin/python benchmarks/bench_runs_view.py
+    .venv/bin/python benchmarks/bench_runs_view.py [--json docs/benchmarks/bench_runs_view.json]
     .venv/bin/python benchmarks/bench_runs_view.py --runs 2 --versions 1000
+
+Wall times stretch with the machine's other work (the result file records the load average);
+the CPU time of this process, beside each, does not count the database server's work.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from benchmarks.results import BenchmarkRun, Table
 from db import METRIC_TYPES, Repository, upgrade
 from db.models import Job, PolicyVersion, VersionSampleStats
 from ui.handlers.runs import build_view
@@ -124,7 +128,10 @@ def main() -> None:
     parser.add_argument("--versions", type=int, default=1000)
     parser.add_argument("--seeds", type=int, default=3, help="runs per point")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", type=Path, help="write the results here (benchmarks.results)")
     args = parser.parse_args()
+    run = BenchmarkRun("bench_runs_view")
+    results: list[dict] = []
 
     admin = sa.create_engine(args.url)
     schema = f"rlwb_bench_{secrets.token_hex(6)}"
@@ -153,6 +160,18 @@ def main() -> None:
                 lambda v=view: curves_svg(v.curves, v.x_title, v.y_title, v.note), args.repeats
             )
             verdict = "within" if seconds + draw_s <= TARGET_S else "OVER"
+            results.append(
+                {
+                    "metric": metric,
+                    "x_axis": axis,
+                    "smoothing": smoothing,
+                    "view_ms": round(1000 * seconds, 1),
+                    "view_cpu_ms": round(1000 * cpu, 1),
+                    "svg_ms": round(1000 * draw_s, 1),
+                    "points": len(view.curves),
+                    "runs": len(view.runs),
+                }
+            )
             print(
                 f"{metric:>16} vs {axis:<9}: query + aggregation {1000 * seconds:5.0f} ms "
                 f"(this process's CPU {1000 * cpu:4.0f} ms), "
@@ -163,6 +182,26 @@ def main() -> None:
         print(f"metric names of the selection: {1000 * names_s:.0f} ms")
         # a shared machine's other work stretches the times: say how busy it was
         print(f"load average (1 min) on {os.cpu_count()} CPUs: {os.getloadavg()[0]:.1f}")
+        if args.json:
+            rows = [
+                [
+                    f"{r['metric']} vs {r['x_axis']} (smoothing {r['smoothing']:g})",
+                    f"{r['view_ms']:.0f}",
+                    f"{r['view_cpu_ms']:.0f}",
+                    f"{r['svg_ms']:.0f}",
+                ]
+                for r in results
+            ]
+            title = (
+                f"Runs view, {args.runs} runs x {args.versions} versions on PostgreSQL "
+                f"({args.seeds} seeds per point; target: within {TARGET_S:g} s)"
+            )
+            columns = ["view", "query + aggregation ms", "its CPU ms", "SVG ms"]
+            run.write(
+                args.json,
+                {"views": results, "metric_names_ms": 1000 * names_s},
+                [Table(title, columns, rows)],
+            )
     finally:
         if repo is not None:
             repo.close()
