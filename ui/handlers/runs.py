@@ -15,9 +15,15 @@ from db import InvalidValue, JobInfo, JobKind
 from ui.handlers.common import parse_id, parse_number
 from ui.render import inert
 from ui.run_plot import curves_png, curves_svg
-from ui.runs import (
+from ui.run_tables import (
     POINT_COLUMNS,
     RUN_COLUMNS,
+    points_table,
+    run_facts,
+    runs_table,
+    score_note,
+)
+from ui.runs import (
     X_AXES,
     ConfigSplit,
     Curve,
@@ -25,10 +31,6 @@ from ui.runs import (
     method_note,
     point_curve,
     points,
-    points_table,
-    run_facts,
-    runs_table,
-    score_note,
     split_configs,
 )
 from ui.services import Services

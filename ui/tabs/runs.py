@@ -13,7 +13,8 @@ from ui.handlers.runs import (
     run_choices,
     runs_view,
 )
-from ui.runs import POINT_COLUMNS, RUN_COLUMNS, X_AXES
+from ui.run_tables import POINT_COLUMNS, RUN_COLUMNS
+from ui.runs import X_AXES
 from ui.services import Services
 
 
