@@ -146,7 +146,7 @@ def main() -> None:
         ids = _load(repo.engine, args.runs, args.versions, args.seeds)
         loaded = time.perf_counter() - began
         print(f"loaded {args.runs} runs x {args.versions} versions in {loaded:.1f} s")
-        services = Services(repo, _unused, _unused, _unused, _unused, _unused, _unused, _unused)
+        services = Services(repo, *([_unused] * 8))
         for metric, axis, smoothing in (
             ("reward_mean", "version", 0.6),
             ("metric_3", "tokens", 0.0),

@@ -9,7 +9,7 @@
     rlwb train CONFIG       run a training job here, without UI or queue, writing to the DB
     rlwb submit CONFIG      queue a job for the workers and print its id
     rlwb jobs               list the jobs
-    rlwb resume JOB_ID      requeue a failed, stalled or cancelled train job, from its last version
+    rlwb resume JOB_ID      requeue a failed, stalled, pruned or cancelled train job
     rlwb cancel JOB_ID      cancel a job
     rlwb audit JOB_ID       re-score stored samples under their versions' kept weights
     rlwb export JOB_ID VERSION DIR [--merged]   a version's adapter, merged model or checkpoint

@@ -1,10 +1,13 @@
 """What the UI and the CLI call: the job vocabulary and checks of user input (no user code is
 imported), when the UI may be served, the worker side of ``rlwb`` (`workers.commands`),
-submitting, cancelling and resuming jobs (`workers.submission`), and the queue. Imports no
+submitting, cancelling and resuming jobs (`workers.submission`), studies (`workers.studies`),
+and the queue. Imports no
 torch; Celery is configured on first use, not at import.
 
 from workers.api import submit_job, cancel_job, queue_overview
 job = submit_job("train", {"model": DEMO_MODEL, "task": "addition", "steps": 200})
+study = run_study({"model": DEMO_MODEL, "task": "addition"}, {"name": "lr", "seeds": 3,
+                  "grid": {"lr": [1e-3, 3e-3]}})
 """
 
 from dataclasses import MISSING, fields
@@ -61,6 +64,7 @@ from workers.specs import (
     SpecError,
     check_environment,
 )
+from workers.studies import cancel_study, clone_study, resume_study, run_study
 from workers.submission import cancel_job, celery_app, resume_job, submit_job, validate_job
 from workers.tokenizer_match import tokenizer_problem
 from workers.trackers import TRACKERS
@@ -93,6 +97,7 @@ __all__ = [
     "add_worker_commands",
     "audit",
     "cancel_job",
+    "cancel_study",
     "chat",
     "chat_settings_problems",
     "check_data_file",
@@ -102,6 +107,7 @@ __all__ = [
     "check_reward",
     "checkpoint_context",
     "clip_active",
+    "clone_study",
     "count_records",
     "deployment",
     "exposure_problem",
@@ -116,6 +122,8 @@ __all__ = [
     "registered_environments",
     "regular_file",
     "resume_job",
+    "resume_study",
+    "run_study",
     "run_worker_command",
     "size_text",
     "submit_job",

@@ -38,6 +38,8 @@ class Settings:
     engine_cache_size: int
     heartbeat_timeout_s: float = 60.0
     engine_memory_bytes: int | None = None
+    study_max_jobs: int = 64
+    study_max_concurrency: int = 4
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -48,7 +50,9 @@ class Settings:
         worker, default 2), ``RLWB_ENGINE_MEMORY`` (bytes those engines share, weights and
         KV pools; default: on CUDA 90% of the device memory free when the first one loads,
         on CPU no shared limit), ``RLWB_HEARTBEAT_TIMEOUT`` (seconds without a heartbeat
-        before recovery re-queues a running job, default 60)."""
+        before recovery re-queues a running job, default 60), ``RLWB_STUDY_MAX_JOBS`` and
+        ``RLWB_STUDY_MAX_CONCURRENCY`` (the most jobs one study may plan, default 64, and
+        keep queued or running at once, default 4)."""
         env = os.environ
         memory = env.get("RLWB_ENGINE_MEMORY")
         return cls(
@@ -60,6 +64,8 @@ class Settings:
             engine_cache_size=int(env.get("RLWB_ENGINE_CACHE") or 2),
             heartbeat_timeout_s=float(env.get("RLWB_HEARTBEAT_TIMEOUT") or 60),
             engine_memory_bytes=int(memory) if memory else None,
+            study_max_jobs=int(env.get("RLWB_STUDY_MAX_JOBS") or 64),
+            study_max_concurrency=int(env.get("RLWB_STUDY_MAX_CONCURRENCY") or 4),
         )
 
     @property

@@ -25,6 +25,7 @@ from workers.specs import (
     check_trackers_installed,
     validate,
 )
+from workers.study_queue import advance_study
 
 
 def celery_app() -> Celery:
@@ -66,15 +67,18 @@ def cancel_job(job_id: int) -> JobInfo:
     next step (it ends ``cancelled`` with everything so far kept)."""
     from workers.app import repository
 
-    job = repository().request_cancel(job_id)
+    repo = repository()
+    job = repo.request_cancel(job_id)
     if job.status is JobStatus.CANCELLED and job.celery_task_id:
         celery_app().control.revoke(job.celery_task_id)
+    if job.status is JobStatus.CANCELLED and job.study_id is not None:
+        advance_study(celery_app(), repo, job.study_id)  # its slot is free
     return job
 
 
 def resume_job(job_id: int) -> JobInfo:
-    """Queue a failed, stalled or cancelled train job again: it continues from its newest checkpoint
-    at that version (`db.InvalidTransition` for any other job)."""
+    """Queue a failed, stalled, pruned or cancelled train job again: it continues from its
+    newest checkpoint at that version (`db.InvalidTransition` for any other job)."""
     from workers.app import repository
 
     repo = repository()

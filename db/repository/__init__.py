@@ -14,6 +14,7 @@ from db.repository.ownership import OwnershipMixin
 from db.repository.runs import RunsMixin
 from db.repository.samples import SamplesMixin
 from db.repository.steps import StepsMixin
+from db.repository.studies import StudiesMixin
 from db.repository.versions import VersionsMixin
 from db.session import make_engine
 
@@ -28,8 +29,9 @@ class Repository(
     ComparisonsMixin,
     MetricsMixin,
     RunsMixin,
+    StudiesMixin,
 ):
-    """Storage for jobs, policy versions, rollout batches and samples over one engine."""
+    """Storage for studies, jobs, policy versions, rollout batches and samples over one engine."""
 
     @classmethod
     def from_url(cls, url: str | URL | None = None) -> "Repository":

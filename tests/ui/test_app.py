@@ -15,6 +15,7 @@ from ui.app import build_app, launch
 ROOT = Path(__file__).resolve().parents[2]
 API_NAMES = {
     "launch",
+    "launch_study",
     "launch_source",
     "launch_lora_shown",
     "launch_lora",

@@ -33,7 +33,8 @@ SUBMIT = (
 
 
 @pytest.mark.parametrize(
-    "command", [[], ["up"], ["worker"], ["ui"], ["db"], ["db", "upgrade"], ["train"], ["export"]]
+    "command",
+    [[], ["up"], ["worker"], ["ui"], ["db"], ["db", "upgrade"], ["train"], ["export"], ["study"]],
 )
 def test_help_everywhere(command, capsys):
     with pytest.raises(SystemExit) as exit_:

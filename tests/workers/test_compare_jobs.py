@@ -38,6 +38,7 @@ def runs(eager, repo, settings):
         chat=api.chat,
         audit=api.audit,
         token_diff=partial(token_diff, repo, settings),
+        run_study=api.run_study,
     )
     return [job.id for job in jobs], services
 

@@ -121,7 +121,7 @@ def cancel_job(services: Services, job_id: float | str | None) -> str:
 
 
 def resume_job(services: Services, job_id: float | str | None) -> str:
-    """Queue a failed, stalled or cancelled train job again, from its newest checkpoint."""
+    """Queue a failed, stalled, pruned or cancelled train job again, from its newest checkpoint."""
     return _act(services, job_id, "resume", services.resume_job)
 
 
@@ -187,7 +187,7 @@ def _summary(services: Services, job: JobInfo) -> str:
     if isinstance(job.config.get("lora"), dict) and job.kind is JobKind.TRAIN:
         lines.append(_lora_summary(services, job))
     if job.error:
-        why = "Stalled" if job.status is JobStatus.STALLED else "Error"
+        why = {JobStatus.STALLED: "Stalled", JobStatus.PRUNED: "Pruned"}.get(job.status, "Error")
         lines.append(f"**{why}:** {inert(job.error)}")
     return "\n\n".join(lines)
 

@@ -1,4 +1,5 @@
-"""Launch tab: model, task or a data file, reward, hyper-parameters, then Launch."""
+"""Launch tab: model, task or a data file, reward, hyper-parameters, then Launch; or Vary some
+fields over seeds and Launch a study of those jobs."""
 
 from functools import partial
 from typing import Any
@@ -22,6 +23,7 @@ from ui.handlers.launch import (
 from ui.handlers.model_form import PRESET_FIELDS, model_choices, preset_values
 from ui.handlers.reward_form import EXTRA_REWARDS
 from ui.handlers.train_form import PIPELINE_CHOICES, PIPELINE_INFO
+from ui.handlers.vary import launch_study
 from ui.services import Services
 from workers import api
 
@@ -260,6 +262,22 @@ def build(services: Services) -> dict[str, gr.components.Component]:
     with gr.Row(equal_height=True):
         launch = gr.Button("Launch", variant="primary", elem_id="launch-button", scale=1)
         status = gr.Markdown(elem_id="launch-status")
+    with gr.Accordion("Vary: a study of this job over fields and seeds", open=False):
+        with gr.Row():
+            study_name = gr.Textbox(label="Study name", elem_id="vary-name", max_length=64)
+            seeds = _number(1, label="Seeds per point", elem_id="vary-seeds")
+            concurrency = _number(1, label="Jobs at once (budget)", elem_id="vary-concurrency")
+        vary = gr.Textbox(
+            label="Fields and values",
+            placeholder="lr: 0.001, 0.003\nclip_eps: 0.2, 0.28",
+            info="one field per line; every combination runs, each with every seed",
+            lines=3,
+            max_length=4000,
+            elem_id="vary-fields",
+        )
+        with gr.Row(equal_height=True):
+            run = gr.Button("Launch study", elem_id="vary-button", scale=1)
+            study_status = gr.Markdown(elem_id="vary-status")
 
     fields = (model, source, task, data, reward, steps, batch_size, group_size, lr, temperature)
     fields += (top_p, max_tokens, max_policy_lag, kv_strategy, clip_eps, kl_coef, seed)
@@ -270,6 +288,13 @@ def build(services: Services) -> dict[str, gr.components.Component]:
     form = dict(zip(FORM_FIELDS, fields, strict=True))
     launch.click(
         partial(launch_job, services), inputs_kwargs=form, outputs=status, api_name="launch"
+    )
+    study = {"study_name": study_name, "vary": vary, "seeds": seeds, "concurrency": concurrency}
+    run.click(
+        partial(launch_study, services),
+        inputs_kwargs={**form, **study},
+        outputs=study_status,
+        api_name="launch_study",
     )
     source.change(_show_source, source, [task_group, data_group], api_name="launch_source")
     lora.change(_show_lora, lora, lora_group, api_name="launch_lora_shown")  # also on Clone
