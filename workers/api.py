@@ -266,17 +266,10 @@ def audit(sample_ids: list[int], timeout: float = AUDIT_TIMEOUT_S) -> dict[str, 
 
 
 def token_diff(
-    sample_id: int,
-    version_a: int,
-    version_b: int,
-    job_a: int | None = None,
-    job_b: int | None = None,
-    timeout: float = CHAT_TIMEOUT_S,
+    sample_id: int, version_a: int, version_b: int, *jobs: int, timeout: float = CHAT_TIMEOUT_S
 ) -> dict[str, Any]:
-    """One stored response scored under version A of job A and version B of job B (default:
-    the sample's job) on an ``interactive`` worker (see `workers.scoring.token_diff`)."""
-    args = [sample_id, version_a, version_b, job_a, job_b]
-    return _interactive("workers.token_diff", args, timeout)
+    """A response scored on an ``interactive`` worker (`workers.scoring.token_diff`)."""
+    return _interactive("workers.token_diff", [sample_id, version_a, version_b, *jobs], timeout)
 
 
 def _interactive(name: str, args: list[Any], timeout: float) -> dict[str, Any]:
