@@ -10,18 +10,21 @@ KL term's order of operations (TRL adds it per token before aggregating, we aggr
 apart), and in float64 SAPO's temperatures, which TRL's `torch.where` of Python floats makes
 float32.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_objectives_trl.py
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_objectives_trl.py \\
+        --json docs/benchmarks/bench_objectives_trl.json
 """
 
 from __future__ import annotations
 
 import argparse
 from collections import defaultdict
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
+from benchmarks.results import BenchmarkRun, Table
 from core_engine.rl.objective.loss import entropy_threshold, policy_loss
 from core_engine.rl.objective.settings import Objective
 
@@ -145,23 +148,12 @@ def fixed_tensors(seed: int, dtype: torch.dtype):
     return logp, old, ref, advantages, mask, entropy, t + 8
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", choices=["float32", "float64"], default="float64")
-    args = parser.parse_args(argv)
-    try:
-        import trl
-        from trl.trainer.grpo_trainer import GRPOTrainer
-    except ImportError:
-        print("TRL is not installed (the `bench` extra): nothing to compare against")
-        return
-    dtype = getattr(torch, args.dtype)
-    print(f"TRL {trl.__version__}, {args.dtype}, seed {args.seed}")
-    print(f"{'case':<24} {'loss (TRL)':>14} {'|loss diff|':>12} {'max |grad diff|':>16}")
+def compare(trainer_cls, dtype: torch.dtype, seed: int) -> list[list[Any]]:
+    """Per case: TRL's loss, |ours - TRL's| and the largest gradient gap (log-probs, entropies)."""
+    rows = []
     for label, options, fields in CASES:
-        tensors = fixed_tensors(args.seed, dtype)
-        theirs = trl_loss(GRPOTrainer, options, tensors)
+        tensors = fixed_tensors(seed, dtype)
+        theirs = trl_loss(trainer_cls, options, tensors)
         ours = our_loss(fields, options, tensors)
         inputs = (tensors[0], tensors[5])
         their_grads = torch.autograd.grad(theirs, inputs, allow_unused=True)
@@ -172,7 +164,32 @@ def main(argv: list[str] | None = None) -> None:
             if b is not None or a is not None
         )
         loss, diff = float(theirs.detach()), abs(float((ours - theirs).detach()))
-        print(f"{label:<24} {loss:>14.8f} {diff:>12.3e} {gap:>16.3e}")
+        rows.append([label, f"{loss:.8f}", f"{diff:.3e}", f"{gap:.3e}"])
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, help="write the result file here")
+    args = parser.parse_args(argv)
+    run = BenchmarkRun("bench_objectives_trl")
+    try:
+        import trl
+        from trl.trainer.grpo_trainer import GRPOTrainer
+    except ImportError:
+        print("TRL is not installed (the `bench` extra): nothing to compare against")
+        return
+    columns = ["case", "loss (TRL)", "abs. loss difference", "max abs. gradient difference"]
+    tables, results = [], {"trl": trl.__version__, "seed": args.seed}
+    for dtype in (torch.float32, torch.float64):
+        rows = compare(GRPOTrainer, dtype, args.seed)
+        title = f"Ours vs TRL {trl.__version__}'s _compute_loss, {str(dtype).split('.')[1]}"
+        tables.append(Table(title, columns, rows))
+        results[str(dtype)] = rows
+        print(f"{title}\n{tables[-1].markdown()}\n")
+    if args.json:
+        run.write(args.json, results, tables)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from core_engine.lora_settings import (
     LoraSettings,
 )
 from core_engine.rl.config import PIPELINE_MODES, GRPOConfig, mode_defaults
-from core_engine.rl.data import DataError, count_jsonl
+from core_engine.rl.data import DataError
 from core_engine.rl.data.files import Columns, record_count
 from core_engine.rl.data.tasks import BUILTIN_TASKS
 from core_engine.rl.episodes.environments import registered_environments
@@ -53,7 +53,7 @@ from workers.job_files import (
     model_parameters,
     model_roots,
 )
-from workers.settings import GPU_QUEUE, TASK_FOR_KIND, Settings, worker_device
+from workers.settings import GPU_QUEUE, TASK_FOR_KIND, UPLOADS_DIR, Settings, worker_device
 from workers.shipped import CALCULATOR_MODEL, DEMO_MODEL, MODEL_PRESETS
 from workers.specs import (
     HELDOUT_EVERY,
@@ -90,6 +90,7 @@ __all__ = [
     "TASK_FOR_KIND",
     "TRACKERS",
     "TRAINER_DEFAULTS",
+    "UPLOADS_DIR",
     "WORKER_COMMANDS",
     "SpecError",
     "UnsafeFileError",
@@ -196,8 +197,8 @@ def count_records(path: str | Path, columns: tuple[str | None, str | None] = (No
     """How many prompt records a data file holds (JSONL, JSON, CSV or Parquet; ``columns``:
     the prompt and answer columns, None: automatic; `SpecError` if it is unusable). An answer
     column is required only when named: whether the job's rewards need the answers is checked
-    at submission (`check_data_records`), when they are known. Files other than JSONL are
-    parsed by a child process (`core_engine.rl.data.files.record_count`). Parsed once per
+    at submission (`check_data_records`), when they are known. Files are parsed by a child
+    process (`core_engine.rl.data.files.record_count`). Parsed once per
     version of the file: the count, or the refusal, is kept for its identity (device, inode,
     size, change times), so asking again costs one ``stat``."""
     try:
@@ -217,8 +218,6 @@ def _count_records(
 ) -> int | str:
     """The record count of ``path`` as it is at ``identity``, or why it is unusable."""
     try:
-        if path.endswith(".jsonl") and columns == (None, None):
-            return count_jsonl(path)
         return record_count(path, Columns(*columns, needs_answer=False))
     except (DataError, UnsafeFileError, OSError) as exc:
         return str(exc)

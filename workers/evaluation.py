@@ -139,6 +139,11 @@ class HeldoutEval:
         self.params = params
         self.episodes = episodes  # an environment job's: (its session, the episode limits)
 
+    def close(self) -> None:
+        """End the environment session of an environment job (its processes with it)."""
+        if self.episodes is not None:
+            self.episodes[0].close()
+
     def greedy(self, engine: Any) -> EvalResult:
         """The engine's greedy answers (its current, acknowledged weights), scored."""
         greedy = SamplingParams(temperature=0, max_tokens=self.params.max_tokens)

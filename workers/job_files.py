@@ -23,6 +23,7 @@ from core_engine.rl.config import GRPOConfig, approx_parameters
 from core_engine.rl.data import DataError, longest_prompt, longest_records
 from core_engine.rl.data.files import load_records, split_heldout
 from core_engine.rl.data.tasks import prompt_records
+from core_engine.rl.template_sandbox import TemplateBoundError
 from core_engine.user_files import (
     MAX_DATA_BYTES,
     MAX_TEXT_BYTES,
@@ -207,8 +208,10 @@ def check_prompt_room(
     """`SpecError` when the longest prompt of ``records`` (among the `PROMPTS_CHECKED` of the
     most characters), rendered with the model's chat template as the trainer renders it, and
     ``max_tokens`` do not fit the model's context (``max_position_embeddings``): the engine
-    would refuse the prompt (``prompt_too_long``) or cut its responses short. A checkpoint
-    without a stated context or a tokenizer that loads is left to the worker."""
+    would refuse the prompt (``prompt_too_long``) or cut its responses short; or when the
+    template breaks a bound of its child (`core_engine.rl.template_sandbox`: time, memory,
+    length). A checkpoint without a stated context or a tokenizer that loads is left to the
+    worker."""
     try:
         model = Path(resolve_model(config["model"]))
     except DemoPolicyMissing:
@@ -219,6 +222,8 @@ def check_prompt_room(
         return
     try:
         longest = longest_prompt(tokenizer, longest_records(records, PROMPTS_CHECKED))
+    except TemplateBoundError as exc:  # rendered in a bounded child: past a bound here
+        raise SpecError(str(exc)) from None
     except Exception:  # a template this tokenizer cannot render: the worker's is the word
         return
     max_tokens = config.get("max_tokens", GRPOConfig.max_tokens)
@@ -291,8 +296,9 @@ def check_output_dir(
     config: Mapping[str, Any], settings: Settings, repo: Repository, job_id: int | None = None
 ) -> None:
     """`SpecError` when the ``output_dir`` of job ``job_id`` (None: a job not yet created) is
-    the data directory or holds it, lies among the jobs' default folders (``jobs/``), or is
-    inside an earlier job's output folder or holds one: a job starts by cleaning its folder
+    the data directory or holds it, lies in a folder the workbench writes itself
+    (`Settings.own_dirs`: the jobs' default folders, the embedded broker's, the uploads'), or
+    is inside an earlier job's output folder or holds one: a job starts by cleaning its folder
     (`workers.training.reconcile`), which would delete another job's checkpoints. The folder
     belongs to the first job that names it."""
     output = config.get("output_dir")
@@ -301,11 +307,9 @@ def check_output_dir(
     mine = Path(output).resolve()
     if settings.data_dir.resolve().is_relative_to(mine):
         raise SpecError(f"output_dir: {output} is the data directory or holds it")
-    if mine.is_relative_to(settings.jobs_dir.resolve()):
-        raise SpecError(
-            f"output_dir: {output} is inside {settings.jobs_dir}, the folders of the jobs "
-            "that name no output_dir"
-        )
+    for folder, what in settings.own_dirs.items():
+        if mine.is_relative_to(folder.resolve()):
+            raise SpecError(f"output_dir: {output} is inside {folder}, {what}")
     for other, folder in sorted(repo.output_dirs().items()):
         if job_id is not None and other >= job_id:
             continue

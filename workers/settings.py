@@ -20,6 +20,7 @@ REDIS_POLL_S = 0.2  # the longest a Redis BRPOP blocks before it is issued again
 INTERACTIVE_TASKS = ("workers.chat", "workers.audit", "workers.token_diff")
 TASK_FOR_KIND = {kind: f"workers.{kind}" for kind in ("train", "evaluate", "compare")}
 DAY_S = 24 * 3600
+UPLOADS_DIR = "datasets"  # the data directory's folder of uploaded prompt sets
 
 
 def worker_device() -> str:
@@ -91,3 +92,18 @@ class Settings:
     def jobs_dir(self) -> Path:
         """Where worker-run jobs keep their checkpoints (``jobs/<id>/``)."""
         return self.data_dir / "jobs"
+
+    @property
+    def uploads_dir(self) -> Path:
+        """Where the UI stores uploaded prompt sets."""
+        return self.data_dir / UPLOADS_DIR
+
+    @property
+    def own_dirs(self) -> dict[Path, str]:
+        """The data directory's folders the workbench writes itself -> what they hold: no
+        job's ``output_dir`` (`workers.job_files.check_output_dir`)."""
+        return {
+            self.jobs_dir: "the folders of the jobs that name no output_dir",
+            self.broker_dir: "the embedded broker's messages",
+            self.uploads_dir: "the uploaded prompt sets",
+        }

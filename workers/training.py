@@ -23,6 +23,7 @@ from pathlib import Path
 from core_engine.atomic_dir import Writer, recover
 from core_engine.rl.data.tasks import prompt_records
 from core_engine.rl.ranks.launch import RankFailedError, job_ranks
+from core_engine.rl.template_sandbox import RenderCancelled
 from core_engine.rl.trainer.checkpoint import (
     checkpoint_dir,
     is_complete,
@@ -208,6 +209,8 @@ def run_training(
     )
     try:
         with closing(Trackers(report_to(job.config), run)) as trackers, ExitStack() as stack:
+            if evaluation is not None:
+                stack.callback(evaluation.close)
             pruning = job_pruning(repo, job)
             recorder = Recorder(repo, job.id, control, config.steps, evaluation, trackers, pruning)
             writer = checkpoint_writer(repo, control)
@@ -230,6 +233,8 @@ def run_training(
             reason = trainer.train()
     except (TrainingError, RankFailedError) as exc:
         return Outcome("failed", f"training stopped: {exc}")
+    except RenderCancelled:  # a cancel while the prompts were rendered, before any step
+        return control.stopped()
     if reason is StopReason.DONE:
         return Outcome("succeeded")
     if reason is StopReason.STOPPED and recorder.pruned is not None:

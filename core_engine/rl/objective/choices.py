@@ -74,13 +74,8 @@ def objective_problems(config: Any, numbers_wrong: bool) -> list[str]:
     high = config.clip_high
     if config.delta is not None and config.delta <= 1 + high:
         problems.append(
-            f"delta ({config.delta}) must exceed 1 + the upper clip ({1 + high:g}), "
-            "as TRL recommends: below it the ratio's bound undoes the clip"
-        )
-    if config.importance_sampling_level != "token" and config.policy_loss == "cispo":
-        problems.append(
-            "policy_loss 'cispo' weights each token's log-prob by its own ratio: it needs "
-            "importance_sampling_level 'token'"
+            f"delta ({config.delta}) must exceed 1 + the upper clip ({1 + high:g}), as TRL "
+            "recommends: below it delta, not the clip, would bound a positive advantage's ratio"
         )
     if config.advantage != "grpo" and (config.scale_rewards, config.advantage_std) != (
         "group",

@@ -70,7 +70,8 @@ class LossOutput:
     `loss`, `kl` and the fractions add up over micro-batches to the whole step's values (the
     fractions and `kl` are token means over the step's trained tokens); `importance` holds
     sums over corrected tokens (`importance_sums`' keys); `fractions` the policy loss's
-    named token shares (TRL's `clip_ratio/low_mean`, ...)."""
+    named token shares (TRL's `clip_ratio/low_mean`, ...; shares of tokens at every ratio
+    level, where TRL's are of sequences at "sequence")."""
 
     loss: torch.Tensor
     kl: float

@@ -227,6 +227,11 @@ class RolloutRunner:
     def _key(batch: Mapping[str, Sequence[str]]) -> tuple:
         return tuple((k, tuple(v)) for k, v in sorted(batch.items()))
 
+    def close(self) -> None:
+        """Release what the generator holds (an episode generator's environment session)."""
+        if hasattr(self.generator, "close"):
+            self.generator.close()
+
     @property
     def last(self) -> RolloutResult | None:
         """The rollout kept for reuse (None: nothing kept)."""

@@ -82,9 +82,8 @@ class GRPOTrainer:
         the process group is up); rank 0 alone writes checkpoints, the hooks are its."""
         if config.devices != (world := ranks.world_size if ranks else 1):
             raise ValueError(f"devices = {config.devices}: this trainer is one of {world} ranks")
-        self.config = config
+        self.config, self.ranks = config, ranks
         self.hooks = hooks or TrainerHooks()
-        self.ranks = ranks
         self.output_dir = Path(config.output_dir)
         self.device = ranks.device if ranks else resolve_device(config.device)
         resume = latest_checkpoint(self.output_dir) if config.resume else None
@@ -92,7 +91,7 @@ class GRPOTrainer:
         self.version, self.step_index = state["version"], state["step"]
         torch.manual_seed(config.seed + self.version)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model, local_files_only=True)
-        self.max_seq_len = policy.longest_sequence(config, self.tokenizer, records)
+        self.max_seq_len = policy.longest_sequence(config, self.tokenizer, records, self._cancelled)
         check_room_for(config, self.device, config.devices)  # before anything is loaded
         return_large_frees_to_the_os()
         trained = policy.trained_policy(config, resume, self.device, ranks is not None)
@@ -104,7 +103,7 @@ class GRPOTrainer:
         )
         self.update_settings = policy.update_settings(config, self.engine)
         self.runner = policy.rollout_runner(
-            config, self.engine, self.tokenizer, lambda: self.version
+            config, self.engine, self.tokenizer, lambda: self.version, self._cancelled
         )
         self.plan = BatchPlan(records, config.batch_size, config.seed)
         state["pending"] = read_pending_rollout(resume) if resume else None
@@ -165,6 +164,7 @@ class GRPOTrainer:
             reason = StopReason.STOPPED
         finally:
             self.source.close()
+            self.runner.close()
         self.save()
         return reason
 
