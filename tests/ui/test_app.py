@@ -21,6 +21,7 @@ API_NAMES = {
     "launch_lora",
     "launch_environment",
     "launch_model_preset",
+    "launch_algorithm",
     "launch_rescan",
     "launch_upload",
     "jobs",
