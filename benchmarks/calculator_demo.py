@@ -21,7 +21,10 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
@@ -39,32 +42,68 @@ def launch_form(steps: int | None) -> dict:
     return form if steps is None else {**form, "steps": steps}
 
 
+def use_temporary_data() -> Path:
+    """A fresh data directory and SQLite database in a temporary folder, for this process."""
+    data = Path(tempfile.mkdtemp(prefix="calculator-demo-"))
+    os.environ.update(RLWB_DATA_DIR=str(data), DATABASE_URL=f"sqlite:///{data / 'rlwb.db'}")
+    os.environ.pop("REDIS_URL", None)
+    return data
+
+
+def submit_launch(data: Path, form: dict) -> tuple[Any, Any]:
+    """(the repository, the job) Launch creates for `form`, in the database of `data`."""
+    from db import upgrade
+    from ui.handlers.launch import train_config
+    from ui.services import Services
+    from workers.app import repository
+
+    upgrade()
+    repo = repository()
+    unused = lambda *args, **kwargs: None  # noqa: E731  (the form is only validated)
+    actions = [f.name for f in fields(Services) if f.name != "repository" and f.init]
+    actions = [name for name in actions if name not in ("model_roots", "data_dir")]
+    services = Services(repo, **dict.fromkeys(actions, unused), model_roots=(data,), data_dir=data)
+    config = train_config(services, **form)
+    print("job:", config, flush=True)
+    return repo, repo.create_job("train", config, total_steps=config["steps"])
+
+
+def run_submitted(repo: Any, job_id: int, progress: Callable[..., None] | None = None) -> Any:
+    """The job run to its end by the worker's own job runner, in this process: its outcome."""
+    from workers.jobs import run_job
+    from workers.settings import Settings
+
+    return run_job(repo, job_id, Settings.from_env(), progress=progress)
+
+
+def heldout_points(repo: Any, job_id: int) -> list[tuple[int, float, float]]:
+    """(version, minutes since version 0 was stored, held-out accuracy) of each scored version."""
+    from workers.specs import HELDOUT_METRIC
+
+    versions = repo.list_versions(job_id)
+    return [
+        (
+            v.version,
+            (v.created_at - versions[0].created_at).total_seconds() / 60,
+            v.metrics.extra[HELDOUT_METRIC],
+        )
+        for v in versions
+        if HELDOUT_METRIC in v.metrics.extra
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, help="instead of the preset's")
     parser.add_argument("--out", type=Path, help="a CSV of version, minutes, accuracy")
     args = parser.parse_args()
-    data = Path(tempfile.mkdtemp(prefix="calculator-demo-"))
-    os.environ.update(RLWB_DATA_DIR=str(data), DATABASE_URL=f"sqlite:///{data / 'rlwb.db'}")
-    os.environ.pop("REDIS_URL", None)
+    data = use_temporary_data()
     import torch
 
-    from db import upgrade
-    from ui.handlers.launch import train_config
-    from ui.services import Services
-    from workers.app import repository
-    from workers.jobs import run_job
-    from workers.settings import Settings
     from workers.specs import HELDOUT_METRIC
 
     torch.set_num_threads(1)
-    upgrade()
-    repo = repository()
-    unused = lambda *args, **kwargs: None  # noqa: E731  (the form is only validated)
-    services = Services(repo, *([unused] * 7), model_roots=(data,), data_dir=data)
-    config = train_config(services, **launch_form(args.steps))
-    print("job:", config, flush=True)
-    job = repo.create_job("train", config, total_steps=config["steps"])
+    repo, job = submit_launch(data, launch_form(args.steps))
     start, shown = time.perf_counter(), set()
 
     def progress(*_: object) -> None:  # each held-out score once it is stored
@@ -75,16 +114,10 @@ def main() -> None:
                 minutes = (time.perf_counter() - start) / 60
                 print(f"v{version.version:<4} {minutes:6.2f} min  {accuracy:.3f}", flush=True)
 
-    outcome = run_job(repo, job.id, Settings.from_env(), progress=progress)
+    outcome = run_submitted(repo, job.id, progress)
     progress()
     print(f"job {outcome.status}: {(time.perf_counter() - start) / 60:.1f} minutes")
-    versions = repo.list_versions(job.id)
-    began = versions[0].created_at
-    points = [
-        (v.version, (v.created_at - began).total_seconds() / 60, v.metrics.extra[HELDOUT_METRIC])
-        for v in versions
-        if HELDOUT_METRIC in v.metrics.extra
-    ]
+    points = heldout_points(repo, job.id)
     print("version  minutes  held-out accuracy (minutes: since version 0 was stored)")
     for version, minutes, accuracy in points:
         print(f"{version:>7} {minutes:8.2f}  {accuracy:.3f}")

@@ -47,6 +47,7 @@ from core_engine.rl.demo_policy import (
     greedy_accuracy,
     heldout_records,
 )
+from core_engine.rl.presets import ALGORITHM_PRESETS
 from core_engine.rl.trainer.grpo import GRPOTrainer
 
 TARGET_GAIN = 0.30  # the issue's bar: +30 points of held-out accuracy within 10 minutes
@@ -75,15 +76,19 @@ class Curve:
 
     def __init__(self) -> None:
         self.spent = 0.0
+        self.stepping = 0.0  # the part of `spent` in steps, evaluations left out
         self.points: list[Point] = []
 
     @contextlib.contextmanager
-    def timed(self):
+    def timed(self, step: bool = False):
         start = time.perf_counter()
         try:
             yield
         finally:
-            self.spent += time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            self.spent += elapsed
+            if step:
+                self.stepping += elapsed
 
     def add(self, version: int, accuracy: float) -> Point:
         recent = [p.accuracy for p in self.points[-(SMOOTHING - 1) :]] + [accuracy]
@@ -170,10 +175,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def make_trainer(
-    policy: Path, run_dir: Path, args: argparse.Namespace, variant: Variant
+    policy: Path,
+    run_dir: Path,
+    args: argparse.Namespace,
+    variant: Variant,
+    preset: str | None = None,
 ) -> GRPOTrainer:
-    """The recipe's GRPO run on training problems that never appear in the held-out set."""
-    config = GRPOConfig(
+    """The recipe's GRPO run on training problems that never appear in the held-out set; with
+    an algorithm `preset` (`core_engine.rl.presets`), its settings replace the recipe's."""
+    recipe = dict(
         model=str(policy),
         output_dir=str(run_dir),
         task="addition",
@@ -189,6 +199,10 @@ def make_trainer(
         seed=args.seed,
         resume=False,
     )
+    if preset is not None:
+        settings = ALGORITHM_PRESETS[preset].settings
+        recipe = {k: v for k, v in recipe.items() if k not in settings} | {"preset": preset}
+    config = GRPOConfig.from_dict(recipe)
     held_out = {r["input"] for r in heldout_records()}
     records = [r for r in addition_records(5000, seed=1) if r["input"] not in held_out]
     return GRPOTrainer(config, records)
@@ -196,12 +210,12 @@ def make_trainer(
 
 def run(trainer: GRPOTrainer, minutes: float, eval_every: int) -> list[Point]:
     """Train until the step or time budget is spent; evaluate at start and every `eval_every`."""
-    return run_interleaved({"": trainer}, minutes, eval_every)[""]
+    return run_interleaved({"": trainer}, minutes, eval_every)[""].points
 
 
 def run_interleaved(
     trainers: dict[str, GRPOTrainer], minutes: float, eval_every: int
-) -> dict[str, list[Point]]:
+) -> dict[str, Curve]:
     """One step of each run in turn until each has spent `minutes` of its own time (or its
     steps); each is evaluated at its start, every `eval_every` versions and at its end."""
     heldout = heldout_records()
@@ -227,11 +241,11 @@ def run_interleaved(
                 if curve.points[-1].version != trainer.version:
                     evaluate_now(name)
                 continue
-            with curve.timed():
+            with curve.timed(step=True):
                 accepted = trainer.step().status == "accepted"
             if accepted and trainer.version % eval_every == 0:
                 evaluate_now(name)
-    return {name: curve.points for name, curve in curves.items()}
+    return curves
 
 
 def accuracy_at(curve: list[Point], minutes: float | None = None, version: int | None = None):
@@ -381,7 +395,9 @@ def compare(
         print(f"{name}: {trainable:,} trainable parameters, lr {trainer.config.lr:g}")
     loads = [load_average()]
     print(f"load average at the start: {loads[0]}")
-    curves = run_interleaved(trainers, args.minutes, args.eval_every)
+    curves = {
+        n: c.points for n, c in run_interleaved(trainers, args.minutes, args.eval_every).items()
+    }
     loads.append(load_average())
     print(f"load average at the end: {loads[1]}")
     tables = comparison(curves, args.minutes, args.eval_every)
