@@ -86,6 +86,16 @@ def model_roots(default: Path | None = None) -> tuple[Path, ...]:
     return roots or (default or data_dir(),)
 
 
+def _roots_rule(roots: Sequence[Path]) -> str:
+    """The refusal's second half: the directories allowed and how to add one."""
+    listed = ", ".join(str(root) for root in dict.fromkeys(roots))
+    return (
+        f"allowed here: {listed}; to allow another directory, set RLWB_MODEL_ROOTS "
+        "(colon-separated) before starting the workbench and its worker, or copy the file "
+        "into the data directory"
+    )
+
+
 def check_kv_budget(config: dict[str, Any], model_dir: Path) -> None:
     """`SpecError` when an explicit ``kv_cache_bytes`` is below the least one request can
     need: one prompt token plus ``max_tokens``, at 2 bytes per value (the engine's smallest
@@ -150,7 +160,9 @@ def check_data_file(data: str, roots: Sequence[Path], key: str = "data") -> None
     dataset directory of at most that, under ``roots`` (the model roots and the data
     directory); nothing is read."""
     if not is_under(Path(data), roots):
-        raise SpecError(f"{key}: {data} is not under a model root or the data directory")
+        raise SpecError(
+            f"{key}: {data} is not under a model root or the data directory; {_roots_rule(roots)}"
+        )
     try:
         if Path(data).is_dir():
             dataset_dir(data, MAX_DATA_BYTES, roots)

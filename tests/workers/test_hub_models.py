@@ -22,7 +22,9 @@ HUB_ID = "tiny-org/tiny-llama"
 REFUSED = (
     "model: {model} is a Hugging Face Hub id and is not in this machine's Hugging Face cache "
     "({cache}), and HF_HUB_OFFLINE is set, so nothing is downloaded: download it where there "
-    "is a network (`hf download {model}`, into the same cache), or unset HF_HUB_OFFLINE"
+    "is a network (`hf download {model}`, into the same cache), or let the worker download "
+    "it: start it with HF_HUB_OFFLINE=0 (`make up` sets HF_HUB_OFFLINE=1: "
+    "`make up HF_HUB_OFFLINE=0`)"
 )
 
 
