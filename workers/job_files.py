@@ -188,7 +188,7 @@ def check_data_records(config: dict[str, Any]) -> None:
                 split_heldout(records, heldout.fraction, seed)
             check_prompt_room(config, records, config["data"])
         elif isinstance(config.get("task"), str):
-            records = prompt_records(config["task"], None, seed=seed)
+            records = prompt_records(config["task"], None, seed=seed, columns=columns)
             check_prompt_room(config, records, f"task {config['task']}")
         if heldout.data is not None:
             check_prompt_room(config, load_records(heldout.data, columns), heldout.data)
