@@ -5,6 +5,9 @@ A job with `devices = N` runs as N ranks: started here on one machine (this proc
 ``torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500
 -m core_engine.rl train job.toml`` with `devices = 16`): the ranks then join the group its
 environment variables describe. Rank 0 prints and writes the checkpoints.
+
+``model`` may name a shipped policy (``"demo"``, ``"calculator-demo"``); ``output_dir`` is
+optional: by default the folder ``<job file name>-checkpoints`` beside the job file.
 """
 
 from __future__ import annotations
@@ -14,15 +17,15 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from tqdm import tqdm
+from core_engine.assets import shipped_checkpoint
 
-from core_engine.rl.config import GRPOConfig, torch_device_type
-from core_engine.rl.data.tasks import prompt_records
-from core_engine.rl.ranks import RankInfo, RankSetupError, rank_group
-from core_engine.rl.ranks.launch import RankFailedError, job_ranks
-from core_engine.rl.trainer.grpo import GRPOTrainer, TrainingError
-from core_engine.rl.trainer.records import StepRecord, TrainerHooks
+if TYPE_CHECKING:  # the trainer's modules load torch: imported once the arguments are parsed
+    from core_engine.rl.config import GRPOConfig
+    from core_engine.rl.ranks import RankInfo
+    from core_engine.rl.trainer.records import StepRecord
 
 
 def _line(record: StepRecord, version: int) -> str:
@@ -44,7 +47,16 @@ def main(argv: list[str] | None = None) -> int:
     train = sub.add_parser("train", help="run a GRPO training job from a JSON/TOML config")
     train.add_argument("config", help="path to a .json or .toml GRPOConfig file")
     args = parser.parse_args(argv)
-    config = GRPOConfig.from_file(args.config)
+    from tqdm import tqdm
+
+    from core_engine.rl.config import GRPOConfig, read_job_file
+    from core_engine.rl.data.tasks import prompt_records
+    from core_engine.rl.ranks import RankSetupError
+    from core_engine.rl.ranks.launch import RankFailedError
+    from core_engine.rl.trainer.grpo import GRPOTrainer, TrainingError
+    from core_engine.rl.trainer.records import TrainerHooks
+
+    config = GRPOConfig.from_dict(standalone_values(read_job_file(args.config), args.config))
     records = prompt_records(config.task, config.data, seed=config.seed)
     bar = tqdm(total=config.steps, desc="GRPO", unit="step")
     trainer: GRPOTrainer | None = None
@@ -70,10 +82,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def standalone_values(values: dict[str, Any], job_file: str | Path) -> dict[str, Any]:
+    """A job file's values for the trainer alone: a shipped policy's name as its checkpoint
+    directory (`core_engine.assets.shipped_checkpoint`), and ``output_dir`` by default
+    ``<job file name>-checkpoints`` beside the job file."""
+    job_file = Path(job_file)
+    default_output = job_file.with_name(f"{job_file.stem}-checkpoints")
+    values = {"output_dir": str(default_output), **values}
+    if isinstance(values.get("model"), str):
+        values["model"] = shipped_checkpoint(values["model"])
+    return values
+
+
 @contextlib.contextmanager
 def job_ranks_of(config: GRPOConfig, records: list[dict[str, str]]) -> Iterator[RankInfo | None]:
     """This process's rank: None for one device; under torchrun (``WORLD_SIZE`` set) the rank
     its environment names; else rank 0, the others started here (`ranks.launch.job_ranks`)."""
+    from core_engine.rl.config import torch_device_type
+    from core_engine.rl.ranks import RankSetupError, rank_group
+    from core_engine.rl.ranks.launch import job_ranks
+
     if "WORLD_SIZE" in os.environ:
         world = int(os.environ["WORLD_SIZE"])
         if world != config.devices:

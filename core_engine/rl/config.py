@@ -310,10 +310,14 @@ class GRPOConfig:
 
     @classmethod
     def from_file(cls, path: str | Path) -> GRPOConfig:
-        path = Path(path)
-        text = read_text(path, MAX_TEXT_BYTES)
-        values = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-        return cls.from_dict(values)
+        return cls.from_dict(read_job_file(path))
+
+
+def read_job_file(path: str | Path) -> dict[str, Any]:
+    """A job file's values: TOML when its name ends in ``.toml``, else JSON."""
+    path = Path(path)
+    text = read_text(path, MAX_TEXT_BYTES)
+    return tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
 
 
 def _renamed(values: dict[str, Any]) -> dict[str, Any]:
