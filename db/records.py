@@ -7,6 +7,7 @@ Per-token arrays are plain Python lists: token ids are int32, log-probs float32.
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
+from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
 from db.enums import BatchStatus, FinishReason, JobKind, JobStatus
@@ -188,6 +189,11 @@ class PolicyVersionInfo:
     weights_checksum: str | None
     metrics: PolicyMetrics
     created_at: datetime
+
+    def weights_kept(self) -> bool:
+        """Whether the version's checkpoint directory is still on disk (retention deletes
+        old ones, `core_engine.rl.trainer.checkpoint.prune_checkpoints`)."""
+        return self.checkpoint_path is not None and Path(self.checkpoint_path).is_dir()
 
 
 @dataclass(frozen=True)

@@ -30,19 +30,13 @@ class EngineMemoryError(ValueError):
     """An engine that cannot run in the worker's engine memory, even alone."""
 
 
-def weights_kept(info: PolicyVersionInfo) -> bool:
-    """Whether the version's checkpoint directory is still on disk (retention deletes old
-    ones, `core_engine.rl.trainer.checkpoint.prune_checkpoints`)."""
-    return info.checkpoint_path is not None and Path(info.checkpoint_path).is_dir()
-
-
 def saved_version(repo: Repository, job_id: int, version: int) -> PolicyVersionInfo:
     """The version's record (`VersionNotFound`), if its weights are still on disk
     (`WeightsNotKept`)."""
     info = repo.get_version(job_id, version)
     if info is None:
         raise VersionNotFound(job_id, version)
-    if not weights_kept(info):
+    if not info.weights_kept():
         raise WeightsNotKept(f"job {job_id} version {version}: weights not kept")
     return info
 

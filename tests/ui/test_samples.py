@@ -73,6 +73,24 @@ def test_newest_first(services, world, job):
     assert table["version"].tolist()[0] == 3
 
 
+def test_samples_say_whether_their_versions_weights_are_kept(services, world, tmp_path):
+    from db import PolicyVersionRecord
+
+    repo, model_dir = world["repo"], world["model"]
+    job = repo.create_job("train", {"model": str(model_dir), "task": "always7"}, total_steps=2)
+    repo.mark_running(job.id)
+    kept, pruned = tmp_path / "version-00001", tmp_path / "version-00000"
+    kept.mkdir()  # version 0's folder was never made (pruned); version 2 saved nothing
+    for version, folder in enumerate((pruned, kept, None)):
+        path = None if folder is None else str(folder)
+        repo.record_policy_version(PolicyVersionRecord(job.id, version, None, path))
+        samples = [_sample(model_dir, version, 0, group) for group in range(2)]
+        repo.record_batch(BatchRecord(job.id, version, version, "accepted", samples))
+    table, _, _ = search(services, job.id)
+    marks = dict(zip(table["version"], table["weights"], strict=True))
+    assert marks == {0: "not kept", 1: "kept", 2: "not kept"}
+
+
 def test_a_text_search_that_stops_at_its_bound_says_so(services, world, job, monkeypatch):
     """Each page of a text search reads a bounded number of samples (here 10, really
     `TEXT_SEARCH_ROWS`): a miss says how many and how to narrow it; the next page searches on."""

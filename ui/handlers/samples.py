@@ -1,6 +1,7 @@
 """Samples tab: filtered keyset pages, one sample in full, and rejected batches."""
 
 import time
+from collections.abc import Collection
 from dataclasses import asdict
 from html import escape
 from pathlib import Path
@@ -42,6 +43,7 @@ SNIPPET = 80
 SAMPLE_COLUMNS = [
     "sample",
     "version",
+    "weights",  # whether the version's weights are kept: only those can be audited
     "batch",
     "batch status",
     "prompt #",
@@ -63,11 +65,15 @@ def _snippet(text: str) -> str:
     return text if len(text) <= SNIPPET else text[: SNIPPET - 1] + "…"
 
 
-def samples_frame(items: list[SampleSummary]) -> pd.DataFrame:
+def samples_frame(
+    items: list[SampleSummary], kept: Collection[tuple[int, int]] = ()
+) -> pd.DataFrame:
+    """The table's rows; ``kept``: the (job, version) pairs whose weights are kept."""
     rows = [
         [
             s.id,
             s.policy_version,
+            "kept" if (s.job_id, s.policy_version) in kept else "not kept",
             s.batch_id,
             s.batch_status.value,
             s.prompt_index,
@@ -83,6 +89,16 @@ def samples_frame(items: list[SampleSummary]) -> pd.DataFrame:
         for s in items
     ]
     return pd.DataFrame(rows, columns=SAMPLE_COLUMNS)
+
+
+def kept_versions(services: Services, items: list[SampleSummary]) -> set[tuple[int, int]]:
+    """The (job, version) pairs of the jobs of ``items`` whose weights are still on disk."""
+    return {
+        (job_id, info.version)
+        for job_id in {s.job_id for s in items}
+        for info in services.repository.list_versions(job_id)
+        if info.weights_kept()
+    }
 
 
 def sample_filter(
@@ -159,7 +175,7 @@ def _render(services: Services, state: dict[str, Any]) -> Page:
     if page.next_cursor is not None:
         cursors.append(page.next_cursor)
     state = {**state, "cursors": cursors}
-    frame = samples_frame(page.items)
+    frame = samples_frame(page.items, kept_versions(services, page.items))
     where_text = "more on the next page" if page.next_cursor else "last page"
     if page.searched is not None:
         where_text = (
