@@ -235,6 +235,7 @@ class SampleSummary:
     error_code: str | None
     reward: float | None
     advantage: float | None
+    prompt_messages: list[dict[str, Any]] | None = None  # as stored, when the job kept them
 
 
 @dataclass(frozen=True)

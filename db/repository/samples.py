@@ -32,6 +32,7 @@ _SUMMARY_COLUMNS = (
     Sample.error_code,
     Sample.reward,
     Sample.advantage,
+    Sample.prompt_messages,
 )
 
 

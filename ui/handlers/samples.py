@@ -65,6 +65,13 @@ def _snippet(text: str) -> str:
     return text if len(text) <= SNIPPET else text[: SNIPPET - 1] + "…"
 
 
+def user_problem(sample: SampleSummary) -> str:
+    """What the list shows as a sample's prompt: its last user turn (a system prompt, the same
+    on every row, left out), else the rendered prompt."""
+    users = [m["content"] for m in sample.prompt_messages or () if m.get("role") == "user"]
+    return users[-1] if users and isinstance(users[-1], str) else sample.prompt_text
+
+
 def samples_frame(
     items: list[SampleSummary], kept: Collection[tuple[int, int]] = ()
 ) -> pd.DataFrame:
@@ -78,7 +85,7 @@ def samples_frame(
             s.batch_status.value,
             s.prompt_index,
             s.group_index,
-            _snippet(s.prompt_text),
+            _snippet(user_problem(s)),
             _snippet(s.response_text),
             s.response_length,
             s.finish_reason.value,
