@@ -334,3 +334,15 @@ class PromptComparison:
     prompt_text: str
     samples_a: list[SampleSummary]
     samples_b: list[SampleSummary]
+
+
+@dataclass(frozen=True)
+class RunMetric:
+    """One metric of one job over its recorded versions, oldest first: each version, the
+    seconds from the job's first version to it (wall time) and the value (None: not recorded
+    at that version)."""
+
+    job_id: int
+    versions: list[int]
+    seconds: list[float]
+    values: list[float | None]

@@ -1,8 +1,7 @@
 """What the UI and the CLI call: the job vocabulary and checks of user input (no user code is
 imported), when the UI may be served, the worker side of ``rlwb`` (`workers.commands`),
 submitting, cancelling and resuming jobs (`workers.submission`), studies (`workers.studies`),
-and the queue. Imports no
-torch; Celery is configured on first use, not at import.
+and the queue. Imports no torch; Celery is configured on first use, not at import.
 
 from workers.api import submit_job, cancel_job, queue_overview
 job = submit_job("train", {"model": DEMO_MODEL, "task": "addition", "steps": 200})
@@ -22,13 +21,14 @@ from core_engine.lora_settings import (
     SAVABLE_MODULES,
     LoraSettings,
 )
+from core_engine.rl import presets as algorithms  # the algorithm presets
 from core_engine.rl.config import PIPELINE_MODES, GRPOConfig, mode_defaults
 from core_engine.rl.data import DataError
 from core_engine.rl.data.files import Columns, record_count
 from core_engine.rl.data.tasks import BUILTIN_TASKS
 from core_engine.rl.episodes.environments import registered_environments
 from core_engine.rl.objective.clip import clip_active
-from core_engine.rl.rewards import STANDALONE_REWARDS
+from core_engine.rl.rewards import LIST_ONLY_REWARDS, STANDALONE_REWARDS
 from core_engine.rl.rewards.mix import RewardSpec, parse_rewards
 from core_engine.task import KV_STRATEGIES
 from core_engine.user_files import (
@@ -66,6 +66,7 @@ from workers.specs import (
 )
 from workers.studies import cancel_study, clone_study, resume_study, run_study
 from workers.submission import cancel_job, celery_app, resume_job, submit_job, validate_job
+from workers.tokenizer_match import tokenizer_problem
 from workers.trackers import TRACKERS
 
 __all__ = [
@@ -95,6 +96,7 @@ __all__ = [
     "UnsafeFileError",
     "adapter_bytes",
     "add_worker_commands",
+    "algorithms",
     "audit",
     "cancel_job",
     "cancel_study",
@@ -128,12 +130,13 @@ __all__ = [
     "size_text",
     "submit_job",
     "token_diff",
+    "tokenizer_problem",
     "validate_job",
     "worker_device",
 ]
 
 TASKS: dict[str, str] = {name: task.description for name, task in BUILTIN_TASKS.items()}
-REWARDS: tuple[str, ...] = STANDALONE_REWARDS
+REWARDS: tuple[str, ...] = (*STANDALONE_REWARDS, *LIST_ONLY_REWARDS)  # the last as list entries
 TRAINER_DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in fields(GRPOConfig) if f.default is not MISSING
 }
@@ -263,11 +266,10 @@ def audit(sample_ids: list[int], timeout: float = AUDIT_TIMEOUT_S) -> dict[str, 
 
 
 def token_diff(
-    sample_id: int, version_a: int, version_b: int, timeout: float = CHAT_TIMEOUT_S
+    sample_id: int, version_a: int, version_b: int, *jobs: int, timeout: float = CHAT_TIMEOUT_S
 ) -> dict[str, Any]:
-    """One stored response scored under two versions on an ``interactive`` worker (see
-    `workers.scoring.token_diff`)."""
-    return _interactive("workers.token_diff", [sample_id, version_a, version_b], timeout)
+    """A response scored on an ``interactive`` worker (`workers.scoring.token_diff`)."""
+    return _interactive("workers.token_diff", [sample_id, version_a, version_b, *jobs], timeout)
 
 
 def _interactive(name: str, args: list[Any], timeout: float) -> dict[str, Any]:

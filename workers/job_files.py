@@ -23,6 +23,12 @@ from core_engine.rl.config import GRPOConfig, approx_parameters
 from core_engine.rl.data import DataError, longest_prompt, longest_records
 from core_engine.rl.data.files import load_records, split_heldout
 from core_engine.rl.data.tasks import prompt_records
+from core_engine.rl.rewards.reward_model import (
+    REWARD_MODEL,
+    check_reward_model,
+    reward_model_paths,
+    with_reward_models,
+)
 from core_engine.rl.template_sandbox import TemplateBoundError
 from core_engine.user_files import (
     MAX_DATA_BYTES,
@@ -67,6 +73,19 @@ def resolve_model(model: str, download: Callable[[str], None] | None = None) -> 
     if hub.is_hub_id(model):
         return str(hub.cached_snapshot(model) or model)
     return model
+
+
+def check_reward_models(reward: Any, roots: Sequence[Path]) -> None:
+    """`SpecError` unless each reward model of ``reward`` passes `check_model` and is a reward
+    model this worker can load (`check_reward_model`; a Hub id the worker is yet to download
+    is checked when it has it)."""
+    for model in reward_model_paths(reward):
+        try:
+            checkpoint = check_model(model, roots)
+            if checkpoint is not None:
+                check_reward_model(checkpoint)
+        except (SpecError, ValueError) as exc:
+            raise SpecError(f"reward {REWARD_MODEL}: {exc}") from None
 
 
 def model_parameters(model: str) -> int | None:
@@ -279,7 +298,13 @@ def absolute_paths(config: dict[str, Any]) -> dict[str, Any]:
             continue
         if key != "model" or (value not in SHIPPED_MODEL_NAMES and Path(value).exists()):
             paths[key] = os.path.abspath(value)
+    if reward_model_paths(config.get("reward")):  # a reward model's as a model's
+        paths["reward"] = with_reward_models(config["reward"], _absolute_if_local)
     return {**config, **paths}
+
+
+def _absolute_if_local(path: str) -> str:
+    return os.path.abspath(path) if Path(path).exists() else path
 
 
 def check_paths(config: dict[str, Any], settings: Settings) -> None:
@@ -291,6 +316,7 @@ def check_paths(config: dict[str, Any], settings: Settings) -> None:
         if checkpoint is not None:
             check_adapter_base(checkpoint, model, roots)
             check_kv_budget(config, checkpoint)
+    check_reward_models(config.get("reward"), roots)
     for key in ("data", "heldout_data"):
         if isinstance(config.get(key), str):
             check_data_file(config[key], (*roots, settings.data_dir), key)

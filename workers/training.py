@@ -18,11 +18,13 @@ job row (`Repository.record_base_checksum`); the trainer refuses to resume on an
 
 import shutil
 from contextlib import ExitStack, closing
+from functools import partial
 from pathlib import Path
 
 from core_engine.atomic_dir import Writer, recover
 from core_engine.rl.data.tasks import prompt_records
 from core_engine.rl.ranks.launch import RankFailedError, job_ranks
+from core_engine.rl.rewards.reward_model import with_reward_models
 from core_engine.rl.template_sandbox import RenderCancelled
 from core_engine.rl.trainer.checkpoint import (
     checkpoint_dir,
@@ -195,6 +197,9 @@ def run_training(
     model = resolve_model(job.config["model"], download=phase)
     phase(LOADING_PHASE)
     values = {"device": settings.device, **job.config, "model": model}
+    if "reward" in job.config:  # its reward models' Hub ids: their snapshots
+        resolve = partial(resolve_model, download=phase)
+        values["reward"] = with_reward_models(job.config["reward"], resolve)
     config = train_config(values, str(job_output_dir(job.id, job.config, settings)))
     reconcile(repo, job.id, config.output_dir, control.fence)
     columns = data_columns(job.config)

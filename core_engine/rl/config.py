@@ -11,6 +11,7 @@ from typing import Any
 from core_engine.lora_settings import LoraSettings
 from core_engine.rl.limits import TRAINER_FIELDS, field_problems
 from core_engine.rl.objective.choices import objective_problems, trl_names_as_ours
+from core_engine.rl.presets import apply_preset, preset_problems
 from core_engine.rl.rewards.mix import RewardSpec, parse_rewards
 from core_engine.task import KV_STRATEGIES, SamplingParams
 from core_engine.user_files import MAX_TEXT_BYTES, read_text
@@ -119,6 +120,11 @@ class GRPOConfig:
     lr_scheduler_type: str = "constant"
     warmup_ratio: float = 0.0
     drop_zero_variance_groups: bool = True  # groups whose rewards all agree are not trained
+    # DAPO's dynamic sampling (`core_engine.rl.rollout.dynamic`): draw further batches of
+    # prompts until `batch_size` groups have mixed rewards, at most `max_sampling_draws` draws
+    # per step (then the step is rejected, saying so); every drawn group is stored.
+    dynamic_sampling: bool = False
+    max_sampling_draws: int = 10
     reject_scope: str = "batch"  # "batch" or "group"
     # more failed batches in a row than this fail the job; more without reward variance end
     # it stalled
@@ -166,6 +172,9 @@ class GRPOConfig:
     environment: str | None = None
     max_turns: int = 4  # assistant turns per episode
     max_episode_tokens: int = 512  # tokens per episode: prompt, turns and observations
+    # a published variant's settings (`core_engine.rl.presets`), beneath the job's own: applied
+    # by `from_dict` (job files, the worker), kept to name the job's algorithm
+    preset: str | None = None
 
     def __post_init__(self) -> None:
         problems = self._resolve_lora()
@@ -184,6 +193,13 @@ class GRPOConfig:
             problems.append(f"kv_strategy must be one of {', '.join(KV_STRATEGIES)}")
         problems.extend(self._pipeline_problems(numbers))
         problems.extend(self._devices_problems(numbers))
+        if self.dynamic_sampling is True:  # several batches drawn for a step, on demand
+            needs = {
+                "pipeline = 'sync'": self.pipeline == "sync",
+                "devices = 1": self.devices == 1,
+                "updates_per_batch = 1": self.updates_per_batch == 1,
+            }
+            problems.extend(f"dynamic_sampling needs {n}" for n, met in needs.items() if not met)
         if self.reject_scope not in ("batch", "group"):
             problems.append("reject_scope must be 'batch' or 'group'")
         if self.optimizer_state_dtype not in OPTIMIZER_STATE_DTYPES:
@@ -215,6 +231,7 @@ class GRPOConfig:
                 parse_rewards(self.reward, None if numbers else self.max_tokens)
             except ValueError as exc:
                 problems.append(str(exc))
+        problems.extend(preset_problems(self.preset))
         if problems:
             raise ValueError("invalid training config: " + "; ".join(problems))
 
@@ -301,7 +318,7 @@ class GRPOConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GRPOConfig:
-        values = trl_names_as_ours(_renamed(values))
+        values = apply_preset(trl_names_as_ours(_renamed(values)))
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:

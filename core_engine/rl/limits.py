@@ -89,6 +89,8 @@ TRAINER_FIELDS: dict[str, Field] = {
     "top_entropy_quantile": real(0, 1.0),
     "warmup_ratio": real(0, 1.0),
     "drop_zero_variance_groups": FLAG,
+    "dynamic_sampling": FLAG,
+    "max_sampling_draws": whole(1, 1000),
     "max_consecutive_rejections": whole(1, 10**6),
     "max_policy_lag": whole(0, 10**6),
     "max_turns": whole(1, 256),
@@ -115,6 +117,9 @@ TRAINER_FIELDS: dict[str, Field] = {
 REWARD_TERM_FIELDS: dict[str, Field] = {
     "weight": real(-100.0, 100.0),
     "threshold": whole(0, 2**20),
+    "max_length": whole(1, 2**20),
+    "cache_length": whole(1, 2**20),
+    "batch_size": whole(1, 4096),
 }
 
 

@@ -410,13 +410,13 @@ def test_a_prefetched_batch_a_reward_rejects_is_kept_by_a_stop(checkpoint, tmp_p
     overrides = {"pipeline": "one_step", "lora": {"rank": 4}, "reward": "poisoned", **PIPELINED}
 
     def rejected_rollouts(root, steps, stop_at=None):
-        rejected = []
+        rejected, made = [], []
         hooks = TrainerHooks(
             on_step=lambda r: r.version is None and rejected.append(r.rollout),
-            should_stop=lambda: stop_at is not None and trainer.version >= stop_at,
+            should_stop=lambda: stop_at is not None and made and made[0].version >= stop_at,
         )
-        trainer = make_trainer(checkpoint, root, hooks, steps=steps, **overrides)
-        return trainer, trainer.train(), rejected
+        made.append(make_trainer(checkpoint, root, hooks, steps=steps, **overrides))
+        return made[0], made[0].train(), rejected
 
     _, _, straight = rejected_rollouts(tmp_path / "a", 4)
     assert straight and straight[0].policy_version == 1  # batch 2, produced while 1 trained

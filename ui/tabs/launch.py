@@ -6,6 +6,12 @@ from typing import Any
 
 import gradio as gr
 
+from ui.handlers.algorithm_form import (
+    ALGORITHM_CHOICES,
+    ALGORITHM_FIELDS,
+    CUSTOM_ALGORITHM,
+    algorithm_form,
+)
 from ui.handlers.launch import (
     FORM_FIELDS,
     JSONL_SOURCE,
@@ -21,10 +27,11 @@ from ui.handlers.launch import (
     upload_dataset,
 )
 from ui.handlers.model_form import PRESET_FIELDS, model_choices, preset_values
-from ui.handlers.reward_form import EXTRA_REWARDS
 from ui.handlers.train_form import PIPELINE_CHOICES, PIPELINE_INFO
 from ui.handlers.vary import launch_study
 from ui.services import Services
+from ui.tabs.fields import number_field as _number
+from ui.tabs.fields import reward_fields
 from workers import api
 
 
@@ -46,13 +53,6 @@ def _show_environment(environment: str | None) -> tuple[dict, dict, dict]:
     )
 
 
-def _number(value: float | None, label: str, **options: Any) -> gr.Textbox:
-    """A number field as text, read whole by the handlers (`parse_number`): a browser's
-    number box drops the characters it cannot read (``1e-3.5`` became ``1e-35``) and a
-    rounded one rounds, both unseen."""
-    return gr.Textbox("" if value is None else str(value), label=label, max_lines=1, **options)
-
-
 def _apply_preset(model: str | None) -> tuple[dict, ...]:
     """A shipped policy's preset filled in (`PRESET_FIELDS`); another model changes nothing."""
     values = preset_values(model)
@@ -61,40 +61,29 @@ def _apply_preset(model: str | None) -> tuple[dict, ...]:
     return tuple(gr.update(value=values[name]) for name in PRESET_FIELDS)
 
 
-def _more_rewards() -> tuple[gr.components.Component, ...]:
-    """The first reward's weight, each extra reward's name and weight, then the `length`
-    threshold (`REWARD_FIELDS`)."""
-    fields: list[gr.components.Component] = [
-        _number(1.0, label="Weight of the first reward", elem_id="launch-reward-weight")
-    ]
-    for n in range(2, EXTRA_REWARDS + 2):
-        with gr.Row():
-            fields.append(
-                gr.Dropdown(
-                    [("(none)", ""), *((name, name) for name in api.REWARDS)],
-                    value="",
-                    allow_custom_value=True,
-                    label=f"Reward {n}",
-                    elem_id=f"launch-reward-{n}",
-                )
-            )
-            fields.append(_number(1.0, label=f"Weight {n}", elem_id=f"launch-weight-{n}"))
-    fields.append(
-        _number(
-            None,
-            label="Length threshold (tokens)",
-            info="reward `length`: 0 up to it, falling to -1 at max tokens; blank: 3/4 of max "
-            "tokens (0: a penalty from the first token)",
-            elem_id="launch-length-threshold",
-        )
-    )
-    return tuple(fields)
+def _apply_algorithm(name: str | None) -> tuple[Any, ...]:
+    """An algorithm preset's values in the form's fields it sets (`ALGORITHM_FIELDS`), the
+    others unchanged, and its paper."""
+    values, paper = algorithm_form(name)
+    updates = (gr.update(value=values[f]) if f in values else gr.update() for f in ALGORITHM_FIELDS)
+    return (*updates, paper)
 
 
 def build(services: Services) -> dict[str, gr.components.Component]:
     """The Launch tab's components and events (inside a ``gr.Tab``); returns the form's
     fields by name (`FORM_FIELDS`), for "Clone job" to fill in."""
     d = api.LAUNCH_DEFAULTS
+    with gr.Row():
+        algorithm = gr.Dropdown(
+            ALGORITHM_CHOICES,
+            value=CUSTOM_ALGORITHM,
+            label="Algorithm",
+            info="a published variant: fills in its paper's settings (what the form has no "
+            "field for comes with the job); your own values win",
+            elem_id="launch-algorithm",
+            scale=2,
+        )
+        algorithm_paper = gr.Markdown(elem_id="launch-algorithm-paper")
     with gr.Row():  # the button keeps its own height beside the labelled dropdown
         model = gr.Dropdown(
             model_choices(services),
@@ -156,7 +145,7 @@ def build(services: Services) -> dict[str, gr.components.Component]:
     with gr.Accordion(
         "More rewards (weighted sum)", open=False, elem_id="launch-more-rewards"
     ) as more_rewards:
-        more = _more_rewards()
+        more = reward_fields()
     with gr.Row():
         environment = gr.Dropdown(
             environment_choices(),
@@ -222,8 +211,8 @@ def build(services: Services) -> dict[str, gr.components.Component]:
         )
     with gr.Accordion("More", open=False), gr.Row():
         kv_strategy = gr.Dropdown(list(api.KV_STRATEGIES), value=d["kv_strategy"], label="KV cache")
-        clip_eps = _number(d["clip_eps"], label="Clip ε")
-        kl_coef = _number(d["kl_coef"], label="KL coefficient")
+        clip_eps = _number(d["clip_eps"], label="Clip ε", elem_id="launch-clip-eps")
+        kl_coef = _number(d["kl_coef"], label="KL coefficient", elem_id="launch-kl-coef")
         seed = _number(d["seed"], label="Seed")
         updates_per_batch = _number(
             d["updates_per_batch"], label="Updates per batch (reuse within the lag)"
@@ -282,7 +271,8 @@ def build(services: Services) -> dict[str, gr.components.Component]:
             run = gr.Button("Launch study", elem_id="vary-button", scale=1)
             study_status = gr.Markdown(elem_id="vary-status")
 
-    fields = (model, source, task, data, reward, steps, batch_size, group_size, lr, temperature)
+    fields = (algorithm, model, source, task, data, reward, steps, batch_size, group_size, lr)
+    fields += (temperature,)
     fields += (top_p, max_tokens, max_policy_lag, kv_strategy, clip_eps, kl_coef, seed)
     fields += (updates_per_batch, pipeline, heldout_every, heldout_prompts, report_to, lora)
     fields += (lora_rank, lora_alpha, lora_dropout, lora_target_modules, lora_modules_to_save)
@@ -312,6 +302,12 @@ def build(services: Services) -> dict[str, gr.components.Component]:
     preset = [form[name] for name in PRESET_FIELDS]
     model.input(_apply_preset, model, preset, api_name="launch_model_preset")
     lora.input(lr_for_mode, [lora, lr, model], lr, api_name="launch_lora")
+    algorithm.input(
+        _apply_algorithm,
+        algorithm,
+        [*(form[name] for name in ALGORITHM_FIELDS), algorithm_paper],
+        api_name="launch_algorithm",
+    )
     rescan.click(partial(_rescan, services), None, [model, data], api_name="launch_rescan")
     upload.upload(
         partial(_after_upload, services),

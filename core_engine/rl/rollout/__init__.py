@@ -105,6 +105,14 @@ class RolloutResult(RawRollout):
     rewards: list[float] = field(default_factory=list)  # the total (weighted sum)
     # name -> one score per sample, for a job with a list of rewards (else empty)
     reward_components: dict[str, list[float]] = field(default_factory=dict)
+    # group -> why it is not trained on although nothing failed: dynamic sampling's filtered
+    # groups (`core_engine.rl.rollout.dynamic`); empty: none
+    filtered_groups: dict[int, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, values: dict[str, Any]) -> Self:
+        filtered = {int(g): why for g, why in values.get("filtered_groups", {}).items()}
+        return super().from_json({**values, "filtered_groups": filtered})
 
 
 class RolloutGenerator:

@@ -204,7 +204,8 @@ def rollout_runner(
         )
     else:
         generator = RolloutGenerator(engine, params, config.group_size, tokenizer, in_flight)
-    rewards = RewardMix(config.reward or default_reward(config.task), config.max_tokens)
+    device = engine.model.lm_head.weight.device  # where a reward model scores
+    rewards = RewardMix(config.reward or default_reward(config.task), config.max_tokens, device)
     reuse = config.updates_per_batch > 1
     return RolloutRunner(generator, rewards, trainer_version, config.max_policy_lag, reuse)
 

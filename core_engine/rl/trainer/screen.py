@@ -22,9 +22,10 @@ class Screened:
     reasons: list[str]  # the problems found, one per faulty group
 
 
-def screen_groups(rollout: RawRollout, reject_scope: str) -> Screened:
+def screen_groups(rollout: RolloutResult, reject_scope: str) -> Screened:
     """A group with an errored, aborted or empty sample is never trained on; with
-    `reject_scope="batch"` such a group rejects the whole batch."""
+    `reject_scope="batch"` such a group rejects the whole batch. Dynamic sampling's filtered
+    groups (`rollout.dynamic`) are rejected too, with their reason, rejecting nothing else."""
     rejected: dict[int, str] = {}
     for i, (reason, error, ids) in enumerate(
         zip(rollout.finish_reasons, rollout.errors, rollout.response_ids, strict=True)
@@ -41,7 +42,16 @@ def screen_groups(rollout: RawRollout, reject_scope: str) -> Screened:
     rejected_all = bool(rejected) and (reject_scope == "batch" or len(rejected) == groups)
     if rejected_all:
         rejected = {g: rejected.get(g, "rejected with its batch") for g in range(groups)}
-    return Screened(rejected, rejected_all, reasons)
+    return Screened({**rollout.filtered_groups, **rejected}, rejected_all, reasons)
+
+
+def untrained_reasons(rollout: RolloutResult) -> list[str]:
+    """Why no group of a rollout that passed the screen is trained on: dynamic sampling's
+    bound was hit (every group filtered, `rollout.dynamic`), or no group has reward variance."""
+    filtered = rollout.filtered_groups
+    if filtered and len(filtered) == len(rollout.prompt_ids):
+        return list(dict.fromkeys(filtered.values()))
+    return ["filtered: no trainable group (all have zero reward variance)"]
 
 
 def trainable_rows(
@@ -65,11 +75,16 @@ def step_samples(
     config: GRPOConfig,
 ) -> tuple[list[float], list[TrainSample]]:
     """Every sample's advantage by the job's estimator (`objective.advantages`; the tokens
-    each trains on weigh REINFORCE++'s whitening) and the `rows` as the update's samples."""
+    each trains on weigh REINFORCE++'s whitening) and the `rows` as the update's samples. The
+    estimator sees the step's batch: without dynamic sampling's filtered groups (0 for them),
+    so a batch-wide scale is the kept groups' as in verl."""
     masked = config.mask_truncated_completions
     tokens = torch.tensor(trained_tokens(rollout, rows, masked)).view_as(rewards)
     settings = AdvantageSettings(config.advantage, config.scale_rewards, config.advantage_std)
-    flat = advantages(rewards, tokens, settings).view(-1).tolist()
+    batch = [g for g in range(len(rewards)) if g not in rollout.filtered_groups]
+    values = torch.zeros_like(rewards)
+    values[batch] = advantages(rewards[batch], tokens[batch], settings)
+    flat = values.view(-1).tolist()
     return flat, train_samples(rollout, rows, flat, proximal, trainer_version, masked)
 
 
