@@ -105,14 +105,10 @@ def model_roots(default: Path | None = None) -> tuple[Path, ...]:
     return roots or (default or data_dir(),)
 
 
-def _roots_rule(roots: Sequence[Path]) -> str:
-    """The refusal's second half: the directories allowed and how to add one."""
+def _outside(problem: str, roots: Sequence[Path]) -> SpecError:
     listed = ", ".join(str(root) for root in dict.fromkeys(roots))
-    return (
-        f"allowed here: {listed}; to allow another directory, set RLWB_MODEL_ROOTS "
-        "(colon-separated) before starting the workbench and its worker, or copy the file "
-        "into the data directory"
-    )
+    add = "set RLWB_MODEL_ROOTS (colon-separated) before starting the workbench, or copy it there"
+    return SpecError(f"{problem}; allowed: {listed}; to allow another directory, {add}")
 
 
 def check_kv_budget(config: dict[str, Any], model_dir: Path) -> None:
@@ -148,7 +144,7 @@ def check_model(model: str, roots: Sequence[Path]) -> Path | None:
         return hub.check_hub_model(model)
     allowed = (*roots, SHIPPED_MODELS)
     if not is_under(Path(model), allowed):
-        raise SpecError(f"model: {model} is not under a model root (RLWB_MODEL_ROOTS)")
+        raise _outside(f"model: {model} is not under a model root", roots)
     try:
         return checkpoint_dir(model, allowed)
     except UnsafeFileError as exc:
@@ -179,9 +175,7 @@ def check_data_file(data: str, roots: Sequence[Path], key: str = "data") -> None
     dataset directory of at most that, under ``roots`` (the model roots and the data
     directory); nothing is read."""
     if not is_under(Path(data), roots):
-        raise SpecError(
-            f"{key}: {data} is not under a model root or the data directory; {_roots_rule(roots)}"
-        )
+        raise _outside(f"{key}: {data} is not under a model root or the data directory", roots)
     try:
         if Path(data).is_dir():
             dataset_dir(data, MAX_DATA_BYTES, roots)

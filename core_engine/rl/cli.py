@@ -17,8 +17,9 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from core_engine.assets import shipped_checkpoint
 
@@ -49,14 +50,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from tqdm import tqdm
 
-    from core_engine.rl.config import GRPOConfig, read_job_file
+    from core_engine.rl.config import GRPOConfig
     from core_engine.rl.data.tasks import prompt_records
     from core_engine.rl.ranks import RankSetupError
     from core_engine.rl.ranks.launch import RankFailedError
     from core_engine.rl.trainer.grpo import GRPOTrainer, TrainingError
     from core_engine.rl.trainer.records import TrainerHooks
 
-    config = GRPOConfig.from_dict(standalone_values(read_job_file(args.config), args.config))
+    job_file = Path(args.config)
+    default_output = job_file.with_name(f"{job_file.stem}-checkpoints")
+    config = GRPOConfig.from_file(job_file, defaults={"output_dir": str(default_output)})
+    config = replace(config, model=shipped_checkpoint(config.model))
     records = prompt_records(config.task, config.data, seed=config.seed)
     bar = tqdm(total=config.steps, desc="GRPO", unit="step")
     trainer: GRPOTrainer | None = None
@@ -80,18 +84,6 @@ def main(argv: list[str] | None = None) -> int:
     if trainer.writes_files:
         print(f"{reason.value}: version {trainer.version}, checkpoints in {config.output_dir}")
     return 0
-
-
-def standalone_values(values: dict[str, Any], job_file: str | Path) -> dict[str, Any]:
-    """A job file's values for the trainer alone: a shipped policy's name as its checkpoint
-    directory (`core_engine.assets.shipped_checkpoint`), and ``output_dir`` by default
-    ``<job file name>-checkpoints`` beside the job file."""
-    job_file = Path(job_file)
-    default_output = job_file.with_name(f"{job_file.stem}-checkpoints")
-    values = {"output_dir": str(default_output), **values}
-    if isinstance(values.get("model"), str):
-        values["model"] = shipped_checkpoint(values["model"])
-    return values
 
 
 @contextlib.contextmanager

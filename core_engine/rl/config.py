@@ -326,15 +326,12 @@ class GRPOConfig:
         return cls(**values)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> GRPOConfig:
-        return cls.from_dict(read_job_file(path))
-
-
-def read_job_file(path: str | Path) -> dict[str, Any]:
-    """A job file's values: TOML when its name ends in ``.toml``, else JSON."""
-    path = Path(path)
-    text = read_text(path, MAX_TEXT_BYTES)
-    return tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    def from_file(cls, path: str | Path, defaults: dict[str, Any] | None = None) -> GRPOConfig:
+        """A TOML (``.toml``) or JSON job file's config, ``defaults`` for the keys it omits."""
+        path = Path(path)
+        text = read_text(path, MAX_TEXT_BYTES)
+        values = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        return cls.from_dict({**(defaults or {}), **values})
 
 
 def _renamed(values: dict[str, Any]) -> dict[str, Any]:

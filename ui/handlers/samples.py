@@ -1,7 +1,6 @@
 """Samples tab: filtered keyset pages, one sample in full, and rejected batches."""
 
 import time
-from collections.abc import Collection
 from dataclasses import asdict
 from html import escape
 from pathlib import Path
@@ -21,7 +20,6 @@ from db import (
     NotFound,
     SampleDetail,
     SampleFilter,
-    SampleSummary,
 )
 from ui.devices import job_devices
 from ui.diagnostics import DEFAULT_CLIP_EPS, diagnostics_html
@@ -29,7 +27,8 @@ from ui.episodes import episode_html
 from ui.handlers.common import parse_id, parse_number
 from ui.handlers.jobs import batches_table, latest_batches
 from ui.handlers.reward_form import reward_weights
-from ui.render import fmt, inert, sample_html
+from ui.render import inert, sample_html
+from ui.sample_rows import kept_versions, samples_frame
 from ui.services import Services
 from ui.token_versions import LOGPROB, VERSION, version_response, versions_html
 from ui.tokens import token_texts
@@ -39,73 +38,7 @@ ANY = "any"
 FINISH_CHOICES = [ANY, *(reason.value for reason in FinishReason)]
 STATUS_CHOICES = [ANY, *(status.value for status in BatchStatus)]
 EPISODE_FINISH_CHOICES = [ANY, *(finish.value for finish in EpisodeFinish)]
-SNIPPET = 80
-SAMPLE_COLUMNS = [
-    "sample",
-    "version",
-    "weights",  # whether the version's weights are kept: only those can be audited
-    "batch",
-    "batch status",
-    "prompt #",
-    "group",
-    "prompt",
-    "response",
-    "tokens",
-    "finish",
-    "error",
-    "reward",
-    "advantage",
-]
-
 Page = tuple[pd.DataFrame, dict[str, Any], str]
-
-
-def _snippet(text: str) -> str:
-    text = text.replace("\n", "⏎ ")
-    return text if len(text) <= SNIPPET else text[: SNIPPET - 1] + "…"
-
-
-def user_problem(sample: SampleSummary) -> str:
-    """What the list shows as a sample's prompt: its last user turn (a system prompt, the same
-    on every row, left out), else the rendered prompt."""
-    users = [m["content"] for m in sample.prompt_messages or () if m.get("role") == "user"]
-    return users[-1] if users and isinstance(users[-1], str) else sample.prompt_text
-
-
-def samples_frame(
-    items: list[SampleSummary], kept: Collection[tuple[int, int]] = ()
-) -> pd.DataFrame:
-    """The table's rows; ``kept``: the (job, version) pairs whose weights are kept."""
-    rows = [
-        [
-            s.id,
-            s.policy_version,
-            "kept" if (s.job_id, s.policy_version) in kept else "not kept",
-            s.batch_id,
-            s.batch_status.value,
-            s.prompt_index,
-            s.group_index,
-            _snippet(user_problem(s)),
-            _snippet(s.response_text),
-            s.response_length,
-            s.finish_reason.value,
-            s.error_code or "",
-            fmt(s.reward),
-            fmt(s.advantage),
-        ]
-        for s in items
-    ]
-    return pd.DataFrame(rows, columns=SAMPLE_COLUMNS)
-
-
-def kept_versions(services: Services, items: list[SampleSummary]) -> set[tuple[int, int]]:
-    """The (job, version) pairs of the jobs of ``items`` whose weights are still on disk."""
-    return {
-        (job_id, info.version)
-        for job_id in {s.job_id for s in items}
-        for info in services.repository.list_versions(job_id)
-        if info.weights_kept()
-    }
 
 
 def sample_filter(
