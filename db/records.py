@@ -7,6 +7,7 @@ Per-token arrays are plain Python lists: token ids are int32, log-probs float32.
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
+from enum import IntFlag
 from typing import Any, get_args, get_type_hints
 
 from db.enums import BatchStatus, FinishReason, JobKind, JobStatus
@@ -57,6 +58,23 @@ class PolicyVersionRecord:
     metrics: PolicyMetrics = field(default_factory=PolicyMetrics)
 
 
+class LossFlag(IntFlag):
+    """The bits of a sample's ``loss_flags``: what the loss did to one token."""
+
+    TRAINED = 1  # in the loss (its loss mask, times the 80/20 entropy mask if any)
+    CORRECTED = 2  # importance-corrected: ratio against pi_prox, behaviour weight applied
+    CLIPPED = 4  # one of the policy loss's clip flags was active on it
+
+    @classmethod
+    def of(cls, trained: bool, corrected: bool, clipped: bool) -> int:
+        """One token's flags as stored."""
+        return int(
+            (cls.TRAINED if trained else 0)
+            | (cls.CORRECTED if corrected else 0)
+            | (cls.CLIPPED if clipped else 0)
+        )
+
+
 @dataclass(frozen=True)
 class SampleRecord:
     """One generated response, stamped with the policy version that generated it.
@@ -78,6 +96,9 @@ class SampleRecord:
     never trained), and ``episode_finish`` (``done``, ``max_turns``, ``context_exceeded``,
     ``tool_parse_error``, ``env_error``, ``env_timeout`` or ``error``). ``rank``: the rank of
     the job's ranks (one per device) that generated it, 0 for one device; None: not recorded.
+    A trained sample's record of what the loss did, one entry per response token, all three or
+    none: ``loss_ratios`` (the ratio the loss used), ``loss_weights`` (the behaviour weight it
+    applied: 1 uncorrected, 0 dropped out) and ``loss_flags`` (`LossFlag` bits).
     """
 
     prompt_index: int
@@ -104,6 +125,9 @@ class SampleRecord:
     segments: Sequence[Mapping[str, Any]] | None = None
     episode_finish: str | None = None
     rank: int | None = None
+    loss_ratios: Sequence[float] | None = None
+    loss_weights: Sequence[float] | None = None
+    loss_flags: Sequence[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -265,6 +289,10 @@ class SampleDetail:
     turns: int | None = None
     tool_errors: int | None = None
     rank: int | None = None  # the rank that generated it (`SampleRecord`); None: not recorded
+    # what the loss did per token (`SampleRecord`); None: not trained, or stored before 0013
+    loss_ratios: list[float] | None = None
+    loss_weights: list[float] | None = None
+    loss_flags: list[int] | None = None
 
     @property
     def sampled_tokens(self) -> list[bool]:
