@@ -154,7 +154,7 @@ class SampleFilter:
 
     ``text`` is a case-insensitive substring of the prompt or the response; ``batch_id``
     keeps the samples of one rollout batch of the job; ``min_logprob_gap`` keeps trained
-    samples with a token whose |trainer - behaviour| log-prob (|log importance ratio|) is at
+    samples with a trained token whose |trainer - behaviour| log-prob (|log importance ratio|) is at
     least that; ``component`` with ``min_component`` keeps samples whose score for that reward
     of the job's list (`reward_components`) is at least that.
     """
