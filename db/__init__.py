@@ -27,13 +27,13 @@ from db.errors import (
     VersionConflict,
     VersionNotFound,
 )
+from db.loss_flags import LossFlag
 from db.migrate import downgrade, upgrade
 from db.records import (
     METRIC_TYPES,
     BatchInfo,
     BatchRecord,
     JobInfo,
-    LossFlag,
     PolicyMetrics,
     PolicyVersionInfo,
     PolicyVersionRecord,

@@ -7,7 +7,6 @@ Per-token arrays are plain Python lists: token ids are int32, log-probs float32.
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
-from enum import IntFlag
 from typing import Any, get_args, get_type_hints
 
 from db.enums import BatchStatus, FinishReason, JobKind, JobStatus
@@ -58,23 +57,6 @@ class PolicyVersionRecord:
     metrics: PolicyMetrics = field(default_factory=PolicyMetrics)
 
 
-class LossFlag(IntFlag):
-    """The bits of a sample's ``loss_flags``: what the loss did to one token."""
-
-    TRAINED = 1  # in the loss (its loss mask, times the 80/20 entropy mask if any)
-    CORRECTED = 2  # importance-corrected: ratio against pi_prox, behaviour weight applied
-    CLIPPED = 4  # one of the policy loss's clip flags was active on it
-
-    @classmethod
-    def of(cls, trained: bool, corrected: bool, clipped: bool) -> int:
-        """One token's flags as stored."""
-        return int(
-            (cls.TRAINED if trained else 0)
-            | (cls.CORRECTED if corrected else 0)
-            | (cls.CLIPPED if clipped else 0)
-        )
-
-
 @dataclass(frozen=True)
 class SampleRecord:
     """One generated response, stamped with the policy version that generated it.
@@ -96,9 +78,8 @@ class SampleRecord:
     never trained), and ``episode_finish`` (``done``, ``max_turns``, ``context_exceeded``,
     ``tool_parse_error``, ``env_error``, ``env_timeout`` or ``error``). ``rank``: the rank of
     the job's ranks (one per device) that generated it, 0 for one device; None: not recorded.
-    A trained sample's record of what the loss did, one entry per response token, all three or
-    none: ``loss_ratios`` (the ratio the loss used), ``loss_weights`` (the behaviour weight it
-    applied: 1 uncorrected, 0 dropped out) and ``loss_flags`` (`LossFlag` bits).
+    A trained sample's loss record, per token, all three or none: ``loss_ratios`` (the ratio
+    used), ``loss_weights`` (behaviour weight: 1 uncorrected), ``loss_flags`` (`LossFlag`).
     """
 
     prompt_index: int
@@ -154,8 +135,8 @@ class SampleFilter:
 
     ``text`` is a case-insensitive substring of the prompt or the response; ``batch_id``
     keeps the samples of one rollout batch of the job; ``min_logprob_gap`` keeps trained
-    samples with a trained token whose |trainer - behaviour| log-prob (|log importance ratio|) is at
-    least that; ``component`` with ``min_component`` keeps samples whose score for that reward
+    samples with a trained token whose |trainer - behaviour| log-prob (|log ratio|) is at least
+    that; ``component`` with ``min_component`` keeps samples whose score for that reward
     of the job's list (`reward_components`) is at least that.
     """
 
@@ -289,7 +270,7 @@ class SampleDetail:
     turns: int | None = None
     tool_errors: int | None = None
     rank: int | None = None  # the rank that generated it (`SampleRecord`); None: not recorded
-    # what the loss did per token (`SampleRecord`); None: not trained, or stored before 0013
+    # the loss record (`SampleRecord`); None: not trained, or stored before it was recorded
     loss_ratios: list[float] | None = None
     loss_weights: list[float] | None = None
     loss_flags: list[int] | None = None

@@ -4,7 +4,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from core_engine.rl.objective.update import SampleLossRecord
+from core_engine.rl.objective.loss import SampleLossRecord
 from core_engine.rl.rollout import RawRollout
 from core_engine.rl.trainer.records import StepRecord
 from db import (

@@ -9,7 +9,8 @@ from typing import Any
 from db.arrays import encode_float32, encode_int32
 from db.enums import BatchStatus, EpisodeFinish, FinishReason, coerce
 from db.errors import InvalidValue
-from db.records import BatchRecord, LossFlag, SampleRecord
+from db.loss_flags import LossFlag
+from db.records import BatchRecord, SampleRecord
 from db.repository.base import check_finite, check_json, check_non_negative, check_text
 
 

@@ -36,6 +36,7 @@ combines what it hands over, in this order, whatever the objective:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -76,6 +77,26 @@ class TokenRecord:
     corrected: torch.Tensor
     clipped: torch.Tensor
     trained: torch.Tensor
+
+    def samples(self, lengths: Sequence[int]) -> list[SampleLossRecord]:
+        """One record per row, trimmed to its response's `lengths`."""
+        columns = (self.ratio, self.weight, self.trained, self.corrected, self.clipped)
+        rows = zip(*(column.tolist() for column in columns), strict=True)
+        return [
+            SampleLossRecord(*(values[:length] for values in row))
+            for row, length in zip(rows, lengths, strict=True)
+        ]
+
+
+@dataclass(frozen=True)
+class SampleLossRecord:
+    """One sample's `TokenRecord`, one entry per response token."""
+
+    ratios: list[float]
+    weights: list[float]
+    trained: list[bool]
+    corrected: list[bool]
+    clipped: list[bool]
 
 
 @dataclass(frozen=True)

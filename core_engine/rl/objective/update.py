@@ -23,7 +23,7 @@ from core_engine.rl.objective.aggregation import StepTotals
 from core_engine.rl.objective.logprobs import packed_response_scores
 from core_engine.rl.objective.loss import (
     Importance,
-    TokenRecord,
+    SampleLossRecord,
     entropy_threshold,
     policy_loss,
 )
@@ -63,28 +63,6 @@ class UpdateSettings:
     importance: Importance = field(default_factory=Importance)
     autocast: torch.dtype | None = None
     objective: Objective = field(default_factory=Objective)
-
-
-@dataclass(frozen=True)
-class SampleLossRecord:
-    """One sample's `loss.TokenRecord`, one entry per response token."""
-
-    ratios: list[float]
-    weights: list[float]
-    trained: list[bool]
-    corrected: list[bool]
-    clipped: list[bool]
-
-
-def sample_loss_records(record: TokenRecord, lengths: Sequence[int]) -> list[SampleLossRecord]:
-    """A micro-batch's `TokenRecord` split into its samples, each row trimmed to its
-    response's `lengths`."""
-    columns = (record.ratio, record.weight, record.trained, record.corrected, record.clipped)
-    rows = zip(*(column.tolist() for column in columns), strict=True)
-    return [
-        SampleLossRecord(*(values[:length] for values in row))
-        for row, length in zip(rows, lengths, strict=True)
-    ]
 
 
 @dataclass
@@ -277,7 +255,7 @@ def accumulate_gradients(
         merge_importance(importance, out.importance)
         add_fractions(fractions, out.fractions)
         lengths = [len(s.response) for s in part]
-        for i, record in zip(indices, sample_loss_records(out.tokens, lengths), strict=True):
+        for i, record in zip(indices, out.tokens.samples(lengths), strict=True):
             records[i] = record
     return UpdateResult(
         **sums,

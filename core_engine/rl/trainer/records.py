@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from core_engine.atomic_dir import Writer
-from core_engine.rl.objective.update import SampleLossRecord
+from core_engine.rl.objective.loss import SampleLossRecord
 from core_engine.rl.rollout import RawRollout
 
 
