@@ -70,6 +70,7 @@ API_NAMES = {
     "compare_defaults_b",
     "compare_jobs_b",
     "runs_jobs",
+    "runs_study",
     "runs_metrics",
     "runs_picked",
     "runs",

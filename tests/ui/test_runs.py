@@ -9,12 +9,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from db import SampleFilter
+from db import InvalidValue, SampleFilter
+from db.repository.studies import StudyJobRecord
 from tests.ui.conftest import new_repository
 from tests.ui.helpers import FakeQueue
 from tests.ui.runs_data import seed_run, seed_sweep
 from tests.ui.test_run_stats import _reference_ci, _tensorboard_ema
-from ui.handlers.runs import export_runs, metric_choices, runs_for_selection, runs_view
+from ui.handlers.runs import (
+    export_runs,
+    metric_choices,
+    runs_for_selection,
+    runs_view,
+    study_choices,
+    study_runs,
+)
 from ui.run_stats import SCORE_RESAMPLES
 
 LRS = (0.001, 0.01)
@@ -199,3 +207,36 @@ def test_exports_hold_the_view(sweep):
     with open(files[2], newline="") as file:
         assert [r["point"] for r in csv.DictReader(file)] == list(points["point"])
     assert message == f"Exported {len(ids)} runs."
+
+
+def test_a_study_picks_its_jobs(tmp_path):
+    """The study picker lists a study and picking it selects exactly its jobs (not the other
+    train jobs of the database); an unknown study is refused by its id."""
+    repo = new_repository(tmp_path)
+    try:
+        services = FakeQueue(repo).services((tmp_path,), tmp_path / "data")
+        other = repo.create_job("train", {"model": "m", "task": "always7"})
+        study = repo.create_study(
+            "lrs",
+            "grid",
+            {"task": "always7"},
+            {"lr": [0.1, 0.2]},
+            seeds=1,
+            max_jobs=2,
+            concurrency=2,
+        )
+
+        def plan(info, made, room):
+            return [
+                StudyJobRecord({"model": "m", "task": "always7", "lr": lr}, {"lr": lr})
+                for lr in (0.1, 0.2)[made : made + room]
+            ]
+
+        _, jobs = repo.schedule_study(study.id, plan)
+        assert [label for label, _ in study_choices(services)] == ["lrs (running, 2 jobs)"]
+        picked = study_runs(services, study.id)
+        assert sorted(picked) == sorted(job.id for job in jobs) and other.id not in picked
+        with pytest.raises(InvalidValue, match="no study has the id"):
+            study_runs(services, study.id + 1)
+    finally:
+        repo.close()

@@ -1,6 +1,7 @@
-"""Runs tab: several train jobs side by side. Pick jobs; overlay a metric against version,
-tokens or wall time, runs grouped into points by their configs (seeds as mean and band);
-the final held-out scores per point with confidence intervals, speed and cost; exports."""
+"""Runs tab: several train jobs side by side. Pick a study's jobs or any jobs; overlay a
+metric against version, tokens or wall time, runs grouped into points by their configs (seeds
+as mean and band); the final held-out scores per point with confidence intervals, speed and
+cost; exports."""
 
 import tempfile
 from collections import Counter
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from db import InvalidValue, JobInfo, JobKind
+from db import InvalidValue, JobInfo, JobKind, StudyNotFound
 from ui.handlers.common import parse_id, parse_number
 from ui.render import inert
 from ui.run_plot import curves_png, curves_svg
@@ -48,6 +49,26 @@ def run_choices(services: Services) -> list[tuple[str, int]]:
         (f"#{job.id} ({job.status.value})", job.id)
         for job in services.repository.list_jobs(limit=RUN_CHOICES, kind="train")
     ]
+
+
+def study_choices(services: Services) -> list[tuple[str, int]]:
+    """(label, id) of the studies, for the study picker."""
+    return [
+        (f"{study.name} ({study.status.value}, {sum(study.job_counts.values())} jobs)", study.id)
+        for study in services.repository.list_studies()
+    ]
+
+
+def study_runs(services: Services, study: float | str | None) -> list[int]:
+    """The train jobs of a study, to pick them all (`InvalidValue` for an unknown study)."""
+    study_id = parse_id(study, "study")
+    if study_id is None:
+        return []
+    try:
+        services.repository.get_study(study_id)
+    except StudyNotFound as exc:
+        raise InvalidValue(str(exc)) from None
+    return [job.id for job in services.repository.study_jobs(study_id)][:MAX_RUNS]
 
 
 def runs_for_selection(services: Services, job_ids: list[float | str] | None) -> list[JobInfo]:

@@ -1,26 +1,38 @@
-"""Runs tab: pick train jobs; a metric's curves (points of seeds as mean and band), the final
-held-out scores per point and per run, the config differences, and exports."""
+"""Runs tab: pick a study's train jobs or any; a metric's curves (points of seeds as mean and
+band), the final held-out scores per point and per run, the config differences, and exports."""
 
 from functools import partial
 
 import gradio as gr
 import pandas as pd
 
+from db import InvalidValue
 from ui.handlers.runs import (
     MAX_SMOOTHING,
     export_runs,
     metric_choices,
     run_choices,
     runs_view,
+    study_choices,
+    study_runs,
 )
+from ui.render import inert
 from ui.run_tables import POINT_COLUMNS, RUN_COLUMNS
 from ui.runs import X_AXES
 from ui.services import Services
 
 
-def _jobs(services: Services) -> dict:
-    """The picker with the current train jobs (its value is left alone)."""
-    return gr.update(choices=run_choices(services))
+def _jobs(services: Services) -> tuple[dict, dict]:
+    """The pickers with the current studies and train jobs (their values are left alone)."""
+    return gr.update(choices=study_choices(services)), gr.update(choices=run_choices(services))
+
+
+def _study(services: Services, study: int | None) -> tuple[dict, str]:
+    """A study picked: its jobs become the selection."""
+    try:
+        return gr.update(value=study_runs(services, study)), ""
+    except InvalidValue as exc:
+        return gr.update(), f"**{inert(exc)}**"
 
 
 def _metrics(services: Services, job_ids: list[int] | None, current: str | None) -> dict:
@@ -37,6 +49,13 @@ def _export(services: Services, *view: object) -> tuple[dict, str]:
 def build(services: Services, tab: gr.Tab) -> None:
     """The Runs tab's components and events (inside ``tab``)."""
     with gr.Row(equal_height=True):
+        study = gr.Dropdown(
+            study_choices(services),
+            value=None,
+            label="Study (picks its jobs)",
+            elem_id="runs-study",
+            scale=2,
+        )
         jobs = gr.Dropdown(
             run_choices(services),
             value=[],
@@ -85,7 +104,8 @@ def build(services: Services, tab: gr.Tab) -> None:
     view = [jobs, metric, x_axis, smoothing]
     outputs = [plot, points, runs, configs, message]
     draw = partial(runs_view, services)
-    tab.select(partial(_jobs, services), None, jobs, api_name="runs_jobs")
+    tab.select(partial(_jobs, services), None, [study, jobs], api_name="runs_jobs")
+    study.input(partial(_study, services), study, [jobs, message], api_name="runs_study")
     jobs.change(partial(_metrics, services), [jobs, metric], metric, api_name="runs_metrics").then(
         draw, view, outputs, api_name="runs_picked", show_progress="hidden"
     )
