@@ -7,7 +7,6 @@ Per-token arrays are plain Python lists: token ids are int32, log-probs float32.
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
-from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
 from db.enums import BatchStatus, FinishReason, JobKind, JobStatus
@@ -195,11 +194,6 @@ class PolicyVersionInfo:
     metrics: PolicyMetrics
     created_at: datetime
 
-    def weights_kept(self) -> bool:
-        """Whether the version's checkpoint directory is still on disk (retention deletes
-        old ones, `core_engine.rl.trainer.checkpoint.prune_checkpoints`)."""
-        return self.checkpoint_path is not None and Path(self.checkpoint_path).is_dir()
-
 
 @dataclass(frozen=True)
 class BatchInfo:
@@ -215,8 +209,7 @@ class BatchInfo:
 
 @dataclass(frozen=True)
 class StepInfo:
-    """What `Repository.record_step` stored: the step's batches (in the order given) and
-    the policy version it produced, if any."""
+    """What `Repository.record_step` stored: its batches (in order), the version made if any."""
 
     batches: list[BatchInfo]
     version: PolicyVersionInfo | None
@@ -240,7 +233,7 @@ class SampleSummary:
     error_code: str | None
     reward: float | None
     advantage: float | None
-    prompt_messages: list[dict[str, Any]] | None = None  # as stored, when the job kept them
+    prompt_messages: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)

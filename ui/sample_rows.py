@@ -8,6 +8,7 @@ import pandas as pd
 from db import SampleSummary
 from ui.render import fmt
 from ui.services import Services
+from workers.kept_weights import weights_kept
 
 SNIPPET = 80
 SAMPLE_COLUMNS = [
@@ -72,5 +73,5 @@ def kept_versions(services: Services, items: list[SampleSummary]) -> set[tuple[i
         (job_id, info.version)
         for job_id in {s.job_id for s in items}
         for info in services.repository.list_versions(job_id)
-        if info.weights_kept()
+        if weights_kept(info)
     }

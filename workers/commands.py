@@ -282,6 +282,7 @@ def run_audit(job_id: int, samples: int) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from db import MAX_PAGE_SIZE, NotFound, StorageError
     from workers.app import repository
+    from workers.kept_weights import weights_kept
     from workers.scoring import AUDIT_TOLERANCE, MAX_AUDIT_SAMPLES, audit_samples
     from workers.settings import Settings
 
@@ -297,7 +298,7 @@ def run_audit(job_id: int, samples: int) -> int:
     if not versions:
         print(f"job {job_id} has no stored samples")
         return 1
-    kept = {v.version for v in versions if v.recorded is not None and v.recorded.weights_kept()}
+    kept = {v.version for v in versions if v.recorded is not None and weights_kept(v.recorded)}
     not_kept = {v.version: v.num_samples for v in versions if v.version not in kept}
     drawn_from = random.sample(sorted(kept), min(len(kept), MAX_PAGE_SIZE))
     ids = repo.random_sample_ids(job_id, min(samples, MAX_AUDIT_SAMPLES), drawn_from)

@@ -13,6 +13,7 @@ from core_engine.engine import load_engine, meta_model, resolve_device, weight_b
 from core_engine.scheduler import EngineConfig, InferenceScheduler
 from core_engine.weights import model_checksum
 from db import PolicyVersionInfo, Repository, VersionNotFound
+from workers.kept_weights import weights_kept
 from workers.settings import Settings
 
 MAX_BATCH_SIZE = 64
@@ -36,7 +37,7 @@ def saved_version(repo: Repository, job_id: int, version: int) -> PolicyVersionI
     info = repo.get_version(job_id, version)
     if info is None:
         raise VersionNotFound(job_id, version)
-    if not info.weights_kept():
+    if not weights_kept(info):
         raise WeightsNotKept(f"job {job_id} version {version}: weights not kept")
     return info
 
