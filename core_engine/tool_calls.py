@@ -16,6 +16,7 @@ separate reasoning from the content its tool parsers read.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
@@ -157,15 +158,16 @@ def _call(body: str, names: Collection[str] | None) -> ToolCall:
 
 
 def _decode(text: str) -> Any:
-    """The JSON value of `text`: strict JSON (no NaN or Infinity), at most `MAX_JSON_DEPTH`
-    deep, its strings valid Unicode (no lone surrogate escapes)."""
+    """The JSON value of `text`: strict JSON (no NaN or Infinity, written or as a number out of
+    a float's range such as ``1e999``), at most `MAX_JSON_DEPTH` deep, its strings valid
+    Unicode (no lone surrogate escapes)."""
     try:
-        value = json.loads(text, parse_constant=_no_constant)
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
     except RecursionError:  # the decoder's own guard, far deeper than the bound
         raise _Refused(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
     except json.JSONDecodeError as exc:
         raise _Refused(f"not valid JSON: {exc.msg} at character {exc.pos}") from None
-    except ValueError as exc:  # NaN or Infinity; an integer of over 4300 digits
+    except ValueError as exc:  # NaN, Infinity, 1e999; an integer of over 4300 digits
         raise _Refused(f"not valid JSON: {str(exc).partition(':')[0]}") from None
     if _depth_over(value, MAX_JSON_DEPTH):
         raise _Refused(f"nested deeper than {MAX_JSON_DEPTH} levels")
@@ -178,6 +180,13 @@ def _decode(text: str) -> Any:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of a float's range")
+    return value
 
 
 def _depth_over(value: Any, limit: int) -> bool:

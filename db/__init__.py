@@ -5,7 +5,15 @@ upgrade()                       # DATABASE_URL, else rlwb.db in the data dir (db
 repo = Repository.from_url()
 """
 
-from db.enums import BatchStatus, EpisodeFinish, FinishReason, JobKind, JobStatus
+from db.enums import (
+    BatchStatus,
+    EpisodeFinish,
+    FinishReason,
+    JobKind,
+    JobStatus,
+    StudyKind,
+    StudyStatus,
+)
 from db.errors import (
     BatchNotFound,
     InvalidTransition,
@@ -15,9 +23,11 @@ from db.errors import (
     SampleNotFound,
     StaleOwner,
     StorageError,
+    StudyNotFound,
     VersionConflict,
     VersionNotFound,
 )
+from db.loss_flags import LossFlag
 from db.migrate import downgrade, upgrade
 from db.records import (
     METRIC_TYPES,
@@ -28,6 +38,7 @@ from db.records import (
     PolicyVersionInfo,
     PolicyVersionRecord,
     PromptComparison,
+    RunMetric,
     SampleDetail,
     SampleFilter,
     SamplePage,
@@ -39,6 +50,7 @@ from db.records import (
 from db.repository import Repository
 from db.repository.base import MAX_PAGE_SIZE
 from db.repository.episode_filter import EpisodeFilter
+from db.repository.studies import StudyInfo
 from db.session import data_dir, make_engine, resolve_url
 
 __all__ = [
@@ -57,12 +69,14 @@ __all__ = [
     "JobKind",
     "JobNotFound",
     "JobStatus",
+    "LossFlag",
     "NotFound",
     "PolicyMetrics",
     "PolicyVersionInfo",
     "PolicyVersionRecord",
     "PromptComparison",
     "Repository",
+    "RunMetric",
     "SampleDetail",
     "SampleFilter",
     "SampleNotFound",
@@ -72,6 +86,10 @@ __all__ = [
     "StaleOwner",
     "StepInfo",
     "StorageError",
+    "StudyInfo",
+    "StudyKind",
+    "StudyNotFound",
+    "StudyStatus",
     "VersionConflict",
     "VersionMetrics",
     "VersionNotFound",

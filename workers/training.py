@@ -18,11 +18,14 @@ job row (`Repository.record_base_checksum`); the trainer refuses to resume on an
 
 import shutil
 from contextlib import ExitStack, closing
+from functools import partial
 from pathlib import Path
 
 from core_engine.atomic_dir import Writer, recover
 from core_engine.rl.data.tasks import prompt_records
 from core_engine.rl.ranks.launch import RankFailedError, job_ranks
+from core_engine.rl.rewards.reward_model import with_reward_models
+from core_engine.rl.template_sandbox import RenderCancelled
 from core_engine.rl.trainer.checkpoint import (
     checkpoint_dir,
     is_complete,
@@ -39,6 +42,7 @@ from workers.job_files import job_output_dir, resolve_model
 from workers.records import policy_metrics, trainer_batches
 from workers.settings import Settings
 from workers.specs import data_columns, heldout_settings, report_to, train_config
+from workers.study_trials import Pruning, job_pruning, job_study
 from workers.trackers import Trackers, tracked_run
 
 LOADING_PHASE = "loading the model and the data"
@@ -91,6 +95,7 @@ class Recorder:
         total_steps: int,
         heldout: HeldoutEval | None = None,
         trackers: Trackers | None = None,
+        pruning: Pruning | None = None,
     ) -> None:
         self.repo = repo
         self.job_id = job_id
@@ -98,15 +103,26 @@ class Recorder:
         self.total_steps = total_steps
         self.heldout = heldout
         self.trackers = trackers
+        self.pruning = pruning
+        self.pruned: str | None = None  # why the study's pruner stopped the job
         self.trainer: GRPOTrainer | None = None
         self.rejected = 0
         self.unlearned: list[list[float]] = []  # each batch's rewards since the last version
 
     def heldout_metrics(self, version: int) -> dict[str, float]:
-        """The held-out scores (`HeldoutEval.scores`) when ``version`` is due for them."""
+        """The held-out scores (`HeldoutEval.scores`) when ``version`` is due for them, also
+        reported to a study job's trial: when its pruner says so, the job stops once the
+        version is recorded (`should_stop`)."""
         if self.heldout is None or not self.heldout.settings.due(version, self.total_steps):
             return {}
-        return self.heldout.scores(self.trainer.engine)
+        scores = self.heldout.scores(self.trainer.engine)
+        if self.pruning is not None and self.pruned is None:
+            self.pruned = self.pruning.judge(version, scores)
+        return scores
+
+    def should_stop(self) -> bool:
+        """Stop at this step boundary: pruned, or as the job's control says."""
+        return self.pruned is not None or self.control.should_stop()
 
     def on_step(self, step: StepRecord) -> None:
         new_version = None
@@ -173,7 +189,7 @@ def run_training(
     repo: Repository, job: JobInfo, settings: Settings, control: JobControl
 ) -> Outcome:
     """Run (or resume) a train job until its steps are done, it is stopped, it stalls (no
-    reward variance left to learn from) or it fails."""
+    reward variance left to learn from), its study's pruner stops it, or it fails."""
 
     def phase(text: str) -> None:  # before the steps: a Hub model's download, a 7B load
         control.report(job.step, job.total_steps, phase=text)
@@ -181,6 +197,9 @@ def run_training(
     model = resolve_model(job.config["model"], download=phase)
     phase(LOADING_PHASE)
     values = {"device": settings.device, **job.config, "model": model}
+    if "reward" in job.config:  # its reward models' Hub ids: their snapshots
+        resolve = partial(resolve_model, download=phase)
+        values["reward"] = with_reward_models(job.config["reward"], resolve)
     config = train_config(values, str(job_output_dir(job.id, job.config, settings)))
     reconcile(repo, job.id, config.output_dir, control.fence)
     columns = data_columns(job.config)
@@ -189,14 +208,20 @@ def run_training(
     evaluation = None
     if heldout.every:
         records, evaluation = heldout_eval(config, heldout, columns, records)
-    run = tracked_run(job, Path(config.output_dir), settings.data_dir)
+    study = job_study(repo, job)
+    run = tracked_run(
+        job, Path(config.output_dir), settings.data_dir, study.name if study else None
+    )
     try:
         with closing(Trackers(report_to(job.config), run)) as trackers, ExitStack() as stack:
-            recorder = Recorder(repo, job.id, control, config.steps, evaluation, trackers)
+            if evaluation is not None:
+                stack.callback(evaluation.close)
+            pruning = job_pruning(repo, job)
+            recorder = Recorder(repo, job.id, control, config.steps, evaluation, trackers, pruning)
             writer = checkpoint_writer(repo, control)
             ranks = None if config.devices == 1 else stack.enter_context(job_ranks(config, records))
             trainer = recorder.trainer = GRPOTrainer(
-                config, records, TrainerHooks(recorder.on_step, control.should_stop, writer), ranks
+                config, records, TrainerHooks(recorder.on_step, recorder.should_stop, writer), ranks
             )
             if trainer.base_checksum is not None:
                 repo.record_base_checksum(job.id, trainer.base_checksum, fence=control.fence)
@@ -213,8 +238,12 @@ def run_training(
             reason = trainer.train()
     except (TrainingError, RankFailedError) as exc:
         return Outcome("failed", f"training stopped: {exc}")
+    except RenderCancelled:  # a cancel while the prompts were rendered, before any step
+        return control.stopped()
     if reason is StopReason.DONE:
         return Outcome("succeeded")
+    if reason is StopReason.STOPPED and recorder.pruned is not None:
+        return Outcome("pruned", recorder.pruned)
     if reason is StopReason.STOPPED:
         return control.stopped()
     return Outcome("stalled", stall_reason(recorder.unlearned, trainer.version))

@@ -10,6 +10,8 @@ from typing import Any
 
 from core_engine.lora_settings import LoraSettings
 from core_engine.rl.limits import TRAINER_FIELDS, field_problems
+from core_engine.rl.objective.choices import objective_problems, trl_names_as_ours
+from core_engine.rl.presets import apply_preset, preset_problems
 from core_engine.rl.rewards.mix import RewardSpec, parse_rewards
 from core_engine.task import KV_STRATEGIES, SamplingParams
 from core_engine.user_files import MAX_TEXT_BYTES, read_text
@@ -88,9 +90,41 @@ class GRPOConfig:
     temperature: float = 1.0  # sampling temperature (0: greedy)
     top_p: float = 1.0  # nucleus sampling
     max_tokens: int = 16  # response tokens per sample (per turn in an episode)
-    clip_eps: float = 0.2  # PPO's clip range of the ratio
+    clip_eps: float = 0.2  # PPO's clip range of the ratio (its lower side: TRL's epsilon)
     kl_coef: float = 0.0  # weight of the KL penalty to the starting policy (0: no reference)
+    # The objective (`core_engine.rl.objective`, whose docstring says how they compose): the
+    # aggregation (TRL's loss_type names; "dapo": token mean over the step), the surrogate,
+    # the ratio's level (token, sequence: GSPO, sequence_token: GSPO-token), the upper clip
+    # (None: clip_eps; DAPO's clip-higher; CISPO's absolute cap of the weight, TRL's
+    # epsilon_high), verl's dual clip (None: off) and TRL's two-sided bound `delta` (None:
+    # off), SAPO's gate temperatures.
+    loss_type: str = "dapo"
+    policy_loss: str = "ppo_clip"
+    importance_sampling_level: str = "token"
+    clip_eps_high: float | None = None
+    clip_ratio_c: float | None = None
+    delta: float | None = None
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    # The advantage estimator; for "grpo", TRL's `scale_rewards` and the std it divides by
+    # ("population": today's; "unbiased": TRL's and verl's torch.std).
+    advantage: str = "grpo"
+    scale_rewards: str = "group"
+    advantage_std: str = "population"
+    # DAPO's length rule and the entropy terms (TRL's names): truncated completions out of the
+    # loss; an entropy bonus; only the top quantile of tokens by entropy in the policy term.
+    mask_truncated_completions: bool = False
+    entropy_coef: float = 0.0
+    top_entropy_quantile: float = 1.0
+    # The learning rate over the steps (transformers' schedulers; TRL's names).
+    lr_scheduler_type: str = "constant"
+    warmup_ratio: float = 0.0
     drop_zero_variance_groups: bool = True  # groups whose rewards all agree are not trained
+    # DAPO's dynamic sampling (`core_engine.rl.rollout.dynamic`): draw further batches of
+    # prompts until `batch_size` groups have mixed rewards, at most `max_sampling_draws` draws
+    # per step (then the step is rejected, saying so); every drawn group is stored.
+    dynamic_sampling: bool = False
+    max_sampling_draws: int = 10
     reject_scope: str = "batch"  # "batch" or "group"
     # more failed batches in a row than this fail the job; more without reward variance end
     # it stalled
@@ -138,6 +172,9 @@ class GRPOConfig:
     environment: str | None = None
     max_turns: int = 4  # assistant turns per episode
     max_episode_tokens: int = 512  # tokens per episode: prompt, turns and observations
+    # a published variant's settings (`core_engine.rl.presets`), beneath the job's own: applied
+    # by `from_dict` (job files, the worker), kept to name the job's algorithm
+    preset: str | None = None
 
     def __post_init__(self) -> None:
         problems = self._resolve_lora()
@@ -156,6 +193,13 @@ class GRPOConfig:
             problems.append(f"kv_strategy must be one of {', '.join(KV_STRATEGIES)}")
         problems.extend(self._pipeline_problems(numbers))
         problems.extend(self._devices_problems(numbers))
+        if self.dynamic_sampling is True:  # several batches drawn for a step, on demand
+            needs = {
+                "pipeline = 'sync'": self.pipeline == "sync",
+                "devices = 1": self.devices == 1,
+                "updates_per_batch = 1": self.updates_per_batch == 1,
+            }
+            problems.extend(f"dynamic_sampling needs {n}" for n, met in needs.items() if not met)
         if self.reject_scope not in ("batch", "group"):
             problems.append("reject_scope must be 'batch' or 'group'")
         if self.optimizer_state_dtype not in OPTIMIZER_STATE_DTYPES:
@@ -166,6 +210,7 @@ class GRPOConfig:
             problems.append(f"importance_mode must be one of {', '.join(IMPORTANCE_MODES)}")
         if self.correct_on_policy not in (None, True, False):
             problems.append("correct_on_policy must be true, false or absent (automatic)")
+        problems.extend(objective_problems(self, bool(numbers)))
         if self.engine_dtype not in ENGINE_DTYPES:
             problems.append(f"engine_dtype must be one of {sorted(ENGINE_DTYPES)}")
         if not numbers and self.max_tokens >= self.max_tokens_per_micro_batch:
@@ -186,6 +231,7 @@ class GRPOConfig:
                 parse_rewards(self.reward, None if numbers else self.max_tokens)
             except ValueError as exc:
                 problems.append(str(exc))
+        problems.extend(preset_problems(self.preset))
         if problems:
             raise ValueError("invalid training config: " + "; ".join(problems))
 
@@ -233,6 +279,11 @@ class GRPOConfig:
             problems.append(f"pipeline {self.pipeline!r} needs LoRA dropout 0")
         return problems
 
+    @property
+    def clip_high(self) -> float:
+        """The upper clip: `clip_eps_high`, else `clip_eps` (symmetric)."""
+        return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
+
     def _devices_problems(self, numbers: list[str]) -> list[str]:
         """What `devices` > 1 (`core_engine.rl.ranks`) needs: a GRPO group per rank at least,
         one device type (each rank takes its own device), and one update per batch."""
@@ -267,7 +318,7 @@ class GRPOConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GRPOConfig:
-        values = _renamed(values)
+        values = apply_preset(trl_names_as_ours(_renamed(values)))
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:

@@ -7,11 +7,14 @@
 from sqlalchemy import URL
 
 from db.repository.batches import BatchesMixin
+from db.repository.comparisons import ComparisonsMixin
 from db.repository.jobs import JobsMixin
 from db.repository.metrics import MetricsMixin
 from db.repository.ownership import OwnershipMixin
+from db.repository.runs import RunsMixin
 from db.repository.samples import SamplesMixin
 from db.repository.steps import StepsMixin
+from db.repository.studies import StudiesMixin
 from db.repository.versions import VersionsMixin
 from db.session import make_engine
 
@@ -23,9 +26,12 @@ class Repository(
     BatchesMixin,
     StepsMixin,
     SamplesMixin,
+    ComparisonsMixin,
     MetricsMixin,
+    RunsMixin,
+    StudiesMixin,
 ):
-    """Storage for jobs, policy versions, rollout batches and samples over one engine."""
+    """Storage for studies, jobs, policy versions, rollout batches and samples over one engine."""
 
     @classmethod
     def from_url(cls, url: str | URL | None = None) -> "Repository":

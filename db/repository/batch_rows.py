@@ -9,8 +9,9 @@ from typing import Any
 from db.arrays import encode_float32, encode_int32
 from db.enums import BatchStatus, EpisodeFinish, FinishReason, coerce
 from db.errors import InvalidValue
+from db.loss_flags import LossFlag
 from db.records import BatchRecord, SampleRecord
-from db.repository.base import check_finite, check_json, check_non_negative
+from db.repository.base import check_finite, check_json, check_non_negative, check_text
 
 
 @dataclass(frozen=True)
@@ -34,31 +35,58 @@ def _check_array(
 
 
 def logprob_gap_max(sample: SampleRecord) -> float | None:
-    """The largest |trainer - behaviour| log-prob of a trained sample (its behaviour: the
-    temperature-only log-probs the trainer's ratio uses, if stored), else None."""
+    """The largest |trainer - behaviour| log-prob over a trained sample's trained tokens (all
+    its tokens without a loss record; its behaviour: the temperature-only log-probs the
+    trainer's ratio uses, if stored), else None."""
     if not sample.trainer_logprobs:
         return None
     behaviour = sample.temperature_logprobs or sample.behaviour_logprobs
-    gap = max(abs(t - b) for t, b in zip(sample.trainer_logprobs, behaviour, strict=True))
-    return gap if math.isfinite(gap) else None
+    trained = [True] * len(behaviour)
+    if sample.loss_flags is not None:
+        trained = [bool(flags & LossFlag.TRAINED) for flags in sample.loss_flags]
+    pairs = zip(sample.trainer_logprobs, behaviour, trained, strict=True)
+    gap = max((abs(t - b) for t, b, kept in pairs if kept), default=None)
+    return gap if gap is not None and math.isfinite(gap) else None
+
+
+def _check_loss_record(sample: SampleRecord, where: str, length: int) -> None:
+    """A trained sample's loss record: all three arrays or none, one entry per response token,
+    flags made of `LossFlag` bits."""
+    arrays = (sample.loss_ratios, sample.loss_weights, sample.loss_flags)
+    if all(values is None for values in arrays):
+        return
+    if any(values is None for values in arrays):
+        raise InvalidValue(f"{where}: loss_ratios, loss_weights and loss_flags go together")
+    if sample.trainer_logprobs is None:
+        raise InvalidValue(f"{where}.loss_flags: a loss record needs the trainer_logprobs")
+    _check_array(sample.loss_ratios, encode_float32, f"{where}.loss_ratios", length)
+    _check_array(sample.loss_weights, encode_float32, f"{where}.loss_weights", length)
+    _check_array(sample.loss_flags, encode_int32, f"{where}.loss_flags", length)
+    every = int(LossFlag.TRAINED | LossFlag.CORRECTED | LossFlag.CLIPPED)
+    if not all(_is_count(flags) and flags & ~every == 0 for flags in sample.loss_flags):
+        raise InvalidValue(f"{where}.loss_flags: expected LossFlag bits, 0..{every}")
 
 
 def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# An episode's record: the numbers of `core_engine.rl.episodes.record`, the contract the
+# episode runner keeps (db imports no core_engine; tests/db/test_episode_store_contract.py
+# checks that they agree).
 MAX_SEGMENTS = 1024
 MAX_SEGMENT_TEXT = 65_536
 
 
 def _segments(sample: SampleRecord, where: str) -> list[dict[str, Any]] | None:
-    """The episode's checked segments: in order, covering the response exactly."""
+    """The episode's checked segments: in order, covering the response exactly (none for an
+    episode that ended before its first turn), plain JSON."""
     if sample.segments is None:
         return None
     field = f"{where}.segments"
     parts = [dict(part) for part in sample.segments]
-    if not parts or len(parts) > MAX_SEGMENTS:
-        raise InvalidValue(f"{field}: expected 1..{MAX_SEGMENTS} segments")
+    if len(parts) > MAX_SEGMENTS:
+        raise InvalidValue(f"{field}: expected at most {MAX_SEGMENTS} segments")
     end = 0
     for i, part in enumerate(parts):
         role, start, stop = part.get("role"), part.get("start"), part.get("end")
@@ -66,13 +94,16 @@ def _segments(sample: SampleRecord, where: str) -> list[dict[str, Any]] | None:
             raise InvalidValue(f"{field}[{i}]: needs a role and whole-number start and end")
         if start != end or stop < start:
             raise InvalidValue(f"{field}[{i}]: starts at {start}, the previous ended at {end}")
-        if len(str(part.get("text", ""))) > MAX_SEGMENT_TEXT:
+        text = str(part.get("text", ""))
+        if len(text) > MAX_SEGMENT_TEXT:
             raise InvalidValue(f"{field}[{i}]: text over {MAX_SEGMENT_TEXT} characters")
+        check_text(text, f"{field}[{i}].text")
         end = stop
     if end != len(sample.response_token_ids):
         raise InvalidValue(
             f"{field}: cover {end} tokens for {len(sample.response_token_ids)} response tokens"
         )
+    check_json(parts, field)
     return parts
 
 
@@ -153,6 +184,9 @@ def _sample_row(sample: SampleRecord, batch: BatchRecord, where: str) -> dict[st
     for name in ("prompt_text", "response_text"):
         if not isinstance(getattr(sample, name), str):
             raise InvalidValue(f"{where}.{name}: expected a string")
+    if sample.segments is not None:  # an episode's record (its contract: `_segments`)
+        for name in ("prompt_text", "response_text"):
+            check_text(getattr(sample, name), f"{where}.{name}")
     if finish.is_failure != (sample.error_code is not None):
         need = "requires" if finish.is_failure else "must not have"
         raise InvalidValue(f"{where}: finish_reason {finish.value!r} {need} an error_code")
@@ -182,6 +216,7 @@ def _sample_row(sample: SampleRecord, batch: BatchRecord, where: str) -> dict[st
         )
     if sample.trainer_logprobs is not None:
         _check_array(sample.trainer_logprobs, encode_float32, f"{where}.trainer_logprobs", length)
+    _check_loss_record(sample, where, length)
     if sample.prompt_messages is not None:
         check_json(sample.prompt_messages, f"{where}.prompt_messages")
     return {
@@ -212,6 +247,9 @@ def _sample_row(sample: SampleRecord, batch: BatchRecord, where: str) -> dict[st
         "behaviour_logprobs": sample.behaviour_logprobs,
         "temperature_logprobs": sample.temperature_logprobs,
         "trainer_logprobs": sample.trainer_logprobs,
+        "loss_ratios": sample.loss_ratios,
+        "loss_weights": sample.loss_weights,
+        "loss_flags": sample.loss_flags,
         "logprob_gap_max": logprob_gap_max(sample),
     }
 

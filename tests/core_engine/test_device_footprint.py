@@ -27,7 +27,7 @@ from core_engine.rl.footprint.table import (
     table_rows,
 )
 from core_engine.rl.ranks import RankInfo
-from core_engine.rl.trainer import grpo
+from core_engine.rl.trainer import grpo, parts
 from core_engine.toy import save_tiny_checkpoint, tiny_config
 
 CUDA = torch.device("cuda")
@@ -110,7 +110,7 @@ def test_the_trainer_checks_the_room_each_of_its_ranks_needs(monkeypatch, tmp_pa
         checked.append(devices)
         raise InsufficientMemoryError("stop here")
 
-    monkeypatch.setattr(grpo, "check_room_for", refuse)
+    monkeypatch.setattr(parts, "check_room_for", refuse)
     job = GRPOConfig(model=checkpoint, output_dir=str(tmp_path / "o"), task="always7", devices=8)
     info = RankInfo(rank=0, world_size=8, local_rank=0, device=torch.device("cpu"))
     with pytest.raises(InsufficientMemoryError, match="stop here"):

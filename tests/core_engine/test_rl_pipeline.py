@@ -13,6 +13,7 @@ import torch
 
 from core_engine.rl.data.tasks import prompt_records
 from core_engine.rl.rollout import sources
+from core_engine.rl.rollout.seeds import batch_seed
 from core_engine.rl.rollout.sources import BatchPlan, PrefetchSource, ThreadProducer
 from core_engine.rl.trainer.checkpoint import latest_checkpoint, read_pending_rollout
 from core_engine.rl.trainer.grpo import TrainingError
@@ -362,7 +363,7 @@ def test_a_stop_while_one_step_waits_at_the_boundary_loses_no_batch(
     holder = {}
 
     def gated_produce(runner, batch, seed):
-        if seed == sources.batch_seed(0, 3):  # batch 3 generates until the stop is pressed
+        if seed == batch_seed(0, 3):  # batch 3 generates until the stop is pressed
             assert stop.wait(timeout=120)  # a hang guard
         return produce(runner, batch, seed)
 
@@ -409,13 +410,13 @@ def test_a_prefetched_batch_a_reward_rejects_is_kept_by_a_stop(checkpoint, tmp_p
     overrides = {"pipeline": "one_step", "lora": {"rank": 4}, "reward": "poisoned", **PIPELINED}
 
     def rejected_rollouts(root, steps, stop_at=None):
-        rejected = []
+        rejected, made = [], []
         hooks = TrainerHooks(
             on_step=lambda r: r.version is None and rejected.append(r.rollout),
-            should_stop=lambda: stop_at is not None and trainer.version >= stop_at,
+            should_stop=lambda: stop_at is not None and made and made[0].version >= stop_at,
         )
-        trainer = make_trainer(checkpoint, root, hooks, steps=steps, **overrides)
-        return trainer, trainer.train(), rejected
+        made.append(make_trainer(checkpoint, root, hooks, steps=steps, **overrides))
+        return made[0], made[0].train(), rejected
 
     _, _, straight = rejected_rollouts(tmp_path / "a", 4)
     assert straight and straight[0].policy_version == 1  # batch 2, produced while 1 trained

@@ -105,6 +105,14 @@ def test_to_json_is_openais_shape():
             call('{"name": "calculate", "arguments": {"x": NaN}}'),
             "tool call 1: not valid JSON: NaN is not JSON",
         ),
+        (  # issue 45: a number too large for a float is no JSON number either
+            call('{"name": "calculate", "arguments": {"x": 1e999}}'),
+            "tool call 1: not valid JSON: 1e999 is out of a float's range",
+        ),
+        (
+            call('{"name": "calculate", "arguments": "{\\"x\\": -2E+400}"}'),
+            "tool call 1: not valid JSON: -2E+400 is out of a float's range",
+        ),
         (
             call('{"name": "calculate", "arguments": {"x": "\\udc00"}}'),
             "tool call 1: a string holds a lone surrogate",

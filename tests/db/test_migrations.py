@@ -22,10 +22,18 @@ from db.__main__ import main
 from db.errors import InvalidValue
 from db.migrate import heads
 from db.models import Base
-from tests.db.helpers import make_batch, make_sample, running_job
+from db.repository.studies import StudyJobRecord
+from tests.db.helpers import make_batch, make_sample, running_job, sample_columns
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TABLES = {"jobs", "policy_versions", "rollout_batches", "samples", "version_sample_stats"}
+TABLES = {
+    "jobs",
+    "policy_versions",
+    "rollout_batches",
+    "samples",
+    "studies",
+    "version_sample_stats",
+}
 
 
 def _differences(url: URL) -> list:
@@ -170,6 +178,82 @@ def test_0007_adds_reward_components_and_its_downgrade_keeps_the_samples(
     repo = Repository.from_url(empty_database_url)
     kept = repo.get_sample(sample_id)
     assert kept.batch_id == batch.id and kept.reward == 1.0 and kept.reward_components is None
+    repo.close()
+
+
+def test_0012_adds_studies_and_pruned_and_its_downgrade_keeps_the_jobs(
+    empty_database_url: URL,
+) -> None:
+    upgrade(empty_database_url)
+    repo = Repository.from_url(empty_database_url)
+    study = repo.create_study(
+        "lr", "grid", {"steps": 2}, {"lr": [0.1]}, seeds=1, max_jobs=1, concurrency=1
+    )
+    made = StudyJobRecord({"steps": 2, "lr": 0.1, "seed": 0}, {"lr": 0.1})
+    job = repo.schedule_study(study.id, lambda *_: [made])[1][0]
+    repo.mark_running(job.id)
+    repo.record_policy_version(PolicyVersionRecord(job.id, 0, None))
+    assert repo.mark_pruned(job.id, "pruned at version 0").status is JobStatus.PRUNED
+    deleted = repo.create_job("train", {})
+    repo.delete_job(deleted.id)
+    repo.close()
+
+    downgrade(empty_database_url, "0011")
+    engine = make_engine(empty_database_url)
+    assert "studies" not in _tables(empty_database_url)
+    statement = sa.text("SELECT status, error FROM jobs WHERE id = :id")
+    with engine.connect() as connection:
+        status, error = connection.execute(statement, {"id": job.id}).one()
+    assert (status, error) == ("cancelled", "pruned at version 0")
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as connection:
+        connection.execute(sa.text("UPDATE jobs SET status = 'pruned'"))
+    engine.dispose()
+
+    upgrade(empty_database_url)
+    assert _differences(empty_database_url) == []
+    repo = Repository.from_url(empty_database_url)
+    kept = repo.get_job(job.id)
+    assert kept.config == made.config and kept.study_id is None
+    assert [v.version for v in repo.list_versions(job.id)] == [0]
+    assert repo.create_job("train", {}).id > deleted.id  # the id counter is kept
+    repo.close()
+
+
+def test_0013_adds_the_loss_record_and_its_downgrade_keeps_the_samples(
+    empty_database_url: URL,
+) -> None:
+    upgrade(empty_database_url)
+    repo = Repository.from_url(empty_database_url)
+    job = running_job(repo)
+    trained = [-0.25, -0.5, -0.75, -1.0]
+    record = {
+        "loss_ratios": [1.0, 1.25, 0.5, 1.0],
+        "loss_weights": [1.0, 0.5, 0.0, 1.0],
+        "loss_flags": [1, 1 | 2, 1 | 2 | 4, 0],
+    }
+    sample = make_sample(trainer_logprobs=trained, **record)
+    batch = repo.record_batch(make_batch(job.id, [sample]))
+    sample_id = repo.list_samples(SampleFilter(job_id=job.id)).items[0].id
+    stored = repo.get_sample(sample_id)
+    assert {name: getattr(stored, name) for name in record} == record
+    for wrong, match in (
+        ({**record, "loss_ratios": [1.0] * 3}, "loss_ratios: 3 values for 4 response tokens"),
+        ({**record, "loss_flags": [8, 0, 0, 0]}, "loss_flags: expected LossFlag bits"),
+        ({"loss_ratios": record["loss_ratios"]}, "go together"),
+    ):
+        with pytest.raises(InvalidValue, match=match):
+            repo.record_batch(make_batch(job.id, [make_sample(trainer_logprobs=trained, **wrong)]))
+    repo.close()
+
+    downgrade(empty_database_url, "0012")
+    assert not set(record) & sample_columns(empty_database_url)
+
+    upgrade(empty_database_url)
+    assert _differences(empty_database_url) == []
+    repo = Repository.from_url(empty_database_url)
+    kept = repo.get_sample(sample_id)
+    assert kept.batch_id == batch.id and kept.trainer_logprobs == trained
+    assert kept.loss_flags is None and kept.loss_ratios is None
     repo.close()
 
 

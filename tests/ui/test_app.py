@@ -15,11 +15,13 @@ from ui.app import build_app, launch
 ROOT = Path(__file__).resolve().parents[2]
 API_NAMES = {
     "launch",
+    "launch_study",
     "launch_source",
     "launch_lora_shown",
     "launch_lora",
     "launch_environment",
     "launch_model_preset",
+    "launch_algorithm",
     "launch_rescan",
     "launch_upload",
     "jobs",
@@ -64,6 +66,18 @@ API_NAMES = {
     "clone",
     "job_csv",
     "token_diff",
+    "versions_b",
+    "compare_defaults_b",
+    "compare_jobs_b",
+    "runs_jobs",
+    "runs_study",
+    "runs_metrics",
+    "runs_picked",
+    "runs",
+    "runs_metric",
+    "runs_x_axis",
+    "runs_smoothing",
+    "runs_export",
 }
 
 

@@ -14,6 +14,9 @@ activations. Each rank's engine keeps its own full copy and KV pool, and each ra
 fp32 KL reference (`trainer.policy.kl_reference`: never sharded). A LoRA job replicates its frozen
 base and its adapter on every rank, and `sharding = "replicate"` all of a full-weight job: nothing
 of them shrinks with N.
+A reward model of the job's reward list (`core_engine.rl.rewards.reward_model`) is held on
+every device that scores, in the dtype it scores in: once per process that scores (two when a
+child process generates).
 Activations, the log-softmax chunks and the process itself come on top, so a job refused here
 could never have run; one that passes may still need more.
 """
@@ -34,6 +37,8 @@ from core_engine.cache.sizing import kv_budget_bytes
 from core_engine.engine import resolve_dtype
 from core_engine.model import CausalLM, ModelConfig
 from core_engine.rl.config import GRPOConfig
+from core_engine.rl.rewards.mix import parse_rewards
+from core_engine.rl.rewards.reward_model import REWARD_MODEL, reward_model_parameters
 from core_engine.rl.trainer.optimizer import optimizer_state_bytes
 
 GIB = 2**30
@@ -56,6 +61,7 @@ class Footprint:
     base_bytes: int = 0  # LoRA: the frozen base, shared by the trainer and the engine
     devices: int = 1  # ranks of the job; every byte count here is one device's
     gathered_bytes: int = 0  # FSDP2: one decoder layer's parameters all-gathered in flight
+    reward_model_bytes: int = 0  # the job's reward models, as they score
 
     @property
     def total_bytes(self) -> int:
@@ -66,6 +72,7 @@ class Footprint:
             + self.kv_bytes
             + self.base_bytes
             + self.gathered_bytes
+            + self.reward_model_bytes
         )
 
     def describe(self) -> str:
@@ -85,6 +92,8 @@ class Footprint:
             parts.append(f"{self.engine_copy_bytes / GIB:.2f} GiB engine copy")
         if self.kv_bytes:
             parts.append(f"{self.kv_bytes / GIB:.2f} GiB KV kept while training")
+        if self.reward_model_bytes:
+            parts.append(f"{self.reward_model_bytes / GIB:.2f} GiB reward model")
         per_device = f" per device over {self.devices}" if self.devices > 1 else ""
         return f"{self.parameters:,} parameters{per_device}: " + " + ".join(parts)
 
@@ -124,6 +133,18 @@ def fsdp_compute_dtype(device: torch.device) -> torch.dtype:
     return resolve_dtype("auto", device)
 
 
+def reward_model_bytes(config: GRPOConfig, device: torch.device) -> int:
+    """What the job's reward models take on `device` (see the module docstring)."""
+    if isinstance(config.reward, str) or config.reward is None:
+        return 0
+    terms = [t for t in parse_rewards(config.reward) if t.name == REWARD_MODEL]
+    if not terms:
+        return 0
+    copies = 2 if config.generates_in_process(device.type) else 1
+    itemsize = resolve_dtype("auto", device).itemsize
+    return copies * itemsize * sum(reward_model_parameters(t.model or "") for t in terms)
+
+
 def training_footprint(
     config: GRPOConfig, hf_config: Any, device: torch.device, devices: int = 1
 ) -> Footprint:
@@ -151,6 +172,7 @@ def training_footprint(
             adapter_parameters=adapter,
             base_bytes=parameters * engine_dtype.itemsize,
             devices=devices,
+            reward_model_bytes=reward_model_bytes(config, device),
         )
     sharded = devices > 1 and config.shards_weights
     shard = shard_parameters(model, devices if sharded else 1)
@@ -165,6 +187,7 @@ def training_footprint(
         kv_bytes=kv,
         devices=devices,
         gathered_bytes=gathered,
+        reward_model_bytes=reward_model_bytes(config, device),
     )
 
 

@@ -25,7 +25,7 @@ from datetime import timedelta
 from typing import Any
 
 from core_engine.rl.config import GRPOConfig, torch_device_type
-from core_engine.rl.ranks.group import DEFAULT_TIMEOUT, RankInfo, rank_group
+from core_engine.rl.ranks.group import RankInfo, rank_group, rank_timeout
 
 READY_POLL_S = 0.2
 PARENT_POLL_S = 0.5
@@ -147,10 +147,12 @@ class RankProcesses:
 
 @contextlib.contextmanager
 def job_ranks(
-    config: GRPOConfig, records: Sequence[dict[str, str]], timeout: timedelta = DEFAULT_TIMEOUT
+    config: GRPOConfig, records: Sequence[dict[str, str]], timeout: timedelta | None = None
 ) -> Iterator[RankInfo]:
     """Rank 0 of a `config.devices`-rank job in this process, the others in children, for the
-    duration; an error in a collective is reported as the failed rank's when one failed."""
+    duration (the group's store on 127.0.0.1: `rank_environment`); an error in a collective is
+    reported as the failed rank's when one failed. `timeout`: `rank_timeout` by default."""
+    timeout = timeout or rank_timeout()
     port = free_port()
     children = RankProcesses(config, records, port, timeout)
     ok = False

@@ -39,15 +39,12 @@ from core_engine.rl.rollout import (
     RolloutRunner,
     produce_rollout,
 )
+from core_engine.rl.rollout.dynamic import draw_until_mixed
+from core_engine.rl.rollout.seeds import batch_seed
 from core_engine.weight_sync import LocalChannel
 
 Batch = dict[str, list[str]]
 JOIN_POLL_S = 0.2  # how often a wait for a batch re-checks a cancel
-
-
-def batch_seed(seed: int, index: int) -> int:
-    """The sampling seed of batch `index` (pipelined: known before the trainer reaches it)."""
-    return seed * 1_000_003 + index * 10_007
 
 
 class BatchPlan:
@@ -117,13 +114,25 @@ class SyncSource(RolloutSource):
 
     def next(self, step_index: int, batch: Batch | None = None) -> Produced:
         """The rollout of the next update: a new batch of prompts (or `batch`), or the current
-        one's again while it has updates left."""
+        one's again while it has updates left; with `dynamic_sampling`, the draws of new
+        batches that give it enough groups with mixed rewards (`rollout.dynamic`)."""
+        if batch is None and self.config.dynamic_sampling:
+            cfg = self.config
+            return draw_until_mixed(
+                self._draw, cfg.batch_size, cfg.max_sampling_draws, cfg.reject_scope
+            )
         if batch is None:
             if self.updates_done == 0:
                 self.batches_drawn += 1
             batch = self.plan.at(self.batches_drawn - 1)
             self.updates_done = (self.updates_done + 1) % self.config.updates_per_batch
         return self.produce(batch, batch_seed(self.config.seed, step_index))
+
+    def _draw(self) -> Produced:
+        """The rollout of the next batch of the plan, sampled from that batch's seed."""
+        self.batches_drawn += 1
+        index = self.batches_drawn - 1
+        return self.produce(self.plan.at(index), batch_seed(self.config.seed, index))
 
     def produce(self, batch: Batch, seed: int) -> Produced:
         """The rollout of `batch`, sampled from `seed` (a `ranks.RankSource` splits it)."""

@@ -18,12 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer
 
-from core_engine.engine import resolve_device
 from core_engine.rl.config import GRPOConfig
-from core_engine.rl.footprint.estimate import check_room_for, return_large_frees_to_the_os
-from core_engine.rl.objective.loss import group_advantages
+from core_engine.rl.objective.advantages import zero_variance_groups
 from core_engine.rl.objective.update import (
     TrainSample,
     UpdateResult,
@@ -31,27 +28,18 @@ from core_engine.rl.objective.update import (
     training_mode,
 )
 from core_engine.rl.ranks import RankInfo, is_sharded, rank0_decides, rank_share
-from core_engine.rl.ranks.channel import RankChannel
-from core_engine.rl.ranks.rollouts import RankProducer, RankSource
 from core_engine.rl.ranks.state import full_state
 from core_engine.rl.ranks.step import clip_gradients, distributed_backward
 from core_engine.rl.rewards import RewardError
 from core_engine.rl.rollout import RolloutResult, check_policy_lag
 from core_engine.rl.rollout.sources import (
     BatchCancelled,
-    BatchPlan,
-    PrefetchSource,
-    RolloutSource,
     SyncSource,
-    ThreadProducer,
 )
-from core_engine.rl.trainer import policy
+from core_engine.rl.trainer import screen
 from core_engine.rl.trainer.checkpoint import (
     checkpoint_dir,
-    latest_checkpoint,
     prune_checkpoints,
-    read_pending_rollout,
-    read_trainer_state,
     save_checkpoint,
 )
 from core_engine.rl.trainer.metrics import (
@@ -61,9 +49,10 @@ from core_engine.rl.trainer.metrics import (
     rollout_metrics,
     update_metrics,
 )
+from core_engine.rl.trainer.parts import build_parts
 from core_engine.rl.trainer.records import StepRecord, StopReason, TrainerHooks, VersionRecord
-from core_engine.rl.trainer.screen import screen_groups, train_samples, trainable_rows
-from core_engine.weight_sync import GateWaitCancelled, LocalChannel, WeightSyncError
+from core_engine.rl.trainer.screen import screen_groups, step_samples, trainable_rows
+from core_engine.weight_sync import GateWaitCancelled, WeightSyncError
 
 
 class TrainingError(RuntimeError):
@@ -82,66 +71,26 @@ class GRPOTrainer:
         the process group is up); rank 0 alone writes checkpoints, the hooks are its."""
         if config.devices != (world := ranks.world_size if ranks else 1):
             raise ValueError(f"devices = {config.devices}: this trainer is one of {world} ranks")
-        self.config = config
+        self.config, self.ranks = config, ranks
         self.hooks = hooks or TrainerHooks()
-        self.ranks = ranks
         self.output_dir = Path(config.output_dir)
-        self.device = ranks.device if ranks else resolve_device(config.device)
-        resume = latest_checkpoint(self.output_dir) if config.resume else None
-        state = read_trainer_state(resume) if resume else {"version": 0, "step": 0}
+        parts = build_parts(config, records, ranks, lambda: self.version, self._cancelled)
+        state = parts.state
         self.version, self.step_index = state["version"], state["step"]
-        torch.manual_seed(config.seed + self.version)
-        self.tokenizer = AutoTokenizer.from_pretrained(config.model, local_files_only=True)
-        self.max_seq_len = policy.longest_sequence(config, self.tokenizer, records)
-        check_room_for(config, self.device, config.devices)  # before anything is loaded
-        return_large_frees_to_the_os()
-        trained = policy.trained_policy(config, resume, self.device, ranks is not None)
+        self.device, self.tokenizer = parts.device, parts.tokenizer
+        self.max_seq_len = parts.max_seq_len
+        trained = parts.trained
         self.model, self.whole_model = trained.model, trained.whole_model
         self.optimizer, self.reference = trained.optimizer, trained.reference
         self.base_checksum = trained.base_checksum
-        self.engine = policy.colocated_engine(
-            config, self.whole_model, self.tokenizer, self.max_seq_len, self.version
-        )
-        self.update_settings = policy.update_settings(config, self.engine)
-        self.runner = policy.rollout_runner(
-            config, self.engine, self.tokenizer, lambda: self.version
-        )
-        self.plan = BatchPlan(records, config.batch_size, config.seed)
-        state["pending"] = read_pending_rollout(resume) if resume else None
-        self.source = self._source(state)
+        self.engine, self.update_settings = parts.engine, parts.update_settings
+        self.runner, self.plan, self.source = parts.runner, parts.plan, parts.source
         # rejected batches in a row (failed; without learning signal), and those with a
         # rollout since the latest version: a stop's checkpoint keeps them (`save`)
         rejections = state.get("rejections", {})
         self._consecutive_failures = rejections.get("failures", 0)
         self._consecutive_filtered = rejections.get("filtered", 0)
         self.rejected_since_version = rejections.get("since_version", 0)
-
-    def _source(self, state: dict[str, Any]) -> RolloutSource:
-        """Where batches come from (`rollout.sources`): on demand, or one ahead on a thread
-        (the trainer's engine) or, for a full-weight CPU job on one device, a child process;
-        on several ranks, each rank's share of every batch, gathered (`ranks.rollouts`)."""
-        config, ranks = self.config, self.ranks
-        mode = "in_flight" if config.pipeline == "in_flight" else "drain"
-        if ranks is not None:
-            channel = RankChannel(self.engine, self.model, ranks, mode)
-        else:
-            channel = LocalChannel(self.engine, self.model, mode)
-        if config.pipeline == "sync" and ranks is not None:
-            return RankSource(config, self.plan, self.runner, channel, state, info=ranks)
-        if config.pipeline == "sync":
-            return SyncSource(config, self.plan, self.runner, channel, state)
-
-        def make_producer(threads: int) -> Any:
-            if config.generates_in_process(self.device.type):
-                from core_engine.rl.rollout.process import ProcessProducer
-
-                return ProcessProducer(
-                    config, self.model, self.engine, self.max_seq_len, threads, self._cancelled
-                )
-            thread = ThreadProducer(self.runner, channel, threads)
-            return thread if ranks is None else RankProducer(thread, ranks, config.group_size)
-
-        return PrefetchSource(config, self.plan, make_producer, state, self._cancelled)
 
     def _cancelled(self) -> bool:
         return bool(self.hooks.should_stop and self.hooks.should_stop())
@@ -165,6 +114,7 @@ class GRPOTrainer:
             reason = StopReason.STOPPED
         finally:
             self.source.close()
+            self.runner.close()
         self.save()
         return reason
 
@@ -194,18 +144,17 @@ class GRPOTrainer:
     def _optimise(self, rollout, rejected, fresh, reasons, timings) -> StepRecord:
         cfg, g = self.config, rollout.group_size
         rewards = torch.tensor(rollout.rewards).view(-1, g)
-        advantages, zero_var = group_advantages(rewards)
+        zero_var = zero_variance_groups(rewards)
         rows = trainable_rows(zero_var, rejected, g, cfg.drop_zero_variance_groups)
         metrics = rollout_metrics(rollout, rewards, zero_var, fresh, timings["generate_s"])
         if not rows:
-            reasons = [*reasons, "filtered: no trainable group (all have zero reward variance)"]
+            reasons = [*reasons, *screen.untrained_reasons(rollout)]
             return self._reject(rollout, reasons, {**timings, **metrics}, rejected, failure=False)
         start = time.perf_counter()
         # Only trainable samples are scored: the others have no weight in the loss. The
         # train/infer mismatch is therefore measured on the samples trained on.
         old = self.source.known_proximal(rollout, fresh)
-        flat_advantages = advantages.view(-1).tolist()
-        samples = train_samples(rollout, rows, flat_advantages, old, self.version)
+        flat_advantages, samples = step_samples(rollout, rewards, rows, old, self.version, cfg)
         with self._training_phase():
             update, grad_norm = self._backward(samples)
             stepped = update.finite and math.isfinite(grad_norm)
@@ -225,6 +174,7 @@ class GRPOTrainer:
         self._consecutive_failures = self._consecutive_filtered = 0
         self.rejected_since_version = 0
         trained = dict(zip(rows, update.logprobs, strict=True))
+        records = dict(zip(rows, update.token_records, strict=True))
         record = StepRecord(
             step=self.step_index - 1,
             rollout=rollout,
@@ -233,6 +183,7 @@ class GRPOTrainer:
             rejected_groups=rejected,
             advantages=flat_advantages,
             trainer_logprobs=[trained.get(i) for i in range(rollout.num_samples)],
+            loss_records=[records.get(i) for i in range(rollout.num_samples)],
             metrics={**metrics, **timings},
         )
         self._emit(record)
