@@ -3,16 +3,19 @@ weights are loaded.
 
 The floor: the trainer's fp32 weights, gradients and AdamW's two moments (16 bytes per
 parameter, 12 with bfloat16 moments), a KL reference model (4 bytes per parameter), the
-engine's own copy when it computes in a lower precision, and the engine's KV pool when it is
+engine's own copy when it computes in a lower precision or the trainer's weights are sharded,
+and the engine's KV pool when it is
 kept during the training phase. A LoRA job instead holds its frozen base once, in the engine's
 dtype (the engine serves it, its adapter disabled it is the KL reference), plus 16 (12) bytes
 per adapter parameter, counted as fp32.
 Over N devices (ranks), each device's share: with full weights FSDP2 shards the trainer's
 weights, gradients and moments (and the frozen KL reference) into N parts, and all-gathers one
 decoder layer at a time in its compute dtype (bf16 on CUDA); forward and backward prefetch may
-hold a second one, counted on top like the activations. Each rank's engine keeps its own full
-copy and KV pool. A LoRA job replicates its frozen base and its adapter on every rank, and
-`sharding = "replicate"` all of a full-weight job: nothing of them shrinks with N.
+hold a second one, counted on top like the activations. Each rank loads only its shards
+(`core_engine.rl.ranks.state`): no whole fp32 copy ever exists on a rank. Each rank's engine
+keeps its own full copy (in its dtype, fp32 too) and KV pool. A LoRA job replicates its frozen
+base and its adapter on every rank, and `sharding = "replicate"` all of a full-weight job:
+nothing of them shrinks with N.
 Activations, the log-softmax chunks and the process itself come on top, so a job refused here
 could never have run; one that passes may still need more.
 """
@@ -132,7 +135,9 @@ def training_footprint(
     model = meta_model(hf_config)
     parameters = numel(model)
     engine_dtype = resolve_dtype(config.engine_dtype, device)
-    engine_copy = 0 if engine_dtype == torch.float32 else parameters * engine_dtype.itemsize
+    sharded = devices > 1 and config.shards_weights
+    shares_policy = engine_dtype == torch.float32 and not sharded  # serves the trainer's own
+    engine_copy = 0 if shares_policy else parameters * engine_dtype.itemsize
     kv = 0
     keeps_kv = not config.release_kv_during_training or config.pipeline != "sync"
     if keeps_kv and device.type == "cpu":  # CUDA: sized from free; pipelined: it generates
@@ -151,7 +156,6 @@ def training_footprint(
             base_bytes=parameters * engine_dtype.itemsize,
             devices=devices,
         )
-    sharded = devices > 1 and config.shards_weights
     shard = shard_parameters(model, devices if sharded else 1)
     gathered = 0
     if sharded:

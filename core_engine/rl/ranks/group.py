@@ -16,6 +16,7 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -23,6 +24,7 @@ import torch.distributed as dist
 # The longest a rank waits in one collective: above the slowest rank's step, also the share
 # one rank computes while the others wait at the gradient reduction.
 DEFAULT_TIMEOUT = timedelta(minutes=10)
+T = TypeVar("T")
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -101,6 +103,11 @@ def rank_group(
 
 def rank0_decides(flag: bool) -> bool:
     """Rank 0's `flag` on every rank (a stop every rank takes at the same step)."""
-    decided = [flag]
-    dist.broadcast_object_list(decided, src=0)
-    return bool(decided[0])
+    return bool(from_rank0(flag))
+
+
+def from_rank0(value: T) -> T:
+    """Rank 0's `value` on every rank (e.g. the directory it stages a checkpoint in)."""
+    sent = [value]
+    dist.broadcast_object_list(sent, src=0)
+    return sent[0]
