@@ -63,16 +63,21 @@ def test_fsdp2_divides_weights_gradients_moments_and_reference_by_n(devices):
 
 
 @pytest.mark.parametrize(("name", "biases"), [("Qwen2.5-7B", True), ("Llama-3.1-8B", False)])
-def test_the_gathered_layer_is_one_decoder_layer_in_the_compute_dtype(name, biases):
+def test_gathered_are_one_decoder_layer_and_the_roots_in_the_compute_dtype(name, biases):
+    """FSDP2 gathers one decoder layer at a time, and keeps the root (embedding, final norm,
+    untied LM head) gathered through the step: the policy's, and the KL reference's."""
     config, job = shape_config(name), GRPOConfig(**JOB)
     layer = layer_parameters_from_shape(name, biases)
     assert layer == (233_057_792 if biases else 218_112_000)
+    root = 2 * config.vocab_size * config.hidden_size + config.hidden_size
     assert training_footprint(job, config, CUDA).gathered_bytes == 0  # one process: no FSDP2
     for devices in (2, 8):
-        assert training_footprint(job, config, CUDA, devices).gathered_bytes == 2 * layer
+        assert training_footprint(job, config, CUDA, devices).gathered_bytes == 2 * (layer + root)
+    with_kl = GRPOConfig(**JOB, kl_coef=0.1)
+    assert training_footprint(with_kl, config, CUDA, 2).gathered_bytes == 2 * (layer + 2 * root)
     cpu_job = GRPOConfig(**{**JOB, "device": "cpu"})
     cpu = training_footprint(cpu_job, config, torch.device("cpu"), 2)
-    assert cpu.gathered_bytes == 4 * layer  # fp32 without mixed precision
+    assert cpu.gathered_bytes == 4 * (layer + root)  # fp32 without mixed precision
 
 
 def test_lora_replicates_its_base_and_adapter_on_every_device():

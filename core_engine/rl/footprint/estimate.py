@@ -10,12 +10,13 @@ dtype (the engine serves it, its adapter disabled it is the KL reference), plus 
 per adapter parameter, counted as fp32.
 Over N devices (ranks), each device's share: with full weights FSDP2 shards the trainer's
 weights, gradients and moments (and the frozen KL reference) into N parts, and all-gathers one
-decoder layer at a time in its compute dtype (bf16 on CUDA); forward and backward prefetch may
-hold a second one, counted on top like the activations. Each rank loads only its shards
-(`core_engine.rl.ranks.state`): no whole fp32 copy ever exists on a rank. Each rank's engine
-keeps its own full copy (in its dtype, fp32 too) and KV pool. A LoRA job replicates its frozen
-base and its adapter on every rank, and `sharding = "replicate"` all of a full-weight job:
-nothing of them shrinks with N.
+decoder layer at a time in its compute dtype (bf16 on CUDA), with the root (embedding, final
+norm, LM head) gathered through the step (the KL reference's too); forward and backward
+prefetch may hold a second layer, counted on top like the activations. Each rank loads only
+its shards (`core_engine.rl.ranks.state`): no whole fp32 copy ever exists on a rank. Each
+rank's engine keeps its own full copy (in its dtype, fp32 too) and KV pool. A LoRA job
+replicates its frozen base and its adapter on every rank, and `sharding = "replicate"` all of a
+full-weight job: nothing of them shrinks with N.
 Activations, the log-softmax chunks and the process itself come on top, so a job refused here
 could never have run; one that passes may still need more.
 """
@@ -57,7 +58,7 @@ class Footprint:
     adapter_parameters: int = 0  # LoRA: the trained parameters
     base_bytes: int = 0  # LoRA: the frozen base, shared by the trainer and the engine
     devices: int = 1  # ranks of the job; every byte count here is one device's
-    gathered_bytes: int = 0  # FSDP2: one decoder layer's parameters all-gathered in flight
+    gathered_bytes: int = 0  # FSDP2: one decoder layer's and the root's parameters gathered
 
     @property
     def total_bytes(self) -> int:
@@ -82,7 +83,7 @@ class Footprint:
         if self.reference_bytes:
             parts.append(f"{self.reference_bytes / GIB:.2f} GiB KL reference{shard}")
         if self.gathered_bytes:
-            parts.append(f"{self.gathered_bytes / GIB:.2f} GiB one layer gathered")
+            parts.append(f"{self.gathered_bytes / GIB:.2f} GiB one layer and the roots gathered")
         if self.engine_copy_bytes:
             parts.append(f"{self.engine_copy_bytes / GIB:.2f} GiB engine copy")
         if self.kv_bytes:
@@ -118,6 +119,11 @@ def shard_parameters(model: nn.Module, devices: int) -> int:
 def layer_parameters(model: CausalLM) -> int:
     """Parameters of one decoder layer (FSDP2's unit; all layers are the same shape)."""
     return numel(model.model.layers[0])
+
+
+def root_parameters(model: CausalLM) -> int:
+    """Parameters outside the decoder layers (embedding, final norm, LM head: FSDP2's root)."""
+    return numel(model) - sum(numel(layer) for layer in model.model.layers)
 
 
 def fsdp_compute_dtype(device: torch.device) -> torch.dtype:
@@ -158,8 +164,9 @@ def training_footprint(
         )
     shard = shard_parameters(model, devices if sharded else 1)
     gathered = 0
-    if sharded:
-        gathered = layer_parameters(model) * fsdp_compute_dtype(device).itemsize
+    if sharded:  # a root stays gathered through the step, the KL reference's too (`ranks.step`)
+        in_flight = layer_parameters(model) + root_parameters(model) * (2 if config.kl_coef else 1)
+        gathered = in_flight * fsdp_compute_dtype(device).itemsize
     return Footprint(
         parameters=parameters,
         trainer_bytes=per_trained * shard,

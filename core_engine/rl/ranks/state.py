@@ -89,7 +89,8 @@ def load_optimizer_shards(
             tensors[f"{index}.{field}"] = value
     sharded = directory / SHARDED_OPTIMIZER
     source = sharded if sharded.is_dir() else directory
-    dcp.load(tensors, storage_reader=HuggingFaceStorageReader(str(source)))
+    reader = HuggingFaceStorageReader(str(source))
+    dcp.load(tensors, storage_reader=reader, no_dist=not dist.is_initialized())
     for group, saved in zip(optimizer.param_groups, param_groups, strict=True):
         group.update({key: value for key, value in saved.items() if key != "params"})
 
