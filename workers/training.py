@@ -15,18 +15,23 @@ job row (`Repository.record_base_checksum`); the trainer refuses to resume on an
 """
 
 import shutil
-from contextlib import ExitStack, closing
+import threading
+from contextlib import closing
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from core_engine.atomic_dir import Writer, recover
+from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data.tasks import prompt_records
-from core_engine.rl.ranks.launch import RankFailedError, job_ranks
+from core_engine.rl.ranks import RankInfo
+from core_engine.rl.ranks.launch import RankFailedError, supervised_ranks
 from core_engine.rl.trainer.checkpoint import checkpoint_dir, is_complete, list_checkpoints
 from core_engine.rl.trainer.grpo import GRPOTrainer, TrainingError
 from core_engine.rl.trainer.records import StepRecord, StopReason, TrainerHooks
 from core_engine.weights import model_checksum
 from db import JobInfo, PolicyMetrics, PolicyVersionRecord, Repository
-from workers.control import JobControl, Outcome
+from workers.control import SHUTTING_DOWN, JobControl, Outcome, ProgressFn
 from workers.evaluation import HeldoutEval, heldout_eval
 from workers.job_files import job_output_dir, resolve_model
 from workers.records import policy_metrics, trainer_batches
@@ -164,7 +169,8 @@ def run_training(
     repo: Repository, job: JobInfo, settings: Settings, control: JobControl
 ) -> Outcome:
     """Run (or resume) a train job until its steps are done, it is stopped, it stalls (no
-    reward variance left to learn from) or it fails."""
+    reward variance left to learn from) or it fails. A job on several devices runs as child
+    processes of this one, all its ranks (`train_on_ranks`)."""
 
     def phase(text: str) -> None:  # before the steps: a Hub model's download, a 7B load
         control.report(job.step, job.total_steps, phase=text)
@@ -180,12 +186,68 @@ def run_training(
     evaluation = None
     if heldout.every:
         records, evaluation = heldout_eval(config, heldout, columns, records)
-    run = tracked_run(job, Path(config.output_dir), settings.data_dir)
+    job_run = JobRun(job, settings.data_dir, config, records, evaluation, model)
+    if config.devices == 1:
+        return train(repo, control, job_run, None)
+    return train_on_ranks(control, job_run)
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """What the ranks of a train job need to run it (sent to rank 0's process)."""
+
+    job: JobInfo
+    data_dir: Path
+    config: GRPOConfig
+    records: list[dict[str, str]]
+    evaluation: HeldoutEval | None
+    model: str
+
+
+def train_on_ranks(control: JobControl, job_run: JobRun) -> Outcome:
+    """The job's ranks as child processes of this worker (`ranks.launch.supervised_ranks`):
+    rank 0 records (`lead_rank`), this process passes its progress on and its stop (a warm
+    shutdown) to it, and a rank that fails, dies or hangs fails the job, naming it."""
+    progress = control.progress or (lambda ping: None)
     try:
-        with closing(Trackers(report_to(job.config), run)) as trackers, ExitStack() as stack:
-            recorder = Recorder(repo, job.id, control, config.steps, evaluation, trackers)
+        return supervised_ranks(
+            job_run.config,
+            job_run.records,
+            lead_rank,
+            (control.fence, job_run),
+            progress,
+            SHUTTING_DOWN.is_set,
+        )
+    except RankFailedError as exc:
+        return Outcome("failed", f"training stopped: {exc}")
+
+
+def lead_rank(
+    info: RankInfo, send: ProgressFn, stopping: Any, fence: int, job_run: JobRun
+) -> Outcome:
+    """Rank 0 of a job, in its own process: the job's database (as the worker's environment
+    names it) and attempt, progress sent to the worker, the worker's shutdown obeyed."""
+    from workers.app import repository
+
+    def forward_shutdown() -> None:
+        stopping.wait()
+        SHUTTING_DOWN.set()
+
+    threading.Thread(target=forward_shutdown, daemon=True).start()
+    control = JobControl(repository(), job_run.job.id, fence, send)
+    return train(control.repo, control, job_run, info)
+
+
+def train(
+    repo: Repository, control: JobControl, job_run: JobRun, ranks: RankInfo | None
+) -> Outcome:
+    """The job's trainer (rank 0's on several devices), its steps recorded."""
+    job, config, records, model = job_run.job, job_run.config, job_run.records, job_run.model
+    run = tracked_run(job, Path(config.output_dir), job_run.data_dir)
+    try:
+        with closing(Trackers(report_to(job.config), run)) as trackers:
+            recorder = Recorder(repo, job.id, control, config.steps, job_run.evaluation, trackers)
             writer = checkpoint_writer(repo, control)
-            ranks = None if config.devices == 1 else stack.enter_context(job_ranks(config, records))
             trainer = recorder.trainer = GRPOTrainer(
                 config, records, TrainerHooks(recorder.on_step, control.should_stop, writer), ranks
             )
@@ -202,7 +264,7 @@ def run_training(
                 trackers.log(metrics, 0)
             control.report(trainer.step_index, config.steps, version=trainer.version)  # phase over
             reason = trainer.train()
-    except (TrainingError, RankFailedError) as exc:
+    except TrainingError as exc:
         return Outcome("failed", f"training stopped: {exc}")
     if reason is StopReason.DONE:
         return Outcome("succeeded")

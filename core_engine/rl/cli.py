@@ -20,6 +20,7 @@ from tqdm import tqdm
 from core_engine.rl.config import GRPOConfig, torch_device_type
 from core_engine.rl.data.tasks import prompt_records
 from core_engine.rl.ranks import RankInfo, RankSetupError, rank_group
+from core_engine.rl.ranks.group import collective_timeout
 from core_engine.rl.ranks.launch import RankFailedError, job_ranks
 from core_engine.rl.trainer.grpo import GRPOTrainer, TrainingError
 from core_engine.rl.trainer.records import StepRecord, TrainerHooks
@@ -78,7 +79,7 @@ def job_ranks_of(config: GRPOConfig, records: list[dict[str, str]]) -> Iterator[
         world = int(os.environ["WORLD_SIZE"])
         if world != config.devices:
             raise RankSetupError(f"torchrun started {world} ranks for devices = {config.devices}")
-        with rank_group(torch_device_type(config.device)) as info:
+        with rank_group(torch_device_type(config.device), collective_timeout(config)) as info:
             yield info
     elif config.devices == 1:
         yield None

@@ -6,7 +6,15 @@ torchrun (or the worker, for one node) starts one process per device and sets ``
 the same way through ``torchrun --nnodes``. The backend follows the device: ``nccl`` on CUDA
 (one device per rank, ``cuda:LOCAL_RANK``), ``gloo`` on CPU. A rank that dies or stops
 answering makes the others' next collective raise within `timeout` instead of hanging
-(DESIGN.md, invariant 8).
+(DESIGN.md, invariant 8): the job's ``collective_timeout_s``, else the worker's
+``RLWB_COLLECTIVE_TIMEOUT_S``, else 600 s (`collective_timeout`).
+
+NCCL's error handling is set explicitly (`NCCL_ENVIRONMENT`, unless the operator set it):
+``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` makes a rank whose collective fails or outlives the
+timeout abort its communicator and end its own process, so a rank never hangs on a dead peer;
+the ranks are child processes of the worker (`launch.supervised_ranks`), which sees the exit
+and fails the job naming the rank, and keeps running. ``TORCH_NCCL_BLOCKING_WAIT=0`` leaves the
+watchdog thread, not the training thread, to detect the timeout.
 """
 
 from __future__ import annotations
@@ -21,9 +29,13 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
-# The longest a rank waits in one collective: above the slowest rank's step, also the share
-# one rank computes while the others wait at the gradient reduction.
+from core_engine.rl.config import GRPOConfig
+
+# The longest a rank waits in one collective by default: above the slowest rank's step, also
+# the share one rank computes while the others wait at the gradient reduction.
 DEFAULT_TIMEOUT = timedelta(minutes=10)
+TIMEOUT_VARIABLE = "RLWB_COLLECTIVE_TIMEOUT_S"
+NCCL_ENVIRONMENT = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_BLOCKING_WAIT": "0"}
 T = TypeVar("T")
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -59,6 +71,22 @@ def rank_from_environment(environ: Mapping[str, str], device_type: str) -> RankI
     return RankInfo(rank, world, local, device)
 
 
+def collective_timeout(config: GRPOConfig, environ: Mapping[str, str] = os.environ) -> timedelta:
+    """The job's collective timeout: its ``collective_timeout_s``, else the worker's
+    ``RLWB_COLLECTIVE_TIMEOUT_S``, else `DEFAULT_TIMEOUT`."""
+    if config.collective_timeout_s is not None:
+        return timedelta(seconds=config.collective_timeout_s)
+    if not (text := environ.get(TIMEOUT_VARIABLE)):
+        return DEFAULT_TIMEOUT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise RankSetupError(f"{TIMEOUT_VARIABLE} must be a positive number of seconds: {text!r}")
+    return timedelta(seconds=seconds)
+
+
 def init_ranks(
     device_type: str,
     timeout: timedelta = DEFAULT_TIMEOUT,
@@ -69,6 +97,8 @@ def init_ranks(
     info = rank_from_environment(environ, device_type)
     address = f"tcp://{environ['MASTER_ADDR']}:{environ['MASTER_PORT']}"
     if device_type == "cuda":
+        for name, value in NCCL_ENVIRONMENT.items():
+            os.environ.setdefault(name, value)
         torch.cuda.set_device(info.device)
     dist.init_process_group(
         "nccl" if device_type == "cuda" else "gloo",
