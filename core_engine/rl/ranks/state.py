@@ -30,8 +30,9 @@ from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceSt
 from transformers import AutoConfig
 
 from core_engine.model import CausalLM, ModelConfig
+from core_engine.rl.ranks.group import from_rank0
 from core_engine.rl.ranks.shard import shard_full_weights
-from core_engine.rl.trainer.checkpoint import SHARDED_OPTIMIZER
+from core_engine.rl.trainer.checkpoint import SHARDED_OPTIMIZER, split_optimizer_state
 from core_engine.weights import WEIGHTS_FILE, canonical_weights
 
 # DCP's Hugging Face writer: the weight shards it consolidates, its single file and index
@@ -54,26 +55,23 @@ def load_sharded_model(directory: str | Path, device: torch.device) -> CausalLM:
 
 
 def save_sharded_state(
-    model: torch.nn.Module, optimizer_tensors: dict[str, torch.Tensor], directory: Path
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, staging: Path | None
 ) -> None:
-    """Every rank's shard of `model`'s weights, consolidated into Hugging Face weight files in
-    `directory`, and of the optimizer's tensors (`trainer.checkpoint`'s keys) under
-    ``optimizer/``. A collective; `directory` is the same on every rank."""
-    weights = canonical_weights(model)
+    """Every rank's shard of `model`'s weights, consolidated into ``model.safetensors``, and of
+    `optimizer`'s tensors (`trainer.checkpoint`'s keys) under ``optimizer/``, in rank 0's
+    `staging` directory (None on the other ranks). A collective."""
+    directory = from_rank0(staging)
     writer = HuggingFaceStorageWriter(
         str(directory), save_distributed=True, enable_consolidation=True
     )
-    dcp.save(weights, storage_writer=writer)  # returns on every rank once consolidated
+    dcp.save(canonical_weights(model), storage_writer=writer)  # returns once consolidated
     if dist.get_rank() == 0:  # one file, named as `save_weights` names it
         shutil.rmtree(directory / CONSOLIDATED_FROM)
         (directory / CONSOLIDATED_INDEX).unlink()
         (directory / CONSOLIDATED_FILE).rename(directory / WEIGHTS_FILE)
-    dcp.save(
-        optimizer_tensors,
-        storage_writer=HuggingFaceStorageWriter(
-            str(directory / SHARDED_OPTIMIZER), save_distributed=True
-        ),
-    )
+    tensors, _ = split_optimizer_state(optimizer.state_dict())
+    writer = HuggingFaceStorageWriter(str(directory / SHARDED_OPTIMIZER), save_distributed=True)
+    dcp.save(tensors, storage_writer=writer)
 
 
 def load_optimizer_shards(

@@ -76,7 +76,7 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
     pending_rollout: dict[str, Any] | None = None,
     writer: Writer | None = None,
-    sharded: Callable[[Path, dict[str, torch.Tensor]], None] | None = None,
+    sharded: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write version `version` atomically (`core_engine.atomic_dir`, as ``writer``); `extra`
     joins the JSON trainer state. `sharded`: a sharded `model`'s weights and optimizer tensors
@@ -86,7 +86,7 @@ def save_checkpoint(
     with atomic_dir(final, writer) as tmp:
         tensors, scalars = split_optimizer_state(optimizer.state_dict())
         if sharded is not None:
-            sharded(tmp, tensors)
+            sharded(tmp)
         elif adapter_weights(model):
             save_adapter(model, tmp, Path(source_dir).resolve())
         else:

@@ -12,6 +12,7 @@ and resumed from its checkpoint continues exactly as if it had not stopped.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from pathlib import Path
@@ -32,7 +33,6 @@ from core_engine.rl.objective.update import (
 )
 from core_engine.rl.ranks import RankInfo, is_sharded, rank0_decides, rank_share
 from core_engine.rl.ranks.channel import RankChannel
-from core_engine.rl.ranks.group import from_rank0
 from core_engine.rl.ranks.rollouts import RankProducer, RankSource
 from core_engine.rl.ranks.state import save_sharded_state
 from core_engine.rl.ranks.step import clip_gradients, distributed_backward
@@ -54,7 +54,6 @@ from core_engine.rl.trainer.checkpoint import (
     read_pending_rollout,
     read_trainer_state,
     save_checkpoint,
-    split_optimizer_state,
 )
 from core_engine.rl.trainer.metrics import (
     kv_mixture_metrics,
@@ -329,10 +328,12 @@ class GRPOTrainer:
         state = self.source.state()
         pending = state.pop("pending", None)
         state["base_checksum"] = self.base_checksum  # LoRA's, verified on resume
-        sharded = self._save_shards if is_sharded(self.model) else None
+        sharded = None  # FSDP2: every rank writes its shards (`ranks.state`)
+        if is_sharded(self.model):
+            sharded = functools.partial(save_sharded_state, self.model, self.optimizer)
         if not self.writes_files:
             if sharded is not None:
-                sharded(None, split_optimizer_state(self.optimizer.state_dict())[0])
+                sharded(None)  # into rank 0's staging directory
             return checkpoint_dir(self.output_dir, self.version)
         return save_checkpoint(
             self.output_dir,
@@ -346,10 +347,6 @@ class GRPOTrainer:
             self.hooks.checkpoint_writer,
             sharded,
         )
-
-    def _save_shards(self, staging: Path | None, optimizer_tensors: dict[str, Any]) -> None:
-        """Every rank's shards written into rank 0's `staging` directory (`ranks.state`)."""
-        save_sharded_state(self.model, optimizer_tensors, from_rank0(staging))
 
     @property
     def writes_files(self) -> bool:
