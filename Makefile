@@ -9,7 +9,7 @@ export GRADIO_ANALYTICS_ENABLED := False
 export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: install up demo demo-policy calculator-policy test lint format bench gpu-check
+.PHONY: install up demo demo-policy calculator-policy test lint docs format bench gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,12 +38,18 @@ calculator-policy: install
 # (on worker processes, servers, browsers), and other work on the machine takes less of their
 # share (2 cores: 3 workers). `make test PYTEST_WORKERS=0` runs the suite in one process.
 PYTEST_WORKERS ?= $(shell n=$$(( $$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1) + 1 )); echo $$(( n < 2 ? 2 : n > 4 ? 4 : n )))
-test: install lint
+test: install lint docs
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# The documentation site (mkdocs.yml, docs/) into site/, offline, in seconds; strict, so a
+# broken link, a missing page or a reference to a removed name fails it (and `make test`).
+export NO_MKDOCS_2_WARNING := 1
+docs: install
+	$(VENV)/bin/mkdocs build --strict
 
 format: install
 	$(VENV)/bin/ruff format .

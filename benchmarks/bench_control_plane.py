@@ -5,17 +5,23 @@
 - invalidating 2,048 cached pages;
 - checksum throughput (SHA-256 over the served tensors), per GB.
 
-Run: OMP_NUM_THREADS=1 python benchmarks/bench_control_plane.py
+Run: OMP_NUM_THREADS=1 python benchmarks/bench_control_plane.py [--json PATH]
+(the docs' file: docs/benchmarks/bench_control_plane.json)
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from benchmarks.results import BenchmarkRun, Table
 from core_engine.cache import KVPool, TaskCacheManager
 from core_engine.model import build_model
 from core_engine.scheduler import EngineConfig, InferenceScheduler
@@ -83,23 +89,37 @@ def checksum_rate(megabytes: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=1000)
+    parser.add_argument("--json", type=Path, help="write the results here (benchmarks.results)")
     args = parser.parse_args()
+    run = BenchmarkRun("bench_control_plane")
     torch.set_num_threads(1)
     ack = ack_latency(args.repeats)
     inval = invalidation_cost(2048, max(5, args.repeats // 100))
     rate = checksum_rate(512)
+    table = Table(
+        "Policy-version control plane",
+        ["measurement", "median", "p99", "target"],
+        [
+            [
+                "acknowledgement with no cached pages (barrier + invalidation + version switch)",
+                f"{statistics.median(ack) * 1e6:.2f} us",
+                f"{percentile(ack, 0.99) * 1e6:.2f} us",
+                "<= 5 us",
+            ],
+            [
+                "invalidating 2,048 cached pages",
+                f"{statistics.median(inval) * 1e3:.3f} ms",
+                f"{percentile(inval, 0.99) * 1e3:.3f} ms",
+                "<= 2.5 ms",
+            ],
+            ["checksum (SHA-256 of the served tensors)", f"{1 / rate:.2f} s per GB", "", ""],
+        ],
+    )
     print(f"torch threads {torch.get_num_threads()}")
-    print("| measurement | median | p99 | target |")
-    print("|---|---|---|---|")
-    print(
-        f"| ack, no cached pages (control plane) | {statistics.median(ack) * 1e6:.2f} us | "
-        f"{percentile(ack, 0.99) * 1e6:.2f} us | <= 5 us |"
-    )
-    print(
-        f"| invalidate 2,048 cached pages | {statistics.median(inval) * 1e3:.3f} ms | "
-        f"{percentile(inval, 0.99) * 1e3:.3f} ms | <= 2.5 ms |"
-    )
-    print(f"| checksum (SHA-256) | {1 / rate:.2f} s per GB ({rate:.2f} GB/s) | | |")
+    print(table.markdown())
+    if args.json:
+        results = {"ack_s": ack, "invalidate_2048_s": inval, "checksum_gb_per_s": rate}
+        run.write(args.json, results, [table])
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import statistics
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from transformers import TrainerCallback
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from benchmarks.results import BenchmarkRun, Table
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data.tasks import addition_records
 from core_engine.rl.demo_policy import SHIPPED_POLICY
@@ -218,13 +218,14 @@ def run_alternating(trainer, ours: OurSteps) -> list[dict[str, float]]:
 
 
 # ----------------------------------------------------------------------------- report
-def print_table(results: dict[str, dict]) -> None:
-    print("median milliseconds per step")
+def step_table(results: dict[str, dict]) -> Table:
+    """Median milliseconds of each part of a step, and optimizer steps per minute."""
     names = [p.removesuffix("_s") for p in PARTS]
-    print(f"{'trainer':<8}" + "".join(f"{n:>10}" for n in names) + f"{'steps/min':>11}")
-    for name, r in results.items():
-        parts = "".join(f"{1000 * r['median_s'][p]:>10.2f}" for p in PARTS)
-        print(f"{name:<8}{parts}{r['steps_per_min']:>11.1f}")
+    rows = [
+        [name, *(f"{1000 * r['median_s'][p]:.2f}" for p in PARTS), f"{r['steps_per_min']:.1f}"]
+        for name, r in results.items()
+    ]
+    return Table("GRPO step, median ms", ["trainer", *names, "optimizer steps/min"], rows)
 
 
 def measure(policy: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -250,11 +251,13 @@ def measure(policy: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    run = BenchmarkRun("bench_grpo")
     torch.set_num_threads(1)
     policy = SHIPPED_POLICY
     print(f"threads {torch.get_num_threads()}, policy {policy}")
     results = measure(policy, args)
-    print_table({k: v for k, v in results.items() if k in ("ours", "trl")})
+    table = step_table({k: v for k, v in results.items() if k in ("ours", "trl")})
+    print(table.markdown())
     if "trl" in results:
         ratio = results["ratio_ours_over_trl"]
         verdict = "met" if ratio >= TARGET_RATIO else "missed"
@@ -262,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         print(f"TRL skipped: {results['trl_skipped']}")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        run.write(args.json, results, [table])
 
 
 if __name__ == "__main__":

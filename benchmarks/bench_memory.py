@@ -35,6 +35,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from benchmarks.results import BenchmarkRun, Table
+
 VOCAB, PROMPT = 151_936, 16
 GRID = [(s, n) for n in (64, 256) for s in (32, 64, 128, 256)]
 MIXES = [(1, 4096 - PROMPT), (16, 256 - PROMPT), (64, 64 - PROMPT)]  # 4,096 tokens each
@@ -213,18 +215,36 @@ def trl_available() -> bool:
     return True
 
 
-def row(result: dict[str, Any], baseline: dict[str, Any] | None) -> str:
+COLUMNS = [
+    "trainer",
+    "samples x response tokens",
+    "peak tensor MiB",
+    "vocab rows",
+    "peak RSS MiB",
+    "ours / TRL",
+]
+
+
+def cells(result: dict[str, Any], baseline: dict[str, Any] | None) -> list[str]:
+    """One point's row of the table (`COLUMNS`)."""
+    shape = f"{result['samples']} x {result['response']}"
     if "error" in result:
-        shape = f"{result['samples']} x {result['response']}"
-        return f"| {result['trainer']} | {shape} | error: {result['error'][:60]} |"
+        return [result["trainer"], shape, f"error: {result['error'][:60]}", "", "", ""]
     ratio = ""
     if baseline and "error" not in baseline:
         ratio = f"{result['peak_tensor_mb'] / baseline['peak_tensor_mb']:.2f}"
-    return (
-        f"| {result['trainer']} | {result['samples']} x {result['response']} "
-        f"| {result['peak_tensor_mb']:,.0f} | {result['vocab_rows'] or 'none'} "
-        f"| {result['peak_rss_mb']:,.0f} | {ratio} |"
-    )
+    return [
+        result["trainer"],
+        shape,
+        f"{result['peak_tensor_mb']:,.0f}",
+        str(result["vocab_rows"] or "none"),
+        f"{result['peak_rss_mb']:,.0f}",
+        ratio,
+    ]
+
+
+def row(result: dict[str, Any], baseline: dict[str, Any] | None) -> str:
+    return "| " + " | ".join(cells(result, baseline)) + " |"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -239,6 +259,7 @@ def main(argv: list[str] | None = None) -> None:
         trainer, samples, length = args.one[0], int(args.one[1]), int(args.one[2])
         print(json.dumps(measure_one(trainer, samples, length, args.budget, args.chunk_rows)))
         return
+    run = BenchmarkRun("bench_memory")
     grid = GRID[:2] + GRID[4:6] if args.quick else GRID
     with_trl = trl_available()
     results = {"grid": [], "mixes": [], "largest": None}
@@ -266,7 +287,21 @@ def main(argv: list[str] | None = None) -> None:
     print("\n128 samples x 320 tokens (target: peak RSS <= 3 GB):")
     print(row(largest, None))
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        grid_rows = []
+        for point in results["grid"]:
+            if point["trl"]:
+                grid_rows.append(cells(point["trl"], None))
+            grid_rows.append(cells(point["ours"], point["trl"]))
+        tables = [
+            Table(f"One train phase, {args.budget:,}-token micro-batches", COLUMNS, grid_rows),
+            Table(
+                f"A fixed budget of {args.budget:,} tokens, different mixes (ours)",
+                COLUMNS,
+                [cells(r, None) for r in results["mixes"]],
+            ),
+            Table("128 samples x 320 tokens (ours)", COLUMNS, [cells(largest, None)]),
+        ]
+        run.write(args.json, results, tables)
 
 
 if __name__ == "__main__":

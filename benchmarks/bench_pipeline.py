@@ -22,7 +22,6 @@ cores on one job); TRL on one; a pipeline on one for training plus one in its ro
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -35,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from bench_grpo import GROUP, PROMPTS, Alternate, trl_missing, trl_trainer
 
+from benchmarks.results import BenchmarkRun, Table
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data.tasks import addition_records
 from core_engine.rl.demo_policy import (
@@ -325,8 +325,29 @@ def summarise_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+def modes_table(title: str, modes: dict[str, dict[str, Any]]) -> Table:
+    """Each trainer's steps per minute, its speed over sync and its held-out accuracy."""
+
+    def percent(value: float | None) -> str:
+        return "" if value is None else f"{100 * value:.1f}%"
+
+    rows = [
+        [
+            name,
+            f"{mode['steps_per_min']:.1f}",
+            f"{mode['speedup_over_sync']:.2f}x",
+            percent(mode.get("accuracy_at_equal_steps")),
+            percent(mode.get("accuracy_at_equal_time")),
+        ]
+        for name, mode in modes.items()
+    ]
+    columns = ["trainer", "steps/min", "x sync", "held-out at equal steps", "at equal time"]
+    return Table(title, columns, rows)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    run = BenchmarkRun("bench_pipeline")
     sources.PrefetchSource.open = _timed_start(sources.PrefetchSource.open)
     print(
         f"threads: sync 1 or 2, TRL 1, pipelined 1 + 1; {args.minutes} min, turns of {args.slice} s"
@@ -345,7 +366,19 @@ def main(argv: list[str] | None = None) -> None:
         start_s = results["rollout_process_start_s"] = sorted(STARTUP_S)[len(STARTUP_S) // 2]
         print(f"rollout process start (once per job, left out): {start_s:.1f} s median")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        first = args.seed
+        tables = [
+            modes_table(
+                f"seed {first + i}"
+                + (f"; TRL {r['trl']['steps_per_min']:.1f} steps/min" if "trl" in r else ""),
+                r["modes"],
+            )
+            for i, r in enumerate(runs)
+        ]
+        if "mean_over_seeds" in results:
+            title = f"mean of seeds {first}-{first + len(runs) - 1}"
+            tables.append(modes_table(title, results["mean_over_seeds"]))
+        run.write(args.json, results, tables)
 
 
 if __name__ == "__main__":

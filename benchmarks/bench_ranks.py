@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from bench_pipeline import wide_policy
 
+from benchmarks.results import BenchmarkRun, Table
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data.tasks import addition_records
 from core_engine.rl.demo_policy import SHIPPED_POLICY
@@ -206,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.json:
             args.json.write_text(json.dumps(results, indent=1))
         return
+    run_record = BenchmarkRun("bench_ranks")
     # LoRA replicates whatever `sharding` says: its replicated variants would repeat the others
     variants = [v for v in VARIANTS if not (args.lora and v[4] == "replicate")]
     rates: dict[str, list[float]] = {variant[0]: [] for variant in variants}
@@ -228,7 +230,17 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:22s} {median:10.1f} {median / base:8.2f}x")
     print(f"goal: 2 ranks >= {TARGET}x one rank x 1 thread")
     if args.json:
-        args.json.write_text(json.dumps(summary, indent=1))
+        what = "LoRA" if args.lora else "full weights"
+        rows = [
+            [name, f"{s['steps_per_min']:.1f}", f"{s['speedup']:.2f}x"]
+            for name, s in summary.items()
+        ]
+        table = Table(
+            f"Optimizer steps per minute ({what}, {args.steps} steps x {args.rounds} rounds)",
+            ["variant", "steps/min", "x 1 rank x 1 thread"],
+            rows,
+        )
+        run_record.write(args.json, summary, [table])
 
 
 if __name__ == "__main__":

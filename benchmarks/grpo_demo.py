@@ -36,6 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 import db
+from benchmarks.results import BenchmarkRun, Table
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data.tasks import addition_records
 from core_engine.rl.demo_policy import (
@@ -241,9 +242,9 @@ def accuracy_at(curve: list[Point], minutes: float | None = None, version: int |
     return before[-1] if before else None
 
 
-def comparison(curves: dict[str, list[Point]], minutes: float, eval_every: int) -> list[str]:
-    """Text tables: held-out accuracy (raw / moving average) at equal minutes (the last mark is
-    each run's final evaluation, just past its budget) and at equal versions."""
+def comparison(curves: dict[str, list[Point]], minutes: float, eval_every: int) -> list[Table]:
+    """Held-out accuracy (raw / moving average) at equal minutes (the last mark is each run's
+    final evaluation, just past its budget) and at equal versions."""
     marks = [minutes * k / 4 for k in range(1, 5)]
     last = max(c[-1].version for c in curves.values())
     step = max(eval_every, -(-last // 6 // eval_every) * eval_every)
@@ -257,15 +258,43 @@ def comparison(curves: dict[str, list[Point]], minutes: float, eval_every: int) 
     def at_minutes(curve: list[Point], mark: float) -> Point | None:
         return curve[-1] if mark >= minutes else accuracy_at(curve, minutes=mark)
 
-    lines = ["accuracy % (raw/moving average) at minutes " + ", ".join(f"{m:g}" for m in marks)]
-    for name, curve in curves.items():
-        cells = [cell(at_minutes(curve, m)) for m in marks]
-        lines.append(f"  {name:<26} " + "  ".join(cells) + f"   (v{curve[-1].version})")
-    lines.append("accuracy % (raw/moving average) at versions " + ", ".join(map(str, versions)))
-    for name, curve in curves.items():
-        cells = [cell(accuracy_at(curve, version=v)) for v in versions]
-        lines.append(f"  {name:<26} " + "  ".join(cells))
-    return lines
+    at_marks = Table(
+        "Held-out accuracy %, raw / moving average, at equal minutes",
+        ["run", "versions", *(f"{m:g} min" for m in marks)],
+        [
+            [name, str(curve[-1].version), *(cell(at_minutes(curve, m)) for m in marks)]
+            for name, curve in curves.items()
+        ],
+    )
+    at_versions = Table(
+        "Held-out accuracy %, raw / moving average, at equal versions",
+        ["run", *(f"v{v}" for v in versions)],
+        [
+            [name, *(cell(accuracy_at(curve, version=v)) for v in versions)]
+            for name, curve in curves.items()
+        ],
+    )
+    return [at_marks, at_versions]
+
+
+CURVE_ROWS = 12  # the evaluations a curve's table shows, evenly spaced
+
+
+def curve_table(curve: list[Point]) -> Table:
+    """Held-out accuracy over versions, at most `CURVE_ROWS` evaluations (the last included)."""
+    step = max(1, -(-len(curve) // CURVE_ROWS))
+    shown = curve[::step] if curve[::step][-1] is curve[-1] else [*curve[::step], curve[-1]]
+    rows = [
+        [
+            str(p.version),
+            f"{p.minutes:.2f}",
+            f"{100 * p.accuracy:.1f}",
+            f"{100 * p.moving_average:.1f}",
+        ]
+        for p in shown
+    ]
+    columns = ["version", "minutes", "held-out accuracy %", "moving average %"]
+    return Table("Held-out accuracy (greedy) over versions", columns, rows)
 
 
 def load_average() -> str:
@@ -294,21 +323,21 @@ def summary(curve: list[Point]) -> dict[str, float | None]:
     }
 
 
-def write_curve(path: Path, curve: list[Point], totals: dict) -> None:
-    """The curve as CSV (one row per evaluation) or JSON (with the summary)."""
+def write_curve(path: Path, curve: list[Point], totals: dict, run: BenchmarkRun) -> None:
+    """The curve as CSV (one row per evaluation) or a result file (`benchmarks.results`)."""
     if path.suffix == ".csv":
         with path.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(asdict(curve[0])))
             writer.writeheader()
             writer.writerows(asdict(p) for p in curve)
     else:
-        path.write_text(
-            json.dumps({"summary": totals, "curve": [asdict(p) for p in curve]}, indent=1)
-        )
+        results = {"summary": totals, "curve": [asdict(p) for p in curve]}
+        run.write(path, results, [curve_table(curve)])
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    run_record = BenchmarkRun("grpo_demo")
     torch.set_num_threads(1)
     data_dir = db.data_dir()
     policy = SHIPPED_POLICY
@@ -322,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     print(f"policy {policy}: {json.loads((policy / 'demo_policy.json').read_text())}")
     if args.variants:
-        compare(policy, data_dir, args)
+        compare(policy, data_dir, args, run_record)
         return
     variant = Variant(args.lora_rank, args.lora_alpha, args.lr)
     trainer = make_trainer(policy, data_dir / "grpo-demo-run", args, variant)
@@ -336,10 +365,12 @@ def main(argv: list[str] | None = None) -> None:
     verdict = f"reached after {when:.2f} min" if when is not None else "missed"
     print(f"target +{100 * TARGET_GAIN:.0f} points (moving average) {verdict}")
     if args.out:
-        write_curve(args.out, curve, totals)
+        write_curve(args.out, curve, totals, run_record)
 
 
-def compare(policy: Path, data_dir: Path, args: argparse.Namespace) -> None:
+def compare(
+    policy: Path, data_dir: Path, args: argparse.Namespace, run_record: BenchmarkRun
+) -> None:
     """The variants interleaved step by step, each for `--minutes` of its own time."""
     trainers = {
         v.name: make_trainer(policy, data_dir / f"grpo-demo-run-{i}", args, v)
@@ -353,8 +384,9 @@ def compare(policy: Path, data_dir: Path, args: argparse.Namespace) -> None:
     curves = run_interleaved(trainers, args.minutes, args.eval_every)
     loads.append(load_average())
     print(f"load average at the end: {loads[1]}")
-    for line in comparison(curves, args.minutes, args.eval_every):
-        print(line)
+    tables = comparison(curves, args.minutes, args.eval_every)
+    for table in tables:
+        print(f"{table.title}\n{table.markdown()}")
     totals = {name: summary(curve) for name, curve in curves.items()}
     print(json.dumps(totals, indent=1))
     if args.out:
@@ -366,7 +398,7 @@ def compare(policy: Path, data_dir: Path, args: argparse.Namespace) -> None:
                 for name, curve in curves.items()
             },
         }
-        args.out.write_text(json.dumps(result, indent=1))
+        run_record.write(args.out, result, tables)
 
 
 if __name__ == "__main__":

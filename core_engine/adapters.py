@@ -33,7 +33,7 @@ from core_engine.lora_settings import (
     read_adapter_config,
 )
 from core_engine.model import CausalLM, ModelConfig, load_model
-from core_engine.policy import copy_weights
+from core_engine.weight_updates import copy_weights
 from core_engine.weights import (
     adapter_weights,
     canonical_weights,

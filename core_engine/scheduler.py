@@ -25,14 +25,6 @@ from core_engine.intake import TaskIntake
 from core_engine.metrics import EngineMetrics
 from core_engine.model import CausalLM
 from core_engine.outcomes import decode_text, stop_reason
-from core_engine.policy import (
-    WeightUpdateAck,
-    barrier,
-    check_mode,
-    copy_weights,
-    next_version,
-    served_update,
-)
 from core_engine.runtime.executor import Executor
 from core_engine.runtime.sample import SampleOutput
 from core_engine.task import (
@@ -44,6 +36,14 @@ from core_engine.task import (
     TaskError,
 )
 from core_engine.weight_sync import StepGate, WeightSource
+from core_engine.weight_updates import (
+    WeightUpdateAck,
+    barrier,
+    check_mode,
+    copy_weights,
+    next_version,
+    served_update,
+)
 from core_engine.weights import update_digest
 
 log = logging.getLogger(__name__)

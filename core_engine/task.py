@@ -40,6 +40,7 @@ class ErrorCode(enum.StrEnum):
     INTERNAL = "internal"
     ENV_ERROR = "env_error"  # an episode's environment failed (`core_engine.rl.episodes`)
     ENV_TIMEOUT = "env_timeout"
+    UNSTORABLE = "unstorable"  # an episode's record breaks `core_engine.rl.episodes.record`
 
 
 @dataclass(frozen=True)

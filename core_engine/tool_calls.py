@@ -6,17 +6,24 @@ The parser is strict and bounded, and never raises on model output: whatever is 
 unclosed or nested tag, a body over the size bound, JSON that is not a call object, nesting
 deeper than `MAX_JSON_DEPTH`, an unknown tool) comes back as `ParsedTurn.error`. No torch: the
 RL rollouts and the HTTP server both import it.
+
+Reasoning is not acting: text between `<think>` and `</think>` (Qwen3's and DeepSeek-R1's
+reasoning block; to the end of the turn when it is never closed) is reasoning, where a
+`<tool_call>` is text the model thought about, never a call, as vLLM's reasoning parsers
+separate reasoning from the content its tool parsers read.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 MAX_JSON_DEPTH = 32  # nesting of arrays and objects in a call, the call object included
 
 # The JSON name of each type `json.loads` returns, for error messages.
@@ -90,9 +97,19 @@ def _split(
     pos = 0
     while True:
         start = text.find(TOOL_CALL_OPEN, pos)
-        stray = text.find(TOOL_CALL_CLOSE, pos, len(text) if start < 0 else start)
+        think = text.find(THINK_OPEN, pos, len(text) if start < 0 else start)
+        if think >= 0:  # reasoning up to its end (module docstring): text, never a call
+            stray = text.find(TOOL_CALL_CLOSE, pos, think)
+            close = text.find(THINK_CLOSE, think)
+            end = len(text) if close < 0 else close + len(THINK_CLOSE)
+        else:
+            stray = text.find(TOOL_CALL_CLOSE, pos, len(text) if start < 0 else start)
         if stray >= 0:
             raise _Refused(f"{TOOL_CALL_CLOSE} without a {TOOL_CALL_OPEN} before it")
+        if think >= 0:
+            outside.append(text[pos:end])
+            pos = end
+            continue
         if start < 0:
             outside.append(text[pos:])
             return "".join(outside), calls
@@ -141,15 +158,16 @@ def _call(body: str, names: Collection[str] | None) -> ToolCall:
 
 
 def _decode(text: str) -> Any:
-    """The JSON value of `text`: strict JSON (no NaN or Infinity), at most `MAX_JSON_DEPTH`
-    deep, its strings valid Unicode (no lone surrogate escapes)."""
+    """The JSON value of `text`: strict JSON (no NaN or Infinity, written or as a number out of
+    a float's range such as ``1e999``), at most `MAX_JSON_DEPTH` deep, its strings valid
+    Unicode (no lone surrogate escapes)."""
     try:
-        value = json.loads(text, parse_constant=_no_constant)
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
     except RecursionError:  # the decoder's own guard, far deeper than the bound
         raise _Refused(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
     except json.JSONDecodeError as exc:
         raise _Refused(f"not valid JSON: {exc.msg} at character {exc.pos}") from None
-    except ValueError as exc:  # NaN or Infinity; an integer of over 4300 digits
+    except ValueError as exc:  # NaN, Infinity, 1e999; an integer of over 4300 digits
         raise _Refused(f"not valid JSON: {str(exc).partition(':')[0]}") from None
     if _depth_over(value, MAX_JSON_DEPTH):
         raise _Refused(f"nested deeper than {MAX_JSON_DEPTH} levels")
@@ -162,6 +180,13 @@ def _decode(text: str) -> Any:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of a float's range")
+    return value
 
 
 def _depth_over(value: Any, limit: int) -> bool:

@@ -118,3 +118,27 @@ def save_tiny_checkpoint(
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     return path
+
+
+def save_tiny_reward_model(
+    path: str | Path,
+    arch: str = "llama",
+    alphabet: str = DEFAULT_ALPHABET,
+    seed: int = 0,
+    **overrides,
+) -> Path:
+    """Write a random tiny sequence-classification reward model (one label; config,
+    safetensors, tokenizer) to `path`."""
+    import torch
+
+    tokenizer = char_tokenizer(alphabet)
+    config = tiny_config(arch, **{"vocab_size": len(tokenizer), "num_labels": 1, **overrides})
+    config.architectures = [
+        config.__class__.__name__.replace("Config", "ForSequenceClassification")
+    ]
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForSequenceClassification.from_config(config)
+    path = Path(path)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path

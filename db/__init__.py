@@ -5,7 +5,15 @@ upgrade()                       # DATABASE_URL, else rlwb.db in the data dir (db
 repo = Repository.from_url()
 """
 
-from db.enums import BatchStatus, EpisodeFinish, FinishReason, JobKind, JobStatus
+from db.enums import (
+    BatchStatus,
+    EpisodeFinish,
+    FinishReason,
+    JobKind,
+    JobStatus,
+    StudyKind,
+    StudyStatus,
+)
 from db.errors import (
     BatchNotFound,
     InvalidTransition,
@@ -15,6 +23,7 @@ from db.errors import (
     SampleNotFound,
     StaleOwner,
     StorageError,
+    StudyNotFound,
     VersionConflict,
     VersionNotFound,
 )
@@ -39,6 +48,7 @@ from db.records import (
 from db.repository import Repository
 from db.repository.base import MAX_PAGE_SIZE
 from db.repository.episode_filter import EpisodeFilter
+from db.repository.studies import StudyInfo
 from db.session import data_dir, make_engine, resolve_url
 
 __all__ = [
@@ -72,6 +82,10 @@ __all__ = [
     "StaleOwner",
     "StepInfo",
     "StorageError",
+    "StudyInfo",
+    "StudyKind",
+    "StudyNotFound",
+    "StudyStatus",
     "VersionConflict",
     "VersionMetrics",
     "VersionNotFound",

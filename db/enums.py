@@ -20,6 +20,7 @@ class JobStatus(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STALLED = "stalled"  # ended early, nothing broken: no reward variance left to learn from
+    PRUNED = "pruned"  # stopped early by its study's pruner (its held-out score lagged)
 
     @property
     def is_terminal(self) -> bool:
@@ -28,7 +29,22 @@ class JobStatus(StrEnum):
             JobStatus.SUCCEEDED,
             JobStatus.FAILED,
             JobStatus.STALLED,
+            JobStatus.PRUNED,
         )
+
+
+class StudyKind(StrEnum):
+    """How a study picks its points: every grid point, random draws, or Optuna's sampler."""
+
+    GRID = "grid"
+    RANDOM = "random"
+    OPTUNA = "optuna"
+
+
+class StudyStatus(StrEnum):
+    RUNNING = "running"  # jobs queued, running or still to submit
+    COMPLETED = "completed"  # every planned job finished
+    CANCELLED = "cancelled"  # stopped: nothing more is submitted
 
 
 class BatchStatus(StrEnum):

@@ -18,6 +18,13 @@ class JobNotFound(NotFound):
         self.job_id = job_id
 
 
+class StudyNotFound(NotFound):
+    def __init__(self, id_or_name: int | str) -> None:
+        what = f"id {id_or_name}" if isinstance(id_or_name, int) else f"name {id_or_name!r}"
+        super().__init__(f"no study has the {what}")
+        self.id_or_name = id_or_name
+
+
 class SampleNotFound(NotFound):
     def __init__(self, sample_id: int) -> None:
         super().__init__(f"sample {sample_id} does not exist")

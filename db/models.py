@@ -1,6 +1,7 @@
-"""SQLAlchemy 2.0 typed models: jobs, policy versions, rollout batches and samples.
+"""SQLAlchemy 2.0 typed models: studies, jobs, policy versions, rollout batches and samples.
 
-Child rows are deleted with their job by ``ON DELETE CASCADE`` in the database.
+Child rows are deleted with their job by ``ON DELETE CASCADE`` in the database; a deleted
+study leaves its jobs (``ON DELETE SET NULL``).
 Every table uses AUTOINCREMENT on SQLite so that ids are never reused (a stale Celery task
 must never find a new job under an old id).
 """
@@ -26,7 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from db.arrays import Float32Array, Int32Array
-from db.enums import BatchStatus, FinishReason, JobKind, JobStatus
+from db.enums import BatchStatus, FinishReason, JobKind, JobStatus, StudyKind, StudyStatus
 from db.records import METRIC_TYPES
 from db.timestamps import UTCDateTime, utcnow
 
@@ -63,6 +64,36 @@ class Base(DeclarativeBase):
     }
 
 
+class Study(Base):
+    """A named set of train jobs: one base config, a search space and how points are picked
+    (`StudyKind`); its jobs link back with ``jobs.study_id``."""
+
+    __tablename__ = "studies"
+    __table_args__ = (
+        CheckConstraint("seeds >= 1", name="seeds_positive"),
+        CheckConstraint("max_jobs >= 1", name="max_jobs_positive"),
+        CheckConstraint("concurrency >= 1", name="concurrency_positive"),
+        CheckConstraint("jobs_made >= 0 AND jobs_made <= max_jobs", name="jobs_made_in_plan"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    kind: Mapped[StudyKind] = mapped_column(_enum(StudyKind, "study_kind"))
+    status: Mapped[StudyStatus] = mapped_column(_enum(StudyStatus, "study_status"))
+    base_config: Mapped[dict[str, Any]]
+    search_space: Mapped[dict[str, Any]]
+    seeds: Mapped[int]  # jobs per point, seeded seed, seed + 1, ...
+    max_jobs: Mapped[int]
+    concurrency: Mapped[int]  # jobs queued or running at once
+    # how many of the planned jobs were made (the next is number ``jobs_made``), kept apart
+    # from the jobs themselves: a job deleted by hand is not made again
+    jobs_made: Mapped[int] = mapped_column(default=0)
+    optuna_study: Mapped[str | None] = mapped_column(String(255))  # in Optuna's storage
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
@@ -93,6 +124,12 @@ class Job(Base):
     phase: Mapped[str | None] = mapped_column(Text)  # before the first step (e.g. a warm-up)
     # a LoRA job's frozen base (`core_engine.adapters.base_checksum`), recorded once
     base_checksum: Mapped[str | None] = mapped_column(String(128))
+    study_id: Mapped[int | None] = mapped_column(
+        ForeignKey("studies.id", ondelete="SET NULL"), index=True
+    )
+    # a study job's point: the values of the varied fields (its seed is in ``config``)
+    study_point: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    study_trial: Mapped[int | None]  # the number of its Optuna trial (an Optuna study's job)
 
     versions: Mapped[list["PolicyVersion"]] = relationship(
         back_populates="job", passive_deletes=True

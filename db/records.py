@@ -174,6 +174,9 @@ class JobInfo:
     heartbeat_at: datetime | None = None
     phase: str | None = None
     base_checksum: str | None = None  # a LoRA job's base checkpoint, recorded once
+    study_id: int | None = None
+    study_point: dict[str, Any] | None = None  # the varied fields' values (a study's job)
+    study_trial: int | None = None  # its Optuna trial's number
 
 
 @dataclass(frozen=True)

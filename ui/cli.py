@@ -1,7 +1,8 @@
 """``rlwb``: the workbench from the command line (the composition root).
 
     rlwb up                 the workbench on embedded defaults (SQLite, no broker server):
-                            migrations, a worker and a chat worker (child processes), the UI
+                            migrations, a worker and a chat worker (child processes, started
+                            again if they die: `ui.supervise`), the UI
     rlwb ui                 migrate the database, then serve the UI (jobs go to the queue)
     rlwb worker [ARGS]      a GPU worker gpu@%h (celery worker --pool threads -c 1 -Q gpu ARGS)
     rlwb worker --interactive   a worker for Playground chat chat@%h (queue interactive)
@@ -9,26 +10,25 @@
     rlwb train CONFIG       run a training job here, without UI or queue, writing to the DB
     rlwb submit CONFIG      queue a job for the workers and print its id
     rlwb jobs               list the jobs
-    rlwb resume JOB_ID      requeue a failed, stalled or cancelled train job, from its last version
+    rlwb resume JOB_ID      requeue a failed, stalled, pruned or cancelled train job
     rlwb cancel JOB_ID      cancel a job
     rlwb audit JOB_ID       re-score stored samples under their versions' kept weights
     rlwb export JOB_ID VERSION DIR [--merged]   a version's adapter, merged model or checkpoint
 
 ``up`` and ``ui`` live here; the others are `workers.commands`. Environment: DATABASE_URL,
-REDIS_URL, RLWB_DATA_DIR, RLWB_AUTH (USER:PASSWORD for the UI; see workers/README.md).
+REDIS_URL, RLWB_DATA_DIR, RLWB_AUTH (USER:PASSWORD for the UI; see docs/operations.md).
 """
 
 import argparse
 import os
 import signal
-import subprocess
 import sys
+import threading
 from functools import partial
 
 from db import upgrade
+from ui.supervise import Supervised
 from workers import api
-
-STOP_TIMEOUT_S = 90
 
 
 def parse_auth(value: str | None) -> tuple[str, str] | None:
@@ -101,17 +101,6 @@ def run_ui(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stop(child: subprocess.Popen) -> None:
-    """Warm shutdown of the worker (its job goes back to the queue), then kill."""
-    if child.poll() is None:
-        child.send_signal(signal.SIGTERM)
-        try:
-            child.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-
-
 def run_up(args: argparse.Namespace) -> int:
     problem = None if args.no_ui else _exposure(args)
     if problem:
@@ -119,19 +108,22 @@ def run_up(args: argparse.Namespace) -> int:
         return 2
     upgrade()
     print(api.deployment(), flush=True)
-    child = subprocess.Popen([sys.executable, "-m", "workers", "worker"])
-    chat = subprocess.Popen([sys.executable, "-m", "workers", "worker", "--interactive"])
+    workers = Supervised(
+        {
+            "gpu": [sys.executable, "-m", "workers", "worker"],
+            "chat": [sys.executable, "-m", "workers", "worker", "--interactive"],
+        }
+    )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the children on the way out
     try:
         if args.no_ui:
-            return child.wait()
+            threading.Event().wait()  # until SIGTERM or Ctrl-C
         serve(args)
         return 0
     except KeyboardInterrupt:
         return 0
     finally:
-        _stop(chat)
-        _stop(child)
+        workers.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

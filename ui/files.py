@@ -12,6 +12,7 @@ from pathlib import Path
 from workers.api import (
     MAX_DATA_BYTES,
     MAX_TEXT_BYTES,
+    UPLOADS_DIR,
     UnsafeFileError,
     is_under,
     regular_file,
@@ -29,7 +30,6 @@ __all__ = [
 
 MAX_DEPTH = 3
 MAX_FOUND = 200
-UPLOADS_DIR = "datasets"
 DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")  # `core_engine.rl.data.files`
 MIB = 2**20
 # What the stored uploads may take together (``RLWB_UPLOAD_QUOTA_MB``, default 256 MiB).

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from db import JobInfo, Repository, data_dir
+from db import JobInfo, Repository, StudyInfo, data_dir
 from workers.api import model_roots
 
 
@@ -14,10 +14,12 @@ class Services:
     """The UI's collaborators. ``submit_job(kind, config)`` validates and enqueues a job
     (raising `ValueError` for invalid input), ``cancel_job(job_id)`` cancels one, and
     ``queue_overview()`` describes the workers and their tasks, ``resume_job(job_id)``
-    queues a failed, stalled or cancelled train job again, ``chat(job_id, version, messages,
+    queues a failed, stalled, pruned or cancelled train job again, ``chat(job_id, version, messages,
     temperature, max_tokens, seed)`` answers a Playground turn on a worker, ``audit(sample_ids)``
     re-scores samples under their versions' weights and ``token_diff(sample_id, version_a,
-    version_b)`` scores one response under two versions, on a worker (see `workers.api`)."""
+    version_b)`` scores one response under two versions, on a worker, and
+    ``run_study(base_config, study_table)`` stores a study and queues its first jobs (see
+    `workers.api`)."""
 
     repository: Repository
     submit_job: Callable[[str, dict[str, Any]], JobInfo]
@@ -27,6 +29,7 @@ class Services:
     chat: Callable[..., dict[str, Any]]
     audit: Callable[[list[int]], dict[str, Any]]
     token_diff: Callable[[int, int, int], dict[str, Any]]
+    run_study: Callable[[dict[str, Any], dict[str, Any]], StudyInfo]
     model_roots: tuple[Path, ...] = field(default_factory=model_roots)
     data_dir: Path = field(default_factory=data_dir)
 
@@ -45,4 +48,5 @@ def default_services() -> Services:
         chat=api.chat,
         audit=api.audit,
         token_diff=api.token_diff,
+        run_study=api.run_study,
     )

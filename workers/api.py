@@ -1,10 +1,12 @@
 """What the UI and the CLI call: the job vocabulary and checks of user input (no user code is
 imported), when the UI may be served, the worker side of ``rlwb`` (`workers.commands`),
-submitting, cancelling and resuming jobs (`workers.submission`), and the queue. Imports no
-torch; Celery is configured on first use, not at import.
+submitting, cancelling and resuming jobs (`workers.submission`), studies (`workers.studies`),
+and the queue. Imports no torch; Celery is configured on first use, not at import.
 
 from workers.api import submit_job, cancel_job, queue_overview
 job = submit_job("train", {"model": DEMO_MODEL, "task": "addition", "steps": 200})
+study = run_study({"model": DEMO_MODEL, "task": "addition"}, {"name": "lr", "seeds": 3,
+                  "grid": {"lr": [1e-3, 3e-3]}})
 """
 
 from dataclasses import MISSING, fields
@@ -19,13 +21,14 @@ from core_engine.lora_settings import (
     SAVABLE_MODULES,
     LoraSettings,
 )
+from core_engine.rl import presets as algorithms  # the algorithm presets
 from core_engine.rl.config import PIPELINE_MODES, GRPOConfig, mode_defaults
-from core_engine.rl.data import DataError, count_jsonl
+from core_engine.rl.data import DataError
 from core_engine.rl.data.files import Columns, record_count
 from core_engine.rl.data.tasks import BUILTIN_TASKS
 from core_engine.rl.episodes.environments import registered_environments
 from core_engine.rl.objective.clip import clip_active
-from core_engine.rl.rewards import STANDALONE_REWARDS
+from core_engine.rl.rewards import LIST_ONLY_REWARDS, STANDALONE_REWARDS
 from core_engine.rl.rewards.mix import RewardSpec, parse_rewards
 from core_engine.task import KV_STRATEGIES
 from core_engine.user_files import (
@@ -50,7 +53,7 @@ from workers.job_files import (
     model_parameters,
     model_roots,
 )
-from workers.settings import GPU_QUEUE, TASK_FOR_KIND, Settings, worker_device
+from workers.settings import GPU_QUEUE, TASK_FOR_KIND, UPLOADS_DIR, Settings, worker_device
 from workers.shipped import CALCULATOR_MODEL, DEMO_MODEL, MODEL_PRESETS
 from workers.specs import (
     HELDOUT_EVERY,
@@ -61,6 +64,7 @@ from workers.specs import (
     SpecError,
     check_environment,
 )
+from workers.studies import cancel_study, clone_study, resume_study, run_study
 from workers.submission import cancel_job, celery_app, resume_job, submit_job, validate_job
 from workers.trackers import TRACKERS
 
@@ -85,13 +89,16 @@ __all__ = [
     "TASK_FOR_KIND",
     "TRACKERS",
     "TRAINER_DEFAULTS",
+    "UPLOADS_DIR",
     "WORKER_COMMANDS",
     "SpecError",
     "UnsafeFileError",
     "adapter_bytes",
     "add_worker_commands",
+    "algorithms",
     "audit",
     "cancel_job",
+    "cancel_study",
     "chat",
     "chat_settings_problems",
     "check_data_file",
@@ -101,6 +108,7 @@ __all__ = [
     "check_reward",
     "checkpoint_context",
     "clip_active",
+    "clone_study",
     "count_records",
     "deployment",
     "exposure_problem",
@@ -115,6 +123,8 @@ __all__ = [
     "registered_environments",
     "regular_file",
     "resume_job",
+    "resume_study",
+    "run_study",
     "run_worker_command",
     "size_text",
     "submit_job",
@@ -124,7 +134,7 @@ __all__ = [
 ]
 
 TASKS: dict[str, str] = {name: task.description for name, task in BUILTIN_TASKS.items()}
-REWARDS: tuple[str, ...] = STANDALONE_REWARDS
+REWARDS: tuple[str, ...] = (*STANDALONE_REWARDS, *LIST_ONLY_REWARDS)  # the last as list entries
 TRAINER_DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in fields(GRPOConfig) if f.default is not MISSING
 }
@@ -186,8 +196,8 @@ def count_records(path: str | Path, columns: tuple[str | None, str | None] = (No
     """How many prompt records a data file holds (JSONL, JSON, CSV or Parquet; ``columns``:
     the prompt and answer columns, None: automatic; `SpecError` if it is unusable). An answer
     column is required only when named: whether the job's rewards need the answers is checked
-    at submission (`check_data_records`), when they are known. Files other than JSONL are
-    parsed by a child process (`core_engine.rl.data.files.record_count`). Parsed once per
+    at submission (`check_data_records`), when they are known. Files are parsed by a child
+    process (`core_engine.rl.data.files.record_count`). Parsed once per
     version of the file: the count, or the refusal, is kept for its identity (device, inode,
     size, change times), so asking again costs one ``stat``."""
     try:
@@ -207,8 +217,6 @@ def _count_records(
 ) -> int | str:
     """The record count of ``path`` as it is at ``identity``, or why it is unusable."""
     try:
-        if path.endswith(".jsonl") and columns == (None, None):
-            return count_jsonl(path)
         return record_count(path, Columns(*columns, needs_answer=False))
     except (DataError, UnsafeFileError, OSError) as exc:
         return str(exc)

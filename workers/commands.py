@@ -7,12 +7,13 @@
     train CONFIG            run a training job here, without UI or queue, writing to the DB
     submit CONFIG           queue a job for the workers and print its id
     jobs                    list the jobs
-    resume JOB_ID           requeue a failed, stalled or cancelled train job, from its last version
+    resume JOB_ID           requeue a failed, stalled, pruned or cancelled train job
     cancel JOB_ID           cancel a job
     audit JOB_ID [--samples N]   re-score stored samples under their versions' weights
     export JOB_ID VERSION DIR [--merged]   write a version's adapter, merged model or checkpoint
+    study run FILE | status/cancel/resume NAME | clone NAME NEW   (workers.study_commands)
 
-Environment: DATABASE_URL, REDIS_URL, RLWB_DATA_DIR (see workers/README.md).
+Environment: DATABASE_URL, REDIS_URL, RLWB_DATA_DIR (see docs/operations.md).
 """
 
 import argparse
@@ -29,8 +30,20 @@ from typing import Any
 
 from workers.audit_lines import audit_line, coverage_line, shortfall_line
 from workers.cli_errors import guarded
+from workers.study_commands import add_study_command, run_study_command
 
-COMMANDS = ("worker", "db", "train", "submit", "jobs", "resume", "cancel", "audit", "export")
+COMMANDS = (
+    "worker",
+    "db",
+    "train",
+    "submit",
+    "jobs",
+    "resume",
+    "cancel",
+    "audit",
+    "export",
+    "study",
+)
 DEFAULT_AUDIT_SAMPLES = 20
 # Each role has its own node name (%h: this host), so two workers on one host both answer
 # `celery inspect`; a -n/--hostname passed on comes later and wins (e.g. gpu0@%h, gpu1@%h).
@@ -80,7 +93,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     jobs = commands.add_parser("jobs", help="list jobs, newest first")
     jobs.add_argument("--limit", type=int, default=20)
     for name, text in (
-        ("resume", "queue a failed, stalled or cancelled train job again (from its last version)"),
+        (
+            "resume",
+            "queue a failed, stalled, pruned or cancelled train job again (from its last version)",
+        ),
         ("cancel", "cancel a queued or running job"),
     ):
         commands.add_parser(name, help=text).add_argument("job_id", type=int)
@@ -110,6 +126,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     export.add_argument("version", type=int)
     export.add_argument("directory", type=Path)
     export.add_argument("--merged", action="store_true", help="merge a LoRA adapter into its base")
+    add_study_command(commands)
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
@@ -140,6 +157,8 @@ def _run_command(args: argparse.Namespace, extra: list[str]) -> int:
         return run_audit(args.job_id, args.samples)
     if args.command == "export":
         return run_export(args.job_id, args.version, args.directory, args.merged)
+    if args.command == "study":
+        return run_study_command(args, read_config)
     return run_queue_command(args)
 
 

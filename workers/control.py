@@ -38,8 +38,9 @@ class Stop(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a run ended: ``succeeded``, ``cancelled``, ``failed`` or ``stalled`` (with
-    ``error``: what went wrong, or why there was nothing left to learn), or ``interrupted``
+    """How a run ended: ``succeeded``, ``cancelled``, ``failed``, ``stalled`` or ``pruned``
+    (with ``error``: what went wrong, why there was nothing left to learn, or why its study's
+    pruner stopped it), or ``interrupted``
     (``stop`` says why; the job stays running for its next attempt)."""
 
     status: str

@@ -131,13 +131,20 @@ class HeldoutEval:
         settings: HeldoutSettings,
         params: SamplingParams,
         episodes: tuple[Any, EpisodeLimits] | None = None,
+        device: str = "cpu",
     ) -> None:
+        """`device`: where a reward model of the list scores (the trainer's shares it)."""
         self.records = [dict(r) for r in records[: settings.prompts]]
         self.reward = reward
-        self.mix = RewardMix(reward, params.max_tokens)
+        self.mix = RewardMix(reward, params.max_tokens, device)
         self.settings = settings
         self.params = params
         self.episodes = episodes  # an environment job's: (its session, the episode limits)
+
+    def close(self) -> None:
+        """End the environment session of an environment job (its processes with it)."""
+        if self.episodes is not None:
+            self.episodes[0].close()
 
     def greedy(self, engine: Any) -> EvalResult:
         """The engine's greedy answers (its current, acknowledged weights), scored."""
@@ -191,4 +198,4 @@ def heldout_eval(
 
         limits = EpisodeLimits(config.max_turns, config.max_episode_tokens)
         episodes = (EnvironmentSession(config.environment), limits)
-    return records, HeldoutEval(heldout, reward, settings, params, episodes)
+    return records, HeldoutEval(heldout, reward, settings, params, episodes, config.device)

@@ -2,23 +2,33 @@
 type them. A worker downloads one once into the Hugging Face cache (``HF_HOME``, ``HF_HUB_CACHE``;
 ``HF_ENDPOINT`` and ``HF_TOKEN`` as ``huggingface_hub`` reads them), only the files a checkpoint
 needs (`CHECKPOINT_FILES`: safetensors weights, JSON configs, the tokenizer; never pickles or
-code), the download's progress shown as the job's phase; later jobs use the cached copy. A
+code), the download's progress shown as the job's phase; later jobs use the cached copy. Before
+anything is fetched, the sizes the Hub lists for those files must add up to at most
+``RLWB_MAX_DOWNLOAD_BYTES`` (`max_download_bytes`), else the job fails naming both. A
 submission only checks that it can be had: on a machine told to stay offline
 (``HF_HUB_OFFLINE=1``) one not in the cache is refused, saying so. ``huggingface_hub`` is
 imported when a Hub id is used."""
 
+import os
 import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core_engine.user_files import size_text
+from core_engine.user_files import GIB, size_text
 from workers.specs import SpecError
 
 # A repository id as the Hub spells it: namespace/name, letters, digits, "-", "_", ".".
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}", re.ASCII)
 CHECKPOINT_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "tokenizer*"]
+DEFAULT_MAX_DOWNLOAD_BYTES = 64 * GIB  # a 7B checkpoint in fp32 is ~30 GiB
+
+
+def max_download_bytes() -> int:
+    """The most a model download may take: ``RLWB_MAX_DOWNLOAD_BYTES``, default
+    `DEFAULT_MAX_DOWNLOAD_BYTES`."""
+    return int(os.environ.get("RLWB_MAX_DOWNLOAD_BYTES") or DEFAULT_MAX_DOWNLOAD_BYTES)
 
 
 class HubModelUnavailable(SpecError):
@@ -83,8 +93,11 @@ def _fetch(model: str, phase: Callable[[str], None]) -> Path:
     what = f"downloading {model} from the Hugging Face Hub"
     phase(what)
     try:
+        _check_listed_size(model)
         progress = _progress(what, phase)
         return Path(snapshot_download(model, allow_patterns=CHECKPOINT_FILES, tqdm_class=progress))
+    except HubModelUnavailable:
+        raise
     except RepositoryNotFoundError:
         raise HubModelUnavailable(
             f"model: {model}: no such model on the Hugging Face Hub (or it is private or "
@@ -93,6 +106,28 @@ def _fetch(model: str, phase: Callable[[str], None]) -> Path:
     except (OSError, ValueError) as exc:
         cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise HubModelUnavailable(f"model: {model} could not be downloaded: {cause}") from None
+
+
+def _check_listed_size(model: str) -> None:
+    """`HubModelUnavailable` when the files a checkpoint needs take more than
+    `max_download_bytes`, by the sizes the Hub lists for them."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoFile
+    from huggingface_hub.utils import filter_repo_objects
+
+    files = [f for f in HfApi().list_repo_tree(model, recursive=True) if isinstance(f, RepoFile)]
+    needed = filter_repo_objects(
+        files,
+        allow_patterns=CHECKPOINT_FILES,
+        key=lambda f: f.path,
+    )
+    listed, limit = sum(f.size for f in needed), max_download_bytes()
+    if listed > limit:
+        raise HubModelUnavailable(
+            f"model: {model}: its checkpoint files on the Hugging Face Hub take "
+            f"{size_text(listed)}, over the {size_text(limit)} a download may take "
+            "(RLWB_MAX_DOWNLOAD_BYTES)"
+        )
 
 
 class _Nowhere:

@@ -23,6 +23,13 @@ from core_engine.rl.config import GRPOConfig, approx_parameters
 from core_engine.rl.data import DataError, longest_prompt, longest_records
 from core_engine.rl.data.files import load_records, split_heldout
 from core_engine.rl.data.tasks import prompt_records
+from core_engine.rl.rewards.reward_model import (
+    REWARD_MODEL,
+    check_reward_model,
+    reward_model_paths,
+    with_reward_models,
+)
+from core_engine.rl.template_sandbox import TemplateBoundError
 from core_engine.user_files import (
     MAX_DATA_BYTES,
     MAX_TEXT_BYTES,
@@ -66,6 +73,19 @@ def resolve_model(model: str, download: Callable[[str], None] | None = None) -> 
     if hub.is_hub_id(model):
         return str(hub.cached_snapshot(model) or model)
     return model
+
+
+def check_reward_models(reward: Any, roots: Sequence[Path]) -> None:
+    """`SpecError` unless each reward model of ``reward`` passes `check_model` and is a reward
+    model this worker can load (`check_reward_model`; a Hub id the worker is yet to download
+    is checked when it has it)."""
+    for model in reward_model_paths(reward):
+        try:
+            checkpoint = check_model(model, roots)
+            if checkpoint is not None:
+                check_reward_model(checkpoint)
+        except (SpecError, ValueError) as exc:
+            raise SpecError(f"reward {REWARD_MODEL}: {exc}") from None
 
 
 def model_parameters(model: str) -> int | None:
@@ -163,8 +183,9 @@ def check_data_records(config: dict[str, Any]) -> None:
     """`SpecError` naming the file and the column when the job's ``data`` or ``heldout_data``
     cannot be read as prompt records with its column mapping, its held-out fraction leaves
     nothing to train on, or its prompts (a built-in task's as the worker draws them) do not
-    fit the model's context (`check_prompt_room`). Read at submission; the paths are checked
-    first (`check_paths`)."""
+    fit the model's context (`check_prompt_room`), nor an environment job's episodes
+    (`check_episode_room`). Read at submission; the paths are checked first (`check_paths`)."""
+    check_episode_room(config)
     columns, heldout = data_columns(config), heldout_settings(config)
     seed = config.get("seed", GRPOConfig.seed)
     try:
@@ -182,14 +203,34 @@ def check_data_records(config: dict[str, Any]) -> None:
         raise SpecError(str(exc)) from None
 
 
+def check_episode_room(config: Mapping[str, Any]) -> None:
+    """`SpecError` when an environment job's episodes (``max_episode_tokens``: the prompt,
+    every turn and observation) cannot fit the model's context (``max_position_embeddings``):
+    its long episodes would end ``context_exceeded`` or be refused by the engine."""
+    if config.get("environment") is None:
+        return
+    try:
+        context = checkpoint_context(resolve_model(config["model"]))
+    except DemoPolicyMissing:
+        return  # the worker says so
+    tokens = config.get("max_episode_tokens", GRPOConfig.max_episode_tokens)
+    if context is not None and isinstance(tokens, int) and tokens > context:
+        raise SpecError(
+            f"max_episode_tokens ({tokens}) exceeds the model's {context}-token context "
+            f"(max_position_embeddings in its config.json): set max_episode_tokens <= {context}"
+        )
+
+
 def check_prompt_room(
     config: Mapping[str, Any], records: Sequence[Mapping[str, str]], source: str
 ) -> None:
     """`SpecError` when the longest prompt of ``records`` (among the `PROMPTS_CHECKED` of the
     most characters), rendered with the model's chat template as the trainer renders it, and
     ``max_tokens`` do not fit the model's context (``max_position_embeddings``): the engine
-    would refuse the prompt (``prompt_too_long``) or cut its responses short. A checkpoint
-    without a stated context or a tokenizer that loads is left to the worker."""
+    would refuse the prompt (``prompt_too_long``) or cut its responses short; or when the
+    template breaks a bound of its child (`core_engine.rl.template_sandbox`: time, memory,
+    length). A checkpoint without a stated context or a tokenizer that loads is left to the
+    worker."""
     try:
         model = Path(resolve_model(config["model"]))
     except DemoPolicyMissing:
@@ -200,6 +241,8 @@ def check_prompt_room(
         return
     try:
         longest = longest_prompt(tokenizer, longest_records(records, PROMPTS_CHECKED))
+    except TemplateBoundError as exc:  # rendered in a bounded child: past a bound here
+        raise SpecError(str(exc)) from None
     except Exception:  # a template this tokenizer cannot render: the worker's is the word
         return
     max_tokens = config.get("max_tokens", GRPOConfig.max_tokens)
@@ -243,7 +286,13 @@ def absolute_paths(config: dict[str, Any]) -> dict[str, Any]:
             continue
         if key != "model" or (value not in SHIPPED_MODEL_NAMES and Path(value).exists()):
             paths[key] = os.path.abspath(value)
+    if reward_model_paths(config.get("reward")):  # a reward model's as a model's
+        paths["reward"] = with_reward_models(config["reward"], _absolute_if_local)
     return {**config, **paths}
+
+
+def _absolute_if_local(path: str) -> str:
+    return os.path.abspath(path) if Path(path).exists() else path
 
 
 def check_paths(config: dict[str, Any], settings: Settings) -> None:
@@ -255,6 +304,7 @@ def check_paths(config: dict[str, Any], settings: Settings) -> None:
         if checkpoint is not None:
             check_adapter_base(checkpoint, model, roots)
             check_kv_budget(config, checkpoint)
+    check_reward_models(config.get("reward"), roots)
     for key in ("data", "heldout_data"):
         if isinstance(config.get(key), str):
             check_data_file(config[key], (*roots, settings.data_dir), key)
@@ -272,8 +322,9 @@ def check_output_dir(
     config: Mapping[str, Any], settings: Settings, repo: Repository, job_id: int | None = None
 ) -> None:
     """`SpecError` when the ``output_dir`` of job ``job_id`` (None: a job not yet created) is
-    the data directory or holds it, lies among the jobs' default folders (``jobs/``), or is
-    inside an earlier job's output folder or holds one: a job starts by cleaning its folder
+    the data directory or holds it, lies in a folder the workbench writes itself
+    (`Settings.own_dirs`: the jobs' default folders, the embedded broker's, the uploads'), or
+    is inside an earlier job's output folder or holds one: a job starts by cleaning its folder
     (`workers.training.reconcile`), which would delete another job's checkpoints. The folder
     belongs to the first job that names it."""
     output = config.get("output_dir")
@@ -282,11 +333,9 @@ def check_output_dir(
     mine = Path(output).resolve()
     if settings.data_dir.resolve().is_relative_to(mine):
         raise SpecError(f"output_dir: {output} is the data directory or holds it")
-    if mine.is_relative_to(settings.jobs_dir.resolve()):
-        raise SpecError(
-            f"output_dir: {output} is inside {settings.jobs_dir}, the folders of the jobs "
-            "that name no output_dir"
-        )
+    for folder, what in settings.own_dirs.items():
+        if mine.is_relative_to(folder.resolve()):
+            raise SpecError(f"output_dir: {output} is inside {folder}, {what}")
     for other, folder in sorted(repo.output_dirs().items()):
         if job_id is not None and other >= job_id:
             continue

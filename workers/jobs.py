@@ -16,6 +16,7 @@ from workers.control import JobControl, Outcome, ProgressFn, Stop
 from workers.job_files import check_output_dir, check_paths
 from workers.settings import Settings
 from workers.specs import SpecError, check_sizes
+from workers.study_queue import job_ended
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,13 @@ def run_job(
         return Outcome(job.status.value, job.error)
     with heartbeat(repo, job_id, control.fence, settings.heartbeat_interval_s):
         outcome = _run(repo, job, settings, control, queued)
-    return finish(control, outcome)
+    outcome = finish(control, outcome)
+    if job.study_id is not None and outcome.stop is None:
+        try:
+            job_ended(repo, job_id)  # its trial told, the study's next jobs sent
+        except Exception:  # the job's own record is complete: its study waits for a resume
+            log.exception("job %s ended; its study was not advanced (rlwb study resume)", job_id)
+    return outcome
 
 
 def _runner(kind: JobKind) -> Callable[[Repository, JobInfo, Settings, JobControl], Outcome]:
@@ -124,6 +131,8 @@ def finish(control: JobControl, outcome: Outcome) -> Outcome:
             repo.mark_failed(job_id, outcome.error or "failed", fence=fence)
         elif outcome.status == JobStatus.STALLED:
             repo.mark_stalled(job_id, outcome.error or "stalled", fence=fence)
+        elif outcome.status == JobStatus.PRUNED:
+            repo.mark_pruned(job_id, outcome.error or "pruned", fence=fence)
         elif outcome.stop is Stop.SHUTDOWN:
             repo.release(job_id, fence)
     except StaleOwner:

@@ -20,6 +20,7 @@ REDIS_POLL_S = 0.2  # the longest a Redis BRPOP blocks before it is issued again
 INTERACTIVE_TASKS = ("workers.chat", "workers.audit", "workers.token_diff")
 TASK_FOR_KIND = {kind: f"workers.{kind}" for kind in ("train", "evaluate", "compare")}
 DAY_S = 24 * 3600
+UPLOADS_DIR = "datasets"  # the data directory's folder of uploaded prompt sets
 
 
 def worker_device() -> str:
@@ -38,6 +39,8 @@ class Settings:
     engine_cache_size: int
     heartbeat_timeout_s: float = 60.0
     engine_memory_bytes: int | None = None
+    study_max_jobs: int = 64
+    study_max_concurrency: int = 4
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -48,7 +51,9 @@ class Settings:
         worker, default 2), ``RLWB_ENGINE_MEMORY`` (bytes those engines share, weights and
         KV pools; default: on CUDA 90% of the device memory free when the first one loads,
         on CPU no shared limit), ``RLWB_HEARTBEAT_TIMEOUT`` (seconds without a heartbeat
-        before recovery re-queues a running job, default 60)."""
+        before recovery re-queues a running job, default 60), ``RLWB_STUDY_MAX_JOBS`` and
+        ``RLWB_STUDY_MAX_CONCURRENCY`` (the most jobs one study may plan, default 64, and
+        keep queued or running at once, default 4)."""
         env = os.environ
         memory = env.get("RLWB_ENGINE_MEMORY")
         return cls(
@@ -60,6 +65,8 @@ class Settings:
             engine_cache_size=int(env.get("RLWB_ENGINE_CACHE") or 2),
             heartbeat_timeout_s=float(env.get("RLWB_HEARTBEAT_TIMEOUT") or 60),
             engine_memory_bytes=int(memory) if memory else None,
+            study_max_jobs=int(env.get("RLWB_STUDY_MAX_JOBS") or 64),
+            study_max_concurrency=int(env.get("RLWB_STUDY_MAX_CONCURRENCY") or 4),
         )
 
     @property
@@ -85,3 +92,18 @@ class Settings:
     def jobs_dir(self) -> Path:
         """Where worker-run jobs keep their checkpoints (``jobs/<id>/``)."""
         return self.data_dir / "jobs"
+
+    @property
+    def uploads_dir(self) -> Path:
+        """Where the UI stores uploaded prompt sets."""
+        return self.data_dir / UPLOADS_DIR
+
+    @property
+    def own_dirs(self) -> dict[Path, str]:
+        """The data directory's folders the workbench writes itself -> what they hold: no
+        job's ``output_dir`` (`workers.job_files.check_output_dir`)."""
+        return {
+            self.jobs_dir: "the folders of the jobs that name no output_dir",
+            self.broker_dir: "the embedded broker's messages",
+            self.uploads_dir: "the uploaded prompt sets",
+        }

@@ -11,7 +11,7 @@ DEMO_MODEL = "demo"  # 3-digit addition (`core_engine.rl.demo_policy`)
 CALCULATOR_MODEL = "calculator-demo"  # word problems with the calculator tool
 SHIPPED_MODEL_NAMES = (DEMO_MODEL, CALCULATOR_MODEL)
 # What Launch fills in when a shipped policy is chosen: the task, environment and lengths it
-# was built for, and a run long enough to see it learn on a CPU (README, "The demo policies").
+# was built for, and a run long enough to see it learn on a CPU (docs/benchmarks.md).
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
     DEMO_MODEL: {"task": "addition", "environment": None, "steps": 600, "max_tokens": 6},
     CALCULATOR_MODEL: {

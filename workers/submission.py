@@ -10,6 +10,7 @@ from typing import Any
 
 from celery import Celery
 
+from core_engine.rl.objective.choices import trl_names_as_ours
 from db import JobInfo, JobKind, JobStatus
 from workers.job_files import (
     absolute_paths,
@@ -19,10 +20,12 @@ from workers.job_files import (
 )
 from workers.settings import Settings
 from workers.specs import (
+    SpecError,
     check_sizes,
     check_trackers_installed,
     validate,
 )
+from workers.study_queue import advance_study
 
 
 def celery_app() -> Celery:
@@ -42,12 +45,13 @@ def validate_job(kind: JobKind | str, config: dict[str, Any]) -> int | None:
 
 
 def submit_job(kind: JobKind | str, config: dict[str, Any]) -> JobInfo:
-    """Validate ``config`` (see `workers.specs`; raises `SpecError`), its relative paths made
-    absolute here (`absolute_paths`), store a queued job and send its task to the ``gpu``
-    queue."""
+    """Validate ``config`` (see `workers.specs`; raises `SpecError`), TRL's names for ours and
+    its relative paths made absolute here (`our_names`, `absolute_paths`), store a queued job
+    and send its task to the ``gpu`` queue."""
     from workers.app import repository
 
-    config = absolute_paths(config) if isinstance(config, dict) else config
+    if isinstance(config, dict):
+        config = absolute_paths(our_names(config) if JobKind(kind) is JobKind.TRAIN else config)
     total_steps = validate_job(kind, config)
     settings = Settings.from_env()
     check_paths(config, settings)
@@ -63,15 +67,18 @@ def cancel_job(job_id: int) -> JobInfo:
     next step (it ends ``cancelled`` with everything so far kept)."""
     from workers.app import repository
 
-    job = repository().request_cancel(job_id)
+    repo = repository()
+    job = repo.request_cancel(job_id)
     if job.status is JobStatus.CANCELLED and job.celery_task_id:
         celery_app().control.revoke(job.celery_task_id)
+    if job.status is JobStatus.CANCELLED and job.study_id is not None:
+        advance_study(celery_app(), repo, job.study_id)  # its slot is free
     return job
 
 
 def resume_job(job_id: int) -> JobInfo:
-    """Queue a failed, stalled or cancelled train job again: it continues from its newest checkpoint
-    at that version (`db.InvalidTransition` for any other job)."""
+    """Queue a failed, stalled, pruned or cancelled train job again: it continues from its
+    newest checkpoint at that version (`db.InvalidTransition` for any other job)."""
     from workers.app import repository
 
     repo = repository()
@@ -84,3 +91,13 @@ def _queued(repo: Any, job: JobInfo) -> JobInfo:
     from workers.app import enqueue
 
     return dataclasses.replace(job, celery_task_id=enqueue(celery_app(), repo, job))
+
+
+def our_names(config: dict[str, Any]) -> dict[str, Any]:
+    """A train job's config with TRL's names (`num_generations`, `beta`, ...) as ours, so the
+    stored job, its checks and Clone all read one spelling; `SpecError` for a TRL name with no
+    equal here."""
+    try:
+        return trl_names_as_ours(config)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None

@@ -3,6 +3,11 @@ TRL's GRPOTrainer names them, at step = version, written on this machine only: T
 event files and an MLflow store under the job's ``runs/`` directory, W&B in offline mode
 (``wandb sync`` uploads it later), trackio in ``TRACKIO_DIR`` (default ``RLWB_DATA_DIR/trackio``).
 
+A study's jobs are grouped (`tracked_run` with its name): their files are kept in the study's
+folder (``RLWB_DATA_DIR/studies/<name>/``): a TensorBoard run per job (``tensorboard/job-<id>``,
+so ``tensorboard --logdir`` on the folder overlays them), one MLflow store whose parent run is
+the study and each job a child run; W&B runs share the study as their group.
+
 Each backend is an optional extra (``pip install 'rl-workbench[tensorboard]'``), imported when a
 job opens it. A tracker that fails (not installed on this worker, disk full) is dropped with one
 warning: training goes on. Only committed versions are logged, so a resumed job appends.
@@ -45,6 +50,7 @@ TRL_NAMES = {
 # gets the bare names), e.g. ``train/reward``.
 TRAIN_PREFIX = "train/"
 EXPERIMENT = "rlwb"  # the MLflow experiment, W&B and trackio project
+PARENT_TAG = "mlflow.parentRunId"  # MLflow's nesting of a run under another
 
 
 def trl_metrics(metrics: PolicyMetrics) -> dict[str, float]:
@@ -74,12 +80,25 @@ class TrackedRun:
     uid: str  # the W&B run id: stable across resumes, its creation time tells installations apart
     params: Mapping[str, Any]  # the job's config: the run's parameters
     trackio_dir: Path  # TRACKIO_DIR unless the environment sets it
+    study: str | None = None  # the study grouping it (then ``directory`` is the study's)
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        """The job's own TensorBoard folder (a study's jobs: one each in the study's)."""
+        if self.study is None:
+            return self.directory / "tensorboard"
+        return self.directory / "tensorboard" / self.name
 
 
-def tracked_run(job: JobInfo, job_dir: Path, data_dir: Path) -> TrackedRun:
-    """Job ``job`` (files in ``job_dir``, its checkpoint directory) as the trackers see it."""
+def tracked_run(
+    job: JobInfo, job_dir: Path, data_dir: Path, study: str | None = None
+) -> TrackedRun:
+    """Job ``job`` (files in ``job_dir``, its checkpoint directory; with ``study``, the name
+    of its study, in the study's folder) as the trackers see it."""
     uid = f"rlwb-{job.id}-{job.created_at:%Y%m%d%H%M%S}"
-    return TrackedRun(job_dir / "runs", f"job-{job.id}", uid, job.config, data_dir / "trackio")
+    directory = job_dir / "runs" if study is None else data_dir / "studies" / study
+    trackio = data_dir / "trackio"
+    return TrackedRun(directory, f"job-{job.id}", uid, job.config, trackio, study)
 
 
 class Tracker(Protocol):
@@ -92,7 +111,7 @@ class TensorBoardTracker:
     def __init__(self, run: TrackedRun) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(run.directory / "tensorboard"))
+        self.writer = SummaryWriter(log_dir=str(run.tensorboard_dir))
         self.writer.add_text("args", json.dumps(run.params, indent=2))
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
@@ -105,8 +124,9 @@ class TensorBoardTracker:
 
 
 class MlflowTracker:
-    """An MLflow SQLite store (``runs/mlflow/mlflow.db``) holding the job's one run; MLflow 3
-    refuses its older file store unless told otherwise. ``mlflow ui --backend-store-uri
+    """An MLflow SQLite store (``runs/mlflow/mlflow.db``) holding the job's one run, or a
+    study's store holding the study's parent run and a child run per job; MLflow 3 refuses
+    its older file store unless told otherwise. ``mlflow ui --backend-store-uri
     sqlite:///PATH`` shows it."""
 
     def __init__(self, run: TrackedRun) -> None:
@@ -122,14 +142,31 @@ class MlflowTracker:
             experiment_id = self.client.create_experiment(EXPERIMENT, artifacts)
         else:
             experiment_id = experiment.experiment_id
-        earlier = self.client.search_runs([experiment_id], max_results=1)
+        own = f"tags.`mlflow.runName` = '{run.name}'"
+        earlier = self.client.search_runs([experiment_id], own, max_results=1)
         if earlier:  # a resumed job: the same run goes on
             self.run_id = earlier[0].info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
         else:
-            self.run_id = self.client.create_run(experiment_id, run_name=run.name).info.run_id
+            tags = {} if run.study is None else {PARENT_TAG: self._parent(experiment_id, root, run)}
+            made = self.client.create_run(experiment_id, run_name=run.name, tags=tags)
+            self.run_id = made.info.run_id
             params = [Param(k, str(v)) for k, v in run.params.items()]
             self.client.log_batch(self.run_id, params=params)
+
+    def _parent(self, experiment_id: str, root: Path, run: TrackedRun) -> str:
+        """The study's parent run, made by its first job (under a file lock: a study's jobs
+        may start together)."""
+        import fcntl
+
+        with open(root / "parent.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            found = self.client.search_runs(
+                [experiment_id], f"tags.`mlflow.runName` = '{run.study}'", max_results=1
+            )
+            if found:
+                return found[0].info.run_id
+            return self.client.create_run(experiment_id, run_name=run.study).info.run_id
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         from mlflow.entities import Metric
@@ -158,6 +195,7 @@ class WandbTracker:
             mode="offline",
             resume="allow",
             config=dict(run.params),
+            group=run.study,
             settings=wandb.Settings(console="off", silent=True),
         )
 

@@ -39,7 +39,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kv-strategy", choices=KV_STRATEGIES, default="paged")
     parser.add_argument("--max-batch-size", type=int, default=EngineConfig.max_batch_size)
     parser.add_argument("--max-seq-len", type=int, help="default: the model's context")
-    parser.add_argument("--kv-cache-bytes", type=int, help="KV budget (default: see README)")
+    parser.add_argument("--kv-cache-bytes", type=int, help="KV budget (docs/engine.md)")
     parser.add_argument(
         "--gpu-memory-utilization",
         type=float,

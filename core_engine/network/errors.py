@@ -88,6 +88,9 @@ def _validation_error(exc: RequestValidationError) -> APIError:
         return APIError(
             400, f"unsupported parameter {param!r}", "unsupported_parameter", param=param
         )
+    if kind == "invalid_text":  # names its parameter itself (a check of the whole body)
+        param = first["ctx"]["param"]
+        return APIError(400, f"request body: {first['msg']}", "invalid_text", param)
     if kind == "unsupported_parameter":
         return APIError(400, first["msg"], "unsupported_parameter", param=param)
     if kind == "missing":

@@ -63,6 +63,35 @@ def _unsupported(value: Any, info: ValidationInfo) -> Any:
     return value
 
 
+def _lone_surrogate(body: Any) -> str | None:
+    """The dotted path of the first string (value or key) in ``body`` holding a lone surrogate
+    (JSON's ``\\ud800`` escapes decode to one; it is no Unicode text), or None. Iterative:
+    the body's nesting is bounded only by its size."""
+    pending: list[tuple[str, Any]] = [("", body)]
+    while pending:
+        path, value = pending.pop()
+        if isinstance(value, str):
+            if not value.isascii() and _not_utf8(value):
+                return path
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                inner = f"{path}.{key}" if path else str(key)
+                if isinstance(key, str) and _not_utf8(key):
+                    return path or "a key"
+                pending.append((inner, item))
+        elif isinstance(value, list):
+            pending.extend((f"{path}.{i}" if path else str(i), v) for i, v in enumerate(value))
+    return None
+
+
+def _not_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -91,6 +120,18 @@ class GenerationRequest(BaseModel):
     logit_bias: Any = None
 
     _no_ops = field_validator("presence_penalty", "frequency_penalty", "logit_bias")(_unsupported)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode_text(cls, body: Any) -> Any:
+        if (path := _lone_surrogate(body)) is not None:
+            raise PydanticCustomError(
+                "invalid_text",
+                "{param} holds a lone surrogate (a \\ud800-\\udfff escape that is not half "
+                "of a pair), which is not Unicode text",
+                {"param": path},
+            )
+        return body
 
     @field_validator("stream_options")
     @classmethod

@@ -35,11 +35,12 @@ import transformers
 
 from core_engine.assets import CALCULATOR_POLICY
 from core_engine.model import CausalLM
-from core_engine.prompts import encode_prompt, render_prompt, turn_bridge
+from core_engine.prompts import encode_prompt, render_prompt
 from core_engine.rl.data.word_problems import word_problem, word_problem_records
 from core_engine.rl.demo_policy import HELDOUT_SEED
 from core_engine.rl.episodes.env_sandbox import EnvironmentSession
 from core_engine.rl.episodes.environments import Calculator
+from core_engine.rl.episodes.observations import observation_ids
 from core_engine.rl.episodes.runner import EpisodeLimits
 from core_engine.rl.rewards import exact_match
 from core_engine.rl.trainer.evaluate import EvalResult, evaluate
@@ -162,7 +163,7 @@ def problem_stream(seed: int, exclude: set[str]) -> Iterator[dict[str, str]]:
 
 def heldout_records(count: int = 200) -> list[dict[str, str]]:
     """The held-out problems (seed `HELDOUT_SEED`, the one the worker draws a built-in task's
-    held-out prompts from) that the warm-up stops on and the README scores."""
+    held-out prompts from) that the warm-up stops on and docs/benchmarks.md scores."""
     return word_problem_records(count, HELDOUT_SEED)
 
 
@@ -223,8 +224,7 @@ def training_example(
             [turn] = group  # each turn is answered before the next
             part = [*encode_prompt(tokenizer, turn["content"]), tokenizer.eos_token_id]
         else:
-            end, bridge = turn_bridge(tokenizer, opening, list(group), tools)
-            part = encode_prompt(tokenizer, end.removeprefix(TURN_END) + bridge)
+            part = observation_ids(tokenizer, opening, list(group), tools, tokenizer.eos_token_id)
         ids += part
         mask += [int(assistant)] * len(part)
     return ids, mask

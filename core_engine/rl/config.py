@@ -10,6 +10,8 @@ from typing import Any
 
 from core_engine.lora_settings import LoraSettings
 from core_engine.rl.limits import TRAINER_FIELDS, field_problems
+from core_engine.rl.objective.choices import objective_problems, trl_names_as_ours
+from core_engine.rl.presets import apply_preset, preset_problems
 from core_engine.rl.rewards.mix import RewardSpec, parse_rewards
 from core_engine.task import KV_STRATEGIES, SamplingParams
 from core_engine.user_files import MAX_TEXT_BYTES, read_text
@@ -69,28 +71,65 @@ def torch_device_type(device: str) -> str:
 
 @dataclass(frozen=True)
 class GRPOConfig:
-    model: str  # local Hugging Face checkpoint directory
-    output_dir: str
+    # a Hugging Face checkpoint directory (worker-run jobs also take a shipped policy's name,
+    # "demo" or "calculator-demo", or a Hub id)
+    model: str
+    output_dir: str  # checkpoints, one directory per version (worker-run jobs: optional)
     task: str | None = None  # a built-in task name ...
-    data: str | None = None  # ... or a JSONL file of records
+    data: str | None = None  # ... or a data file of records (JSONL, JSON, CSV, Parquet, a dataset)
     # a reward spec or a list of {name, weight} tables (`core_engine.rl.rewards.mix`);
     # default: the task's reward, else exact_match
     reward: RewardSpec | None = None
-    steps: int = 50
+    steps: int = 50  # optimizer steps (versions) the job trains
     batch_size: int = 16  # prompts per rollout batch
-    group_size: int = 8
-    lr: float | None = None  # default: `mode_defaults` (3e-4, or 3e-3 with `lora`)
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: int = 16
-    clip_eps: float = 0.2
-    kl_coef: float = 0.0
-    drop_zero_variance_groups: bool = True
+    group_size: int = 8  # samples per prompt (the GRPO group)
+    # default: `mode_defaults` (3e-4; with `lora` 3e-3, or 1e-3 below 100M parameters)
+    lr: float | None = None
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay
+    max_grad_norm: float = 1.0  # gradients clipped to this global norm
+    temperature: float = 1.0  # sampling temperature (0: greedy)
+    top_p: float = 1.0  # nucleus sampling
+    max_tokens: int = 16  # response tokens per sample (per turn in an episode)
+    clip_eps: float = 0.2  # PPO's clip range of the ratio (its lower side: TRL's epsilon)
+    kl_coef: float = 0.0  # weight of the KL penalty to the starting policy (0: no reference)
+    # The objective (`core_engine.rl.objective`, whose docstring says how they compose): the
+    # aggregation (TRL's loss_type names; "dapo": token mean over the step), the surrogate,
+    # the ratio's level (token, sequence: GSPO, sequence_token: GSPO-token), the upper clip
+    # (None: clip_eps; DAPO's clip-higher; CISPO's absolute cap of the weight, TRL's
+    # epsilon_high), verl's dual clip (None: off) and TRL's two-sided bound `delta` (None:
+    # off), SAPO's gate temperatures.
+    loss_type: str = "dapo"
+    policy_loss: str = "ppo_clip"
+    importance_sampling_level: str = "token"
+    clip_eps_high: float | None = None
+    clip_ratio_c: float | None = None
+    delta: float | None = None
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    # The advantage estimator; for "grpo", TRL's `scale_rewards` and the std it divides by
+    # ("population": today's; "unbiased": TRL's and verl's torch.std).
+    advantage: str = "grpo"
+    scale_rewards: str = "group"
+    advantage_std: str = "population"
+    # DAPO's length rule and the entropy terms (TRL's names): truncated completions out of the
+    # loss; an entropy bonus; only the top quantile of tokens by entropy in the policy term.
+    mask_truncated_completions: bool = False
+    entropy_coef: float = 0.0
+    top_entropy_quantile: float = 1.0
+    # The learning rate over the steps (transformers' schedulers; TRL's names).
+    lr_scheduler_type: str = "constant"
+    warmup_ratio: float = 0.0
+    drop_zero_variance_groups: bool = True  # groups whose rewards all agree are not trained
+    # DAPO's dynamic sampling (`core_engine.rl.rollout.dynamic`): draw further batches of
+    # prompts until `batch_size` groups have mixed rewards, at most `max_sampling_draws` draws
+    # per step (then the step is rejected, saying so); every drawn group is stored.
+    dynamic_sampling: bool = False
+    max_sampling_draws: int = 10
     reject_scope: str = "batch"  # "batch" or "group"
+    # more failed batches in a row than this fail the job; more without reward variance end
+    # it stalled
     max_consecutive_rejections: int = 5
-    max_policy_lag: int = 0
+    max_policy_lag: int = 0  # versions a trained token may lag the trainer (0: on-policy)
     pipeline: str = "sync"  # one of PIPELINE_MODES; the others need max_policy_lag >= 1
     updates_per_batch: int = 1  # optimizer steps per batch of prompts (rollout reuse)
     checkpoint_every: int = 0  # 0: only the last version
@@ -98,10 +137,10 @@ class GRPOConfig:
     # newest only
     keep_last: int | None = None
     keep_every: int = 25  # ... plus every version that is a multiple of this (0: none)
-    kv_strategy: str = "paged"
-    engine_batch_size: int = 128
-    seed: int = 0
-    resume: bool = True
+    kv_strategy: str = "paged"  # the KV pool's layout: one of KV_STRATEGIES
+    engine_batch_size: int = 128  # requests the engine runs at once (more run in waves)
+    seed: int = 0  # seeds the prompts' order and the sampling
+    resume: bool = True  # continue from the newest checkpoint in output_dir
     device: str = "cpu"  # trainer and engine
     # ranks the job runs as, one per device of `device`'s type (`core_engine.rl.ranks`)
     devices: int = 1
@@ -118,11 +157,11 @@ class GRPOConfig:
     # an older version sampled and, with `correct_on_policy` (None: when the engine computes
     # in a lower precision than the trainer), on every token.
     importance_mode: str = "truncate"
-    importance_cap: float = 2.0
-    correct_on_policy: bool | None = None
+    importance_cap: float = 2.0  # the cap of the importance weight (see importance_mode)
+    correct_on_policy: bool | None = None  # see importance_mode
     max_tokens_per_micro_batch: int = 8192  # prompt + response tokens per training forward
     logit_chunk_rows: int = 256  # rows x vocabulary the log-softmax holds at once
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute each layer in the backward
     optimizer_state_dtype: str = "float32"  # AdamW's moments: float32 or bfloat16 (half)
     release_kv_during_training: bool = True  # the engine's KV memory is freed while training
     kv_cache_bytes: int | None = None  # the engine's KV budget (default: the engine's)
@@ -134,8 +173,11 @@ class GRPOConfig:
     # reward scores the episodes; `max_tokens` is then per turn), at most `max_turns` assistant
     # turns and `max_episode_tokens` tokens (prompt, turns and observations) per episode.
     environment: str | None = None
-    max_turns: int = 4
-    max_episode_tokens: int = 512
+    max_turns: int = 4  # assistant turns per episode
+    max_episode_tokens: int = 512  # tokens per episode: prompt, turns and observations
+    # a published variant's settings (`core_engine.rl.presets`), beneath the job's own: applied
+    # by `from_dict` (job files, the worker), kept to name the job's algorithm
+    preset: str | None = None
 
     def __post_init__(self) -> None:
         problems = self._resolve_lora()
@@ -154,6 +196,13 @@ class GRPOConfig:
             problems.append(f"kv_strategy must be one of {', '.join(KV_STRATEGIES)}")
         problems.extend(self._pipeline_problems(numbers))
         problems.extend(self._devices_problems(numbers))
+        if self.dynamic_sampling is True:  # several batches drawn for a step, on demand
+            needs = {
+                "pipeline = 'sync'": self.pipeline == "sync",
+                "devices = 1": self.devices == 1,
+                "updates_per_batch = 1": self.updates_per_batch == 1,
+            }
+            problems.extend(f"dynamic_sampling needs {n}" for n, met in needs.items() if not met)
         if self.reject_scope not in ("batch", "group"):
             problems.append("reject_scope must be 'batch' or 'group'")
         if self.optimizer_state_dtype not in OPTIMIZER_STATE_DTYPES:
@@ -164,6 +213,7 @@ class GRPOConfig:
             problems.append(f"importance_mode must be one of {', '.join(IMPORTANCE_MODES)}")
         if self.correct_on_policy not in (None, True, False):
             problems.append("correct_on_policy must be true, false or absent (automatic)")
+        problems.extend(objective_problems(self, bool(numbers)))
         if self.engine_dtype not in ENGINE_DTYPES:
             problems.append(f"engine_dtype must be one of {sorted(ENGINE_DTYPES)}")
         if not numbers and self.max_tokens >= self.max_tokens_per_micro_batch:
@@ -184,6 +234,7 @@ class GRPOConfig:
                 parse_rewards(self.reward, None if numbers else self.max_tokens)
             except ValueError as exc:
                 problems.append(str(exc))
+        problems.extend(preset_problems(self.preset))
         if problems:
             raise ValueError("invalid training config: " + "; ".join(problems))
 
@@ -231,6 +282,11 @@ class GRPOConfig:
             problems.append(f"pipeline {self.pipeline!r} needs LoRA dropout 0")
         return problems
 
+    @property
+    def clip_high(self) -> float:
+        """The upper clip: `clip_eps_high`, else `clip_eps` (symmetric)."""
+        return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
+
     def _devices_problems(self, numbers: list[str]) -> list[str]:
         """What `devices` > 1 (`core_engine.rl.ranks`) needs: a GRPO group per rank at least,
         one device type (each rank takes its own device), and one update per batch."""
@@ -265,7 +321,7 @@ class GRPOConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GRPOConfig:
-        values = _renamed(values)
+        values = apply_preset(trl_names_as_ours(_renamed(values)))
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:

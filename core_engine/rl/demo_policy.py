@@ -11,8 +11,8 @@ Seeds differ in when the accuracy jumps, and that decides whether GRPO can take 
 lr 3e-4, 16 x 8): warm-ups that reached 18% within 340-500 steps gave policies GRPO lifted by
 20-35 points in 1-2 minutes; those that needed 530 steps or more gave policies it left flat or
 made worse (the same with a lower lr, lr warm-up, a per-digit reward, temperature 1.3). When
-the jump comes also depends on the CPU's rounding (the warm-up is chaotic; README), so seeds
-are tried in the order `DEMO_SEEDS`, and one that has not reached the target within
+the jump comes also depends on the CPU's rounding (the warm-up is chaotic; docs/benchmarks.md),
+so seeds are tried in the order `DEMO_SEEDS`, and one that has not reached the target within
 `WarmupSettings.seed_patience` steps gives way to the next, within the overall step budget.
 
 Because of that, the policy is built once and shipped in the repository (`SHIPPED_POLICY`,
@@ -63,8 +63,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=6)
 TARGET_ACCURACY = 0.18
 MAX_WARMUP_STEPS = 3000  # the budget when the target is not reached first
 # The order seeds are tried in: first those whose warm-ups GRPO took over from on both machines
-# measured (README: seed 2 reached 18% in 440 and 500 steps; 6 in 380 on one, 0 in 340 on the
-# other), then the rest. Which seed is fast depends on the CPU's rounding, not only the seed.
+# measured (docs/benchmarks.md: seed 2 reached 18% in 440 and 500 steps; 6 in 380 on one, 0 in 340
+# on the other), then the rest. Which seed is fast depends on the CPU's rounding, not only the seed.
 DEMO_SEEDS = (2, 6, 0, 1, 3, 4, 5, 7, 8, 9)
 
 

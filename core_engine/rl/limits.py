@@ -79,7 +79,18 @@ TRAINER_FIELDS: dict[str, Field] = {
     "max_tokens": whole(1, 2**20),
     "clip_eps": real(0, 10.0, above_low=True),
     "kl_coef": real(0, 1e3),
+    "clip_eps_high": real(0, 100.0, above_low=True, optional=True),
+    "clip_ratio_c": real(0, 1e6, above_low=True, optional=True),
+    "delta": real(0, 1e6, above_low=True, optional=True),
+    "sapo_temperature_pos": real(0, 1e3, above_low=True),
+    "sapo_temperature_neg": real(0, 1e3, above_low=True),
+    "mask_truncated_completions": FLAG,
+    "entropy_coef": real(0, 10.0),
+    "top_entropy_quantile": real(0, 1.0),
+    "warmup_ratio": real(0, 1.0),
     "drop_zero_variance_groups": FLAG,
+    "dynamic_sampling": FLAG,
+    "max_sampling_draws": whole(1, 1000),
     "max_consecutive_rejections": whole(1, 10**6),
     "max_policy_lag": whole(0, 10**6),
     "max_turns": whole(1, 256),
@@ -107,6 +118,9 @@ TRAINER_FIELDS: dict[str, Field] = {
 REWARD_TERM_FIELDS: dict[str, Field] = {
     "weight": real(-100.0, 100.0),
     "threshold": whole(0, 2**20),
+    "max_length": whole(1, 2**20),
+    "cache_length": whole(1, 2**20),
+    "batch_size": whole(1, 4096),
 }
 
 

@@ -12,6 +12,7 @@ from db.repository.metrics import MetricsMixin
 from db.repository.ownership import OwnershipMixin
 from db.repository.samples import SamplesMixin
 from db.repository.steps import StepsMixin
+from db.repository.studies import StudiesMixin
 from db.repository.versions import VersionsMixin
 from db.session import make_engine
 
@@ -24,8 +25,9 @@ class Repository(
     StepsMixin,
     SamplesMixin,
     MetricsMixin,
+    StudiesMixin,
 ):
-    """Storage for jobs, policy versions, rollout batches and samples over one engine."""
+    """Storage for studies, jobs, policy versions, rollout batches and samples over one engine."""
 
     @classmethod
     def from_url(cls, url: str | URL | None = None) -> "Repository":

@@ -78,8 +78,22 @@ def check_non_negative(value: int, field: str) -> None:
 
 
 def check_json(value: Any, field: str) -> None:
-    """JSON columns take plain JSON only (no NaN: PostgreSQL rejects it)."""
+    """JSON columns take plain JSON only (no NaN or infinity: PostgreSQL rejects them; no
+    lone surrogate: not UTF-8)."""
     try:
-        json.dumps(value, allow_nan=False)
+        json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise InvalidValue(f"{field}: not storable as JSON: {exc}") from None
+
+
+def check_text(value: str | None, field: str) -> None:
+    """Text is stored the same on every backend: no NUL character (PostgreSQL cannot hold
+    one) and no lone surrogate (not UTF-8)."""
+    if value is None:
+        return
+    if "\x00" in value:
+        raise InvalidValue(f"{field}: contains a NUL character, which cannot be stored")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidValue(f"{field}: contains a lone surrogate (at {exc.start})") from None

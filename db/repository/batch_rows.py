@@ -10,7 +10,7 @@ from db.arrays import encode_float32, encode_int32
 from db.enums import BatchStatus, EpisodeFinish, FinishReason, coerce
 from db.errors import InvalidValue
 from db.records import BatchRecord, SampleRecord
-from db.repository.base import check_finite, check_json, check_non_negative
+from db.repository.base import check_finite, check_json, check_non_negative, check_text
 
 
 @dataclass(frozen=True)
@@ -47,18 +47,22 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# An episode's record: the numbers of `core_engine.rl.episodes.record`, the contract the
+# episode runner keeps (db imports no core_engine; tests/db/test_episode_store_contract.py
+# checks that they agree).
 MAX_SEGMENTS = 1024
 MAX_SEGMENT_TEXT = 65_536
 
 
 def _segments(sample: SampleRecord, where: str) -> list[dict[str, Any]] | None:
-    """The episode's checked segments: in order, covering the response exactly."""
+    """The episode's checked segments: in order, covering the response exactly (none for an
+    episode that ended before its first turn), plain JSON."""
     if sample.segments is None:
         return None
     field = f"{where}.segments"
     parts = [dict(part) for part in sample.segments]
-    if not parts or len(parts) > MAX_SEGMENTS:
-        raise InvalidValue(f"{field}: expected 1..{MAX_SEGMENTS} segments")
+    if len(parts) > MAX_SEGMENTS:
+        raise InvalidValue(f"{field}: expected at most {MAX_SEGMENTS} segments")
     end = 0
     for i, part in enumerate(parts):
         role, start, stop = part.get("role"), part.get("start"), part.get("end")
@@ -66,13 +70,16 @@ def _segments(sample: SampleRecord, where: str) -> list[dict[str, Any]] | None:
             raise InvalidValue(f"{field}[{i}]: needs a role and whole-number start and end")
         if start != end or stop < start:
             raise InvalidValue(f"{field}[{i}]: starts at {start}, the previous ended at {end}")
-        if len(str(part.get("text", ""))) > MAX_SEGMENT_TEXT:
+        text = str(part.get("text", ""))
+        if len(text) > MAX_SEGMENT_TEXT:
             raise InvalidValue(f"{field}[{i}]: text over {MAX_SEGMENT_TEXT} characters")
+        check_text(text, f"{field}[{i}].text")
         end = stop
     if end != len(sample.response_token_ids):
         raise InvalidValue(
             f"{field}: cover {end} tokens for {len(sample.response_token_ids)} response tokens"
         )
+    check_json(parts, field)
     return parts
 
 
@@ -153,6 +160,9 @@ def _sample_row(sample: SampleRecord, batch: BatchRecord, where: str) -> dict[st
     for name in ("prompt_text", "response_text"):
         if not isinstance(getattr(sample, name), str):
             raise InvalidValue(f"{where}.{name}: expected a string")
+    if sample.segments is not None:  # an episode's record (its contract: `_segments`)
+        for name in ("prompt_text", "response_text"):
+            check_text(getattr(sample, name), f"{where}.{name}")
     if finish.is_failure != (sample.error_code is not None):
         need = "requires" if finish.is_failure else "must not have"
         raise InvalidValue(f"{where}: finish_reason {finish.value!r} {need} an error_code")

@@ -25,10 +25,11 @@ _ENTERED_FROM: dict[JobStatus, tuple[JobStatus, ...]] = {
     JobStatus.SUCCEEDED: (JobStatus.RUNNING, JobStatus.CANCELLING),
     JobStatus.FAILED: (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING),
     JobStatus.STALLED: (JobStatus.RUNNING, JobStatus.CANCELLING),
+    JobStatus.PRUNED: (JobStatus.RUNNING, JobStatus.CANCELLING),
     JobStatus.CANCELLED: (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING),
 }
 # What `Repository.reopen` may queue again (a train job continues from its newest version).
-_RESUMABLE = (JobStatus.FAILED, JobStatus.STALLED, JobStatus.CANCELLED)
+_RESUMABLE = (JobStatus.FAILED, JobStatus.STALLED, JobStatus.CANCELLED, JobStatus.PRUNED)
 
 
 def job_info(job: Job) -> JobInfo:
@@ -52,6 +53,9 @@ def job_info(job: Job) -> JobInfo:
         heartbeat_at=job.heartbeat_at,
         phase=job.phase,
         base_checksum=job.base_checksum,
+        study_id=job.study_id,
+        study_point=job.study_point,
+        study_trial=job.study_trial,
     )
 
 
@@ -216,6 +220,11 @@ class JobsMixin(RepositoryBase):
         the ``reason`` shown as its error."""
         return self._finish(job_id, JobStatus.STALLED, reason, fence)
 
+    def mark_pruned(self, job_id: int, reason: str, *, fence: int | None = None) -> JobInfo:
+        """End a study's job that its pruner stopped at a step boundary (everything so far
+        kept; resumable), with the ``reason`` shown as its error."""
+        return self._finish(job_id, JobStatus.PRUNED, reason, fence)
+
     def mark_cancelled(
         self, job_id: int, error: str | None = None, *, fence: int | None = None
     ) -> JobInfo:
@@ -232,7 +241,7 @@ class JobsMixin(RepositoryBase):
             return job_info(job)
 
     def reopen(self, job_id: int) -> JobInfo:
-        """Queue a failed, stalled or cancelled train job again, to continue from its newest
+        """Queue a failed, stalled, pruned or cancelled train job again, to continue from its newest
         version: a fresh count of attempts, no error, no cancel request (`InvalidTransition`
         for any other job)."""
         with self._write() as session:

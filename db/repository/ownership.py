@@ -95,19 +95,25 @@ class OwnershipMixin(RepositoryBase):
             session.flush()
             return job_info(job)
 
-    def discard_unversioned(self, job_id: int, version: int, fence: int | None = None) -> int:
-        """Delete the rejected batches stored at ``version`` or later (and their samples):
-        what an interrupted attempt recorded after the checkpoint the job resumes from. The
-        retried steps store them again, so a retry replaces, never adds. Returns how many."""
+    def discard_unversioned(
+        self, job_id: int, version: int, fence: int | None = None, keep: int = 0
+    ) -> int:
+        """Delete the rejected batches stored at ``version`` or later (and their samples) but
+        the ``keep`` first: what an interrupted attempt recorded after the checkpoint the job
+        resumes from (which counts the batches it kept). The retried steps store them again,
+        so a retry replaces, never adds. Returns how many were deleted."""
         with self._write() as session:
             job = lock_job(session, job_id, fence)
             ids = list(
                 session.scalars(
-                    select(RolloutBatch.id).where(
+                    select(RolloutBatch.id)
+                    .where(
                         RolloutBatch.job_id == job.id,
                         RolloutBatch.policy_version >= version,
                         RolloutBatch.status == BatchStatus.REJECTED,
                     )
+                    .order_by(RolloutBatch.id)
+                    .offset(keep)
                 )
             )
             if ids:

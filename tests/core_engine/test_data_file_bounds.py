@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from core_engine.rl.data import MAX_RECORDS, DataError, count_jsonl, files
-from core_engine.rl.data.files import load_records
+from core_engine.rl.data import MAX_RECORDS, DataError, files
+from core_engine.rl.data.files import load_records, record_count
 from core_engine.rl.rewards import resolve_reward, score
 
 MIB = 2**20
@@ -137,6 +137,33 @@ def test_a_jsonl_file_of_more_rows_than_a_prompt_set_holds_is_refused(tmp_path):
     with pytest.raises(DataError, match=limit):
         load_records(many)
     with pytest.raises(DataError, match=limit):
-        count_jsonl(many)
+        record_count(many)
     many.write_text('{"instruction":"q","output":"1"}\n' * MAX_RECORDS)
     assert len(load_records(many)) == MAX_RECORDS
+
+
+def list_of_empty_objects(path: Path, size: int) -> Path:
+    """A JSONL file of one line, ``size`` bytes of ``[{},{},...]``: ~24 bytes of Python objects
+    for each 3 bytes of the line (issue 45: 64 MiB took its reader to 1.8 GB)."""
+    path.write_text("[" + "{}," * (size // 3) + "{}]\n")
+    return path
+
+
+# Issue 45, item 1: JSONL is parsed in the reading child too, never by the caller.
+def test_a_jsonl_line_decoding_to_hundreds_of_mib_costs_its_caller_nothing(tmp_path):
+    bomb = list_of_empty_objects(tmp_path / "bomb.jsonl", 16 * MIB)  # ~400 MiB decoded
+    message, peak_kib = _read_in_a_fresh_process(bomb)
+    assert message == f"malformed records:\n{bomb}:1: expected an object, got list"
+    assert peak_kib < 128 * 1024  # parsing it here took ~450 MiB
+
+
+def test_a_jsonl_line_needing_more_memory_than_the_reader_has_is_refused_by_its_line(
+    tmp_path, monkeypatch
+):
+    bomb = tmp_path / "bomb.jsonl"
+    bomb.write_text('{"instruction": "q"}\n' + list_of_empty_objects(bomb, 16 * MIB).read_text())
+    monkeypatch.setattr(files, "PARSE_MEMORY_BYTES", 256 * MIB)
+    for read in (files.load_records, files.record_count):
+        with pytest.raises(DataError) as refused:
+            read(bomb)
+        assert str(refused.value) == f"{bomb}:2: parsing it needed more than 256 MiB of memory"

@@ -1,5 +1,5 @@
 """The footprint rule over N devices: FSDP2 divides the full-weight trainer state by N and
-gathers one decoder layer at a time; LoRA replicates its base; the README shows the table."""
+gathers one decoder layer at a time; LoRA replicates its base; docs/sizing.md shows the table."""
 
 from pathlib import Path
 
@@ -27,12 +27,12 @@ from core_engine.rl.footprint.table import (
     table_rows,
 )
 from core_engine.rl.ranks import RankInfo
-from core_engine.rl.trainer import grpo
+from core_engine.rl.trainer import grpo, parts
 from core_engine.toy import save_tiny_checkpoint, tiny_config
 
 CUDA = torch.device("cuda")
 JOB = dict(model="m", output_dir="o", task="addition", device="cuda")
-README = Path(__file__).resolve().parents[2] / "README.md"
+SIZING_PAGE = Path(__file__).resolve().parents[2] / "docs" / "sizing.md"
 SEVEN_B = 7_615_616_512  # Qwen2.5-7B's published count
 EIGHT_B = 8_030_261_248  # Llama-3.1-8B's published count
 
@@ -47,17 +47,19 @@ def layer_parameters_from_shape(name: str, biases: bool) -> int:
 
 
 @pytest.mark.parametrize("devices", [2, 4, 8])
-def test_fsdp2_divides_weights_gradients_moments_and_reference_by_n(devices):
+def test_fsdp2_divides_weights_gradients_and_moments_by_n_but_not_the_reference(devices):
+    """Each rank loads the KL reference whole (`kl_reference`), so the floor counts it whole."""
     config = shape_config("Qwen2.5-7B")
     job = GRPOConfig(**JOB, kl_coef=0.1)
     one = training_footprint(job, config, CUDA)
     many = training_footprint(job, config, CUDA, devices)
     assert one.trainer_bytes == 16 * SEVEN_B and one.reference_bytes == 4 * SEVEN_B
     assert many.trainer_bytes * devices == one.trainer_bytes  # to the byte
-    assert many.reference_bytes * devices == one.reference_bytes
+    assert many.reference_bytes == one.reference_bytes == 4 * SEVEN_B
     assert many.engine_copy_bytes == one.engine_copy_bytes == 2 * SEVEN_B  # each rank's engine
     assert many.parameters == SEVEN_B and many.devices == devices
-    assert many.total_bytes == (16 + 4) * SEVEN_B // devices + 2 * SEVEN_B + many.gathered_bytes
+    whole = (4 + 2) * SEVEN_B  # the reference and the engine's bf16 copy
+    assert many.total_bytes == 16 * SEVEN_B // devices + whole + many.gathered_bytes
     assert f"(1/{devices} shard)" in many.describe()
     assert f"per device over {devices}" in many.describe()
 
@@ -113,7 +115,7 @@ def test_the_trainer_checks_the_room_each_of_its_ranks_needs(monkeypatch, tmp_pa
         checked.append(devices)
         raise InsufficientMemoryError("stop here")
 
-    monkeypatch.setattr(grpo, "check_room_for", refuse)
+    monkeypatch.setattr(parts, "check_room_for", refuse)
     job = GRPOConfig(model=checkpoint, output_dir=str(tmp_path / "o"), task="always7", devices=8)
     info = RankInfo(rank=0, world_size=8, local_rank=0, device=torch.device("cpu"))
     with pytest.raises(InsufficientMemoryError, match="stop here"):
@@ -148,12 +150,12 @@ def test_a_job_refused_on_one_device_fits_on_eight():
         training_footprint(job, config, CUDA, 0)
 
 
-def test_the_readme_shows_both_tables_as_the_module_prints_them():
+def test_the_sizing_page_shows_both_tables_as_the_module_prints_them():
     rows = devices_rows()
     assert [row.devices for row in rows] == list(DEVICE_COUNTS) == [1, 2, 4, 8]
     table = devices_table(rows)
     assert table.count("\n") == 1 + len(DEVICE_COUNTS)
     assert "| 1 | 127.7 GiB (113.5 + 14.2 + 0.00) | 14.8 GiB |" in table
-    readme = README.read_text()
-    assert markdown_table(table_rows()) in readme
-    assert table in readme
+    page = SIZING_PAGE.read_text()
+    assert markdown_table(table_rows()) in page
+    assert table in page

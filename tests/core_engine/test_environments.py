@@ -362,7 +362,9 @@ def test_exceptions_are_errors_of_their_episode(scripted):
         ("number_content", "message 0 content must be a string"),
         ("extra_field", "message 0 must be a dict of 'role' and 'content' only"),
         ("too_many", "65 messages, more than 64"),
-        ("too_big", r"the reply is \d+ bytes, more than the 1048576 allowed"),
+        ("too_big", "the observation is 2097152 characters, more than the 65536"),
+        ("nul", "the observation's message 0 contains a NUL character"),
+        ("surrogate", "the observation's message 0 contains a lone surrogate"),
     ],
 )
 def test_a_result_breaking_the_contract_is_an_env_error(scripted, action, why):

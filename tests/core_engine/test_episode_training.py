@@ -130,3 +130,14 @@ def test_held_out_evaluation_of_an_environment_job_runs_greedy_episodes(checkpoi
         assert sum(p["role"] == "assistant" for p in parts) == 3
         assert reward == sum(p.get("reward") or 0.0 for p in parts)
     assert result.mean_reward == sum(result.rewards) / 3
+
+
+def test_a_finished_run_ends_its_environment_session(checkpoint, tmp_path):
+    """Issue 45: the run's environment child (and every process of its group) ends with it."""
+    from .test_environment_processes import all_gone
+
+    trainer = make_trainer(checkpoint, tmp_path, steps=1, **EPISODES)
+    session = trainer.runner.generator.session
+    child = session.process_group
+    trainer.train()
+    assert session.process_group is None and all_gone([child])

@@ -15,6 +15,8 @@ from core_engine.engine import load_engine
 from core_engine.prompts import encode_prompt, render_prompt
 from core_engine.rl.episodes.runner import EpisodeGenerator, EpisodeLimits
 from core_engine.rl.objective.update import TrainSample, UpdateSettings, accumulate_gradients
+from core_engine.rl.ranks.group import RankInfo
+from core_engine.rl.ranks.rollouts import seeded_share
 from core_engine.scheduler import EngineConfig
 from core_engine.task import SamplingParams, expand_runs
 from core_engine.toy import save_tiny_checkpoint
@@ -201,3 +203,25 @@ def test_observation_tokens_get_no_gradient(policy):
     theirs = dict(hf.named_parameters())
     for name, grad in ours.items():
         assert torch.allclose(grad, theirs[name].grad, atol=1e-5), name
+
+
+def test_a_share_of_the_batch_draws_the_whole_batchs_episodes(policy):
+    """The one seed rule (`rollout.seeds.sample_seed`): a rank generating the second prompt's
+    group alone, seeded as ranks seed their share, samples every turn of those episodes as the
+    whole batch does (an environment job on two ranks draws what one process draws)."""
+    _, engine = policy
+    params = SamplingParams(temperature=1.0, max_tokens=6)
+    info = RankInfo(rank=1, world_size=2, local_rank=1, device=torch.device("cpu"))
+
+    def generate(batch, seed):
+        generator = EpisodeGenerator(
+            engine, params, 2, engine.tokenizer, CountingEnvironment(), EpisodeLimits(4, 200)
+        )
+        return generator.generate(batch, seed)
+
+    batch = {"instruction": ["", ""], "input": ["2+3=?", "7*1=?"]}
+    whole = generate(batch, 5)
+    share, share_seed = seeded_share(batch, 5, info, 2)
+    alone = generate(share, share_seed)
+    assert alone.response_ids == whole.response_ids[2:] and alone.seeds == whole.seeds[2:]
+    assert all(len(ids) > 6 for ids in alone.response_ids)  # several turns each

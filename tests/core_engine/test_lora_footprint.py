@@ -1,5 +1,5 @@
 """The footprint rule knows LoRA jobs: the frozen base once, in the engine's dtype, plus the
-adapter's fp32 weights, gradients and AdamW moments; the README's table comes from it."""
+adapter's fp32 weights, gradients and AdamW moments; docs/sizing.md's table comes from it."""
 
 import torch
 import transformers
@@ -35,7 +35,7 @@ def test_a_lora_floor_is_the_base_once_plus_16_bytes_per_adapter_parameter():
     assert training_footprint(half, config, torch.device("cpu")).trainer_bytes == 12 * adapter
 
 
-def test_the_readme_table_puts_a_7b_lora_job_under_20_gib():
+def test_the_sizing_table_puts_a_7b_lora_job_under_20_gib():
     rows = {row.name: row for row in table_rows()}
     seven = rows["Qwen2.5-7B"]
     assert seven.lora.total_bytes < 20 * GIB < seven.full.total_bytes

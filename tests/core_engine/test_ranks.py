@@ -30,7 +30,7 @@ from torch.distributed.tensor import DTensor
 from core_engine.adapters import add_adapter, base_view
 from core_engine.lora_settings import LoraSettings
 from core_engine.model import CausalLM, load_model
-from core_engine.rl.objective.loss import group_advantages
+from core_engine.rl.objective.advantages import advantages as estimate
 from core_engine.rl.objective.update import TrainSample, UpdateSettings, accumulate_gradients
 from core_engine.rl.ranks import (
     RankSetupError,
@@ -74,7 +74,7 @@ def _batch(vocab: int) -> list[TrainSample]:
     response and a lagged token (importance correction), behaviour log-probs off the policy's
     so that some ratios leave the clip range."""
     rewards = torch.tensor([[1.0, 0.0], [0.5, 0.2], [0.0, 1.0]])
-    advantages = group_advantages(rewards)[0].view(-1).tolist()
+    advantages = estimate(rewards, torch.ones_like(rewards)).view(-1).tolist()
     generator = torch.Generator().manual_seed(7)
     samples = []
     for i, advantage in enumerate(advantages):

@@ -54,3 +54,15 @@ def test_a_large_request_to_a_quick_reward_is_answered(reward_module):
         assert reward(["ab"], [""], [""]) == [2.0]  # the same child, the next batch
     finally:
         reward.close()
+
+
+def test_the_child_starts_without_runpys_warning(reward_module, capfd):
+    """The child imports its entry point once (it is not its package's module run again as
+    `__main__`): its stderr, which the worker's log receives, has no RuntimeWarning."""
+    target = reward_module("rlwb_plain", "def fn(c, r, p):\n    return [1.0]\n")
+    reward = SandboxedReward(target, timeout=60)
+    try:
+        assert reward(["a"], ["a"], ["p"]) == [1.0]
+    finally:
+        reward.close()
+    assert "RuntimeWarning" not in capfd.readouterr().err

@@ -9,9 +9,9 @@ from core_engine.rl.data import (
     batch_rows,
     collate,
     instruction_to_messages,
-    load_jsonl,
     normalize_record,
 )
+from core_engine.rl.data.files import load_records
 from core_engine.rl.rollout import RolloutGenerator
 from core_engine.toy import char_tokenizer
 
@@ -84,7 +84,7 @@ def test_jsonl_reports_malformed_lines_with_numbers(tmp_path):
         + "\n"
     )
     with pytest.raises(DataError) as info:
-        load_jsonl(path)
+        load_records(path)
     message = str(info.value)
     assert "data.jsonl:2: not valid JSON" in message
     assert "data.jsonl:3:" in message and "data.jsonl:5: the prompt is empty" in message
@@ -94,7 +94,7 @@ def test_jsonl_without_usable_records_is_an_error(tmp_path):
     path = tmp_path / "empty.jsonl"
     path.write_text("\n\n")
     with pytest.raises(DataError, match="no usable record"):
-        load_jsonl(path)
+        load_records(path)
     good = tmp_path / "good.jsonl"
     good.write_text(json.dumps({"instruction": "i", "input": "x", "output": "y"}) + "\n")
-    assert load_jsonl(good) == [{"instruction": "i", "input": "x", "output": "y"}]
+    assert load_records(good) == [{"instruction": "i", "input": "x", "output": "y"}]

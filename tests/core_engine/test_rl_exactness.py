@@ -27,7 +27,8 @@ def run(checkpoint, root, steps, stop_at=None, **overrides):
             trained.append(tuple(record.rollout.prompts))
 
     def should_stop():
-        return stop_at is not None and holder["t"].version >= stop_at
+        # asked while the trainer loads too (the prompts' render): not to stop there
+        return stop_at is not None and "t" in holder and holder["t"].version >= stop_at
 
     hooks = TrainerHooks(on_step=on_step, should_stop=should_stop)
     trainer = holder["t"] = make_trainer(checkpoint, root, hooks, steps=steps, **overrides)

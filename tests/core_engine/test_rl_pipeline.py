@@ -1,6 +1,7 @@
 """The asynchronous pipeline: generation of the next batch overlaps training, the lag of every
 trained token is bounded, the off-policy samples get the decoupled loss, a stopped run resumes
-without training a batch twice or losing one, and `one_step` resumes bit for bit."""
+without training a batch twice or losing one (a stop at the boundary too, and a prefetched
+batch its reward rejected), and `one_step` resumes bit for bit."""
 
 import collections
 import contextlib
@@ -10,7 +11,10 @@ import threading
 import pytest
 import torch
 
-from core_engine.rl.rollout.sources import ThreadProducer
+from core_engine.rl.data.tasks import prompt_records
+from core_engine.rl.rollout import sources
+from core_engine.rl.rollout.seeds import batch_seed
+from core_engine.rl.rollout.sources import BatchPlan, PrefetchSource, ThreadProducer
 from core_engine.rl.trainer.checkpoint import latest_checkpoint, read_pending_rollout
 from core_engine.rl.trainer.grpo import TrainingError
 from core_engine.rl.trainer.records import StopReason, TrainerHooks
@@ -342,3 +346,84 @@ def test_a_reward_error_in_the_rollout_process_rejects_its_batch_with_the_rollou
     for record in records:
         assert record.version is None and "grader offline" in record.reasons[0]
         assert record.rollout.num_samples == 16 and record.rollout.policy_version == 0
+
+
+def test_a_stop_while_one_step_waits_at_the_boundary_loses_no_batch(
+    checkpoint, tmp_path, monkeypatch
+):
+    """Stop pressed while the trainer, its gradients of batch 2 computed, waits for batch 3
+    (the next batch is still generating): the checkpoint keeps batch 2, so the resumed run
+    trains it first and the two runs together train exactly the straight run's batches, to
+    the same weights."""
+    overrides = {"pipeline": "one_step", "lora": {"rank": 4}, **PIPELINED}
+    straight, straight_prompts, _ = run(checkpoint, tmp_path / "a", 5, **overrides)
+    stop = threading.Event()
+    producing, produce = sources.produce_rollout, sources.produce_rollout
+    boundary = PrefetchSource.before_update
+    holder = {}
+
+    def gated_produce(runner, batch, seed):
+        if seed == batch_seed(0, 3):  # batch 3 generates until the stop is pressed
+            assert stop.wait(timeout=120)  # a hang guard
+        return produce(runner, batch, seed)
+
+    def stop_at_the_boundary(self):
+        if holder["trainer"].version == 2:
+            stop.set()
+        boundary(self)
+
+    monkeypatch.setattr(sources, "produce_rollout", gated_produce)
+    monkeypatch.setattr(PrefetchSource, "before_update", stop_at_the_boundary)
+    trained = []
+    hooks = TrainerHooks(
+        on_step=lambda r: r.version is not None and trained.append(tuple(r.rollout.prompts)),
+        should_stop=stop.is_set,
+    )
+    first = holder["trainer"] = make_trainer(
+        checkpoint, tmp_path / "b", hooks, steps=5, **overrides
+    )
+    assert first.train() is StopReason.STOPPED and first.version == 2
+    pending = read_pending_rollout(latest_checkpoint(tmp_path / "b" / "run"))
+    assert pending["rollout"]["prompts"] == list(straight_prompts[2])
+    monkeypatch.setattr(sources, "produce_rollout", producing)
+    monkeypatch.setattr(PrefetchSource, "before_update", boundary)
+    resumed, resumed_prompts, reason = run(checkpoint, tmp_path / "b", 5, **overrides)
+    assert reason is StopReason.DONE and resumed.version == 5
+    assert trained + resumed_prompts == straight_prompts  # batch 2 neither lost nor twice
+    assert weights_of(resumed) == weights_of(straight)
+
+
+def test_a_prefetched_batch_a_reward_rejects_is_kept_by_a_stop(checkpoint, tmp_path, monkeypatch):
+    """A stop that finds the next batch produced but rejected by its reward keeps that
+    rejection (and its rollout) in the checkpoint: the resumed run rejects the very rollout
+    the straight run rejected, never one generated again under newer weights."""
+    poisoned = BatchPlan(prompt_records("always7", None, count=64), 4, 0).at(2)["input"]
+    (tmp_path / "rlwb_poisoned.py").write_text(
+        f"POISONED = {poisoned!r}\n"
+        "def fn(completions, references, prompts):\n"
+        "    if any(p in prompt for p in POISONED for prompt in prompts):\n"
+        "        raise ValueError('poisoned batch')\n"
+        "    return [float(c.strip() == r) for c, r in zip(completions, references)]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("RLWB_REWARDS", "poisoned=rlwb_poisoned:fn")
+    overrides = {"pipeline": "one_step", "lora": {"rank": 4}, "reward": "poisoned", **PIPELINED}
+
+    def rejected_rollouts(root, steps, stop_at=None):
+        rejected, made = [], []
+        hooks = TrainerHooks(
+            on_step=lambda r: r.version is None and rejected.append(r.rollout),
+            should_stop=lambda: stop_at is not None and made and made[0].version >= stop_at,
+        )
+        made.append(make_trainer(checkpoint, root, hooks, steps=steps, **overrides))
+        return made[0], made[0].train(), rejected
+
+    _, _, straight = rejected_rollouts(tmp_path / "a", 4)
+    assert straight and straight[0].policy_version == 1  # batch 2, produced while 1 trained
+    first, reason, before = rejected_rollouts(tmp_path / "b", 4, stop_at=2)
+    assert reason is StopReason.STOPPED and first.version == 2 and not before
+    pending = read_pending_rollout(latest_checkpoint(tmp_path / "b" / "run"))
+    assert "poisoned batch" in pending["reward_error"]
+    _, reason, after = rejected_rollouts(tmp_path / "b", 4)
+    assert reason is StopReason.DONE
+    assert [r.to_json() for r in after] == [r.to_json() for r in straight]

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from core_engine.rl.objective.loss import group_advantages, policy_loss
+from core_engine.rl.objective.advantages import advantages, zero_variance_groups
+from core_engine.rl.objective.loss import policy_loss
 from core_engine.rl.rewards import RewardError, resolve_reward, score
 
 
@@ -40,7 +41,7 @@ def test_bad_reward_output_raises_reward_error(fn, message):
 
 def test_group_advantages_normalise_per_group():
     rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
-    adv, zero_var = group_advantages(rewards)
+    adv, zero_var = advantages(rewards, torch.ones_like(rewards)), zero_variance_groups(rewards)
     assert torch.allclose(adv[0], torch.tensor([1.0, -1.0, -1.0, 1.0]), atol=1e-5)
     assert torch.equal(adv[1], torch.zeros(4))
     assert zero_var.tolist() == [False, True]

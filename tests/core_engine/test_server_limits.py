@@ -186,3 +186,35 @@ def test_non_loopback_bind_needs_an_api_key_or_an_explicit_flag(monkeypatch):
     public = ["--model", "/ckpt", "--host", "0.0.0.0", "--allow-unauthenticated-public"]
     assert parse_args(public).api_key is None
     assert parse_args(["--model", "/ckpt", "--host", "::1"]).host == "::1"
+
+
+# Issue 45, a Low: a lone surrogate (valid JSON, not Unicode text) is the client's error.
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", '{"model": "tiny", "prompt": "a\\ud800", "max_tokens": 1}', "prompt"),
+        (
+            "/v1/chat/completions",
+            '{"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"},'
+            ' {"role": "user", "content": "\\udfff"}]}',
+            "messages.1.content",
+        ),
+        (
+            "/v1/completions",
+            '{"model": "tiny", "prompt": "a", "max_tokens": 1, "stop": ["\\ud83d"]}',
+            "stop.0",
+        ),
+    ],
+)
+def test_a_lone_surrogate_in_a_request_is_a_400_naming_where(server, path, body, param):
+    _, _, url, _ = server
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    answer = httpx.post(f"{url}{path}", content=body.encode(), headers=headers)
+    assert answer.status_code == 400
+    assert answer.json()["error"] == {
+        "message": f"request body: {param} holds a lone surrogate (a \\ud800-\\udfff escape "
+        "that is not half of a pair), which is not Unicode text",
+        "type": "invalid_request_error",
+        "code": "invalid_text",
+        "param": param,
+    }

@@ -105,6 +105,14 @@ def test_to_json_is_openais_shape():
             call('{"name": "calculate", "arguments": {"x": NaN}}'),
             "tool call 1: not valid JSON: NaN is not JSON",
         ),
+        (  # issue 45: a number too large for a float is no JSON number either
+            call('{"name": "calculate", "arguments": {"x": 1e999}}'),
+            "tool call 1: not valid JSON: 1e999 is out of a float's range",
+        ),
+        (
+            call('{"name": "calculate", "arguments": "{\\"x\\": -2E+400}"}'),
+            "tool call 1: not valid JSON: -2E+400 is out of a float's range",
+        ),
         (
             call('{"name": "calculate", "arguments": {"x": "\\udc00"}}'),
             "tool call 1: a string holds a lone surrogate",
@@ -189,3 +197,28 @@ def test_parse_arguments_reads_an_object_or_says_why_not():
     ]:
         with pytest.raises(ValueError, match=re.escape(reason)):
             parse_arguments(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"<think>maybe {call(CALC)} first?</think> {call(CALC)}",
+        f"<think>I could call {call(CALC)}</think>{call(CALC)} then",
+    ],
+)
+def test_a_call_inside_think_is_reasoning_not_a_call(text):
+    """Only the call after the reasoning block is taken; the one inside it stays text."""
+    parsed = parse_tool_calls(text)
+    assert parsed.error is None and len(parsed.calls) == 1
+    assert TOOL_CALL_OPEN in parsed.content and parsed.content.startswith("<think>")
+
+
+def test_an_unclosed_think_makes_the_rest_of_the_turn_reasoning():
+    parsed = parse_tool_calls(f"<think>let me {call(CALC)} and {TOOL_CALL_CLOSE} hmm")
+    assert parsed.error is None and parsed.calls == []
+
+
+def test_a_bad_call_after_a_good_one_takes_neither():
+    """Every call well formed, or none is taken: the good first call is not run alone."""
+    parsed = parse_tool_calls(f"{call(CALC)} {call('{bad')}")
+    assert parsed.calls == [] and parsed.error.startswith("tool call 2: not valid JSON")

@@ -12,7 +12,8 @@ from typing import TypeVar
 
 import pytest
 
-from core_engine.rl.data import DataError, count_jsonl, load_jsonl
+from core_engine.rl.data import DataError
+from core_engine.rl.data.files import load_records, record_count
 from core_engine.user_files import (
     MAX_DATA_BYTES,
     MAX_TEXT_BYTES,
@@ -73,8 +74,8 @@ def sparse(path: Path, size: int = FOUR_GIB) -> Path:
         lambda p: regular_file(p, MAX_DATA_BYTES),
         lambda p: open_regular(p, MAX_DATA_BYTES),
         lambda p: read_text(p, MAX_TEXT_BYTES),
-        load_jsonl,
-        count_jsonl,
+        load_records,
+        record_count,
     ],
 )
 def test_a_fifo_is_refused_without_being_opened(tmp_path, read):
@@ -82,7 +83,9 @@ def test_a_fifo_is_refused_without_being_opened(tmp_path, read):
         within(HANG_GUARD_S, lambda: read(fifo(tmp_path / "prompts.jsonl")))
 
 
-@pytest.mark.parametrize("read", [load_jsonl, count_jsonl, lambda p: read_text(p, MAX_TEXT_BYTES)])
+@pytest.mark.parametrize(
+    "read", [load_records, record_count, lambda p: read_text(p, MAX_TEXT_BYTES)]
+)
 def test_a_sparse_4_gib_file_is_refused_by_its_size_unread(tmp_path, read):
     path = sparse(tmp_path / "huge.jsonl")
     tracemalloc.start()
@@ -145,15 +148,15 @@ def test_a_checkpoint_directory_holds_only_regular_files_of_bounded_size(tmp_pat
 def test_counting_holds_no_record_and_stops_at_the_20th_problem(tmp_path):
     good = tmp_path / "good.jsonl"
     good.write_text(RECORD * 5 + "\n")
-    assert count_jsonl(good) == len(load_jsonl(good)) == 5
+    assert record_count(good) == len(load_records(good)) == 5
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json\n" * 100_000 + RECORD)
     with pytest.raises(DataError) as info:
-        count_jsonl(bad)
+        record_count(bad)
     # reading stopped at the 20th malformed line: none of the 99,980 after it was reported
     assert str(info.value).count("not valid JSON") == 20 and "bad.jsonl:20:" in str(info.value)
     assert "bad.jsonl:21:" not in str(info.value)
     deep = tmp_path / "deep.jsonl"
     deep.write_text("[" * 100_000 + "\n")
     with pytest.raises(DataError, match=r"nested too deeply|not valid JSON"):
-        load_jsonl(deep)
+        load_records(deep)

@@ -122,3 +122,30 @@ def test_a_child_that_dies_holding_the_gate_fails_the_write(producer):
         pass
     with pytest.raises(RolloutProcessError, match="died"):
         child.take(NEVER)
+
+
+def test_a_pipe_reset_by_a_killed_child_names_the_rollout_process(producer):
+    """A SIGKILLed child's pipe may read as reset rather than closed (`ConnectionResetError`,
+    as a connection's end can): the trainer fails naming the rollout process either way."""
+    trainer, child = producer
+
+    class ResetPipe:
+        def __init__(self, conn):
+            self.conn = conn
+
+        def poll(self, timeout=None):
+            return True
+
+        def recv(self):
+            raise ConnectionResetError(104, "Connection reset by peer")
+
+        def send(self, value):
+            self.conn.send(value)
+
+        def close(self):
+            self.conn.close()
+
+    child.start(trainer.plan.at(0), 0)
+    child._conn = ResetPipe(child._conn)
+    with pytest.raises(RolloutProcessError, match="rollout process died"):
+        child.take(NEVER)

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy import URL, make_url
 
 from db import Repository, upgrade
-from db.models import Job
+from db.models import Job, Study
 
 POSTGRES_URL = os.environ.get(
     "RLWB_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -101,4 +101,5 @@ def repo(database_url: URL) -> Iterator[Repository]:
     yield repository
     with repository.engine.begin() as connection:
         connection.execute(sa.delete(Job))  # cascades to everything else
+        connection.execute(sa.delete(Study))
     repository.close()

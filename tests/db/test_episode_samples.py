@@ -8,6 +8,7 @@ from sqlalchemy import URL
 from db import InvalidValue, Repository, SampleFilter, downgrade, make_engine, upgrade
 from tests.db.helpers import make_batch, make_sample, running_job
 
+INF = float("inf")
 SEGMENTS = [
     {"role": "assistant", "start": 0, "end": 3, "text": "<tool_call>..", "tool_calls": []},
     {"role": "tool", "start": 3, "end": 5, "text": "42"},
@@ -40,12 +41,35 @@ def test_an_episode_keeps_its_segments_and_finish(repo) -> None:
         ({"segments": SEGMENTS, "episode_finish": "won"}, "'won' is not one of done"),
         ({"episode_finish": "done"}, "an episode needs its segments"),
         ({"segments": [{**SEGMENTS[0], "end": 6, "text": "x" * 70_000}]}, "over 65536"),
+        ({"segments": [{**SEGMENTS[0], "end": 6, "text": "a\x00"}]}, r"\.text: contains a NUL"),
+        ({"segments": [{**SEGMENTS[0], "end": 6, "text": "a\ud800"}]}, "lone surrogate"),
+        ({"segments": [{**SEGMENTS[0], "end": 6}], "response_text": "a\x00"}, "response_text"),
+        ({"segments": [{**SEGMENTS[0], "end": 6, "tool_calls": [{"x": INF}]}]}, "not storable"),
     ],
 )
 def test_inconsistent_episodes_are_refused(repo, fields, problem) -> None:
     job = running_job(repo, versions=1)
     with pytest.raises(InvalidValue, match=problem):
         _stored(repo, job.id, tokens=6, **fields)
+
+
+def test_an_episode_that_ended_before_its_first_turn_is_stored(repo) -> None:
+    """No turn, no segment (its opening left no room for one): stored as its error."""
+    job = running_job(repo, versions=1)
+    sample = make_sample(
+        tokens=0,
+        segments=[],
+        episode_finish="error",
+        finish_reason="error",
+        error_code="prompt_too_long",
+        reward=None,
+        advantage=None,
+    )
+    batch = make_batch(job.id, [sample], version=0, status="rejected", reasons=("no room",))
+    stored = repo.record_batch(batch)
+    [item] = repo.list_samples(SampleFilter(job_id=job.id, batch_id=stored.id)).items
+    detail = repo.get_sample(item.id)
+    assert (detail.segments, detail.episode_finish, detail.turns) == ([], "error", 0)
 
 
 def test_0010_adds_the_episode_columns_and_its_downgrade_keeps_the_samples(

@@ -22,10 +22,18 @@ from db.__main__ import main
 from db.errors import InvalidValue
 from db.migrate import heads
 from db.models import Base
+from db.repository.studies import StudyJobRecord
 from tests.db.helpers import make_batch, make_sample, running_job
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TABLES = {"jobs", "policy_versions", "rollout_batches", "samples", "version_sample_stats"}
+TABLES = {
+    "jobs",
+    "policy_versions",
+    "rollout_batches",
+    "samples",
+    "studies",
+    "version_sample_stats",
+}
 
 
 def _differences(url: URL) -> list:
@@ -170,6 +178,44 @@ def test_0007_adds_reward_components_and_its_downgrade_keeps_the_samples(
     repo = Repository.from_url(empty_database_url)
     kept = repo.get_sample(sample_id)
     assert kept.batch_id == batch.id and kept.reward == 1.0 and kept.reward_components is None
+    repo.close()
+
+
+def test_0012_adds_studies_and_pruned_and_its_downgrade_keeps_the_jobs(
+    empty_database_url: URL,
+) -> None:
+    upgrade(empty_database_url)
+    repo = Repository.from_url(empty_database_url)
+    study = repo.create_study(
+        "lr", "grid", {"steps": 2}, {"lr": [0.1]}, seeds=1, max_jobs=1, concurrency=1
+    )
+    made = StudyJobRecord({"steps": 2, "lr": 0.1, "seed": 0}, {"lr": 0.1})
+    job = repo.schedule_study(study.id, lambda *_: [made])[1][0]
+    repo.mark_running(job.id)
+    repo.record_policy_version(PolicyVersionRecord(job.id, 0, None))
+    assert repo.mark_pruned(job.id, "pruned at version 0").status is JobStatus.PRUNED
+    deleted = repo.create_job("train", {})
+    repo.delete_job(deleted.id)
+    repo.close()
+
+    downgrade(empty_database_url, "0011")
+    engine = make_engine(empty_database_url)
+    assert "studies" not in _tables(empty_database_url)
+    statement = sa.text("SELECT status, error FROM jobs WHERE id = :id")
+    with engine.connect() as connection:
+        status, error = connection.execute(statement, {"id": job.id}).one()
+    assert (status, error) == ("cancelled", "pruned at version 0")
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as connection:
+        connection.execute(sa.text("UPDATE jobs SET status = 'pruned'"))
+    engine.dispose()
+
+    upgrade(empty_database_url)
+    assert _differences(empty_database_url) == []
+    repo = Repository.from_url(empty_database_url)
+    kept = repo.get_job(job.id)
+    assert kept.config == made.config and kept.study_id is None
+    assert [v.version for v in repo.list_versions(job.id)] == [0]
+    assert repo.create_job("train", {}).id > deleted.id  # the id counter is kept
     repo.close()
 
 

@@ -43,6 +43,7 @@ def world(tmp_path_factory) -> dict:
 @pytest.fixture
 def services(world) -> Services:
     world["queue"].submitted.clear()
+    world["queue"].studies.clear()
     return world["services"]
 
 

@@ -12,9 +12,12 @@ from db import (
     PolicyVersionRecord,
     Repository,
     SampleRecord,
+    StudyInfo,
 )
+from db.repository.studies import StudyJobRecord
 from ui.services import Services
 from workers.specs import validate
+from workers.study_spec import parse_study
 
 ALPHABET = "0123456789?=+ <>&\"'abcdefghijklmnopqrstuvwxyz"
 PROMPTS = ("5?", "17?", "42?")
@@ -115,6 +118,7 @@ class FakeQueue:
     def __init__(self, repo: Repository) -> None:
         self.repo = repo
         self.submitted: list[tuple[str, dict[str, Any]]] = []
+        self.studies: list[tuple[dict[str, Any], dict[str, Any]]] = []
 
     def submit(self, kind: str, config: dict[str, Any]) -> JobInfo:
         total_steps = validate(kind, config)
@@ -123,6 +127,28 @@ class FakeQueue:
 
     def cancel(self, job_id: int) -> JobInfo:
         return self.repo.request_cancel(job_id)
+
+    def run_study(self, config: dict[str, Any], table: dict[str, Any]) -> StudyInfo:
+        """A study checked as `workers.studies.run_study` parses it, its first jobs stored."""
+        spec = parse_study(table, config)
+        self.studies.append((config, table))
+        study = self.repo.create_study(
+            spec.name,
+            spec.kind,
+            config,
+            spec.search_space,
+            seeds=spec.seeds,
+            max_jobs=spec.planned_jobs,
+            concurrency=spec.concurrency,
+        )
+        points = spec.points()
+
+        def make(study: StudyInfo, made: int, room: int) -> list[StudyJobRecord]:
+            indexes = range(made, min(made + room, study.max_jobs))
+            planned = [(i, points[i // spec.seeds]) for i in indexes]
+            return [StudyJobRecord(spec.job_config(config, i, p), p) for i, p in planned]
+
+        return self.repo.schedule_study(study.id, make)[0]
 
     def chat(self, *args: Any) -> dict[str, Any]:
         """What the interactive worker answers (its function, run here)."""
@@ -169,6 +195,7 @@ class FakeQueue:
             chat=self.chat,
             audit=self.audit,
             token_diff=self.token_diff,
+            run_study=self.run_study,
             model_roots=model_roots,
             data_dir=data_dir,
         )

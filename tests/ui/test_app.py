@@ -15,11 +15,13 @@ from ui.app import build_app, launch
 ROOT = Path(__file__).resolve().parents[2]
 API_NAMES = {
     "launch",
+    "launch_study",
     "launch_source",
     "launch_lora_shown",
     "launch_lora",
     "launch_environment",
     "launch_model_preset",
+    "launch_algorithm",
     "launch_rescan",
     "launch_upload",
     "jobs",

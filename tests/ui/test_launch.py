@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from core_engine.rl.data import count_jsonl
+from core_engine.rl.data.files import record_count
 from tests.core_engine.test_user_files import HANG_GUARD_S, fifo, sparse, within
 from ui.handlers.launch import (
     JSONL_SOURCE,
@@ -171,7 +171,7 @@ def test_an_uploaded_jsonl_is_kept_and_can_be_launched(services, world, tmp_path
 
 
 @pytest.mark.parametrize(
-    "content, problem", [("not json\n", "not valid JSON"), ('{"input": 3}\n', "instruction")]
+    "content, problem", [("not json\n", "not valid JSON"), ('{"input": 3}\n', "nor 'instruction'")]
 )
 def test_an_unusable_upload_is_refused(services, tmp_path, content, problem):
     upload = tmp_path / "bad.jsonl"
@@ -372,11 +372,11 @@ def test_a_64_mib_upload_of_tiny_records_is_parsed_once(services, world, tmp_pat
 
     parses = []
 
-    def counting(path):
+    def counting(path, columns):
         parses.append(path)
-        return count_jsonl(path)
+        return record_count(path, columns)
 
-    monkeypatch.setattr(api, "count_jsonl", counting)
+    monkeypatch.setattr(api, "record_count", counting)
     mine = isolated(services, tmp_path)
     line = json.dumps({"instruction": "What is 7? " + "x" * 60}) + "\n"  # 0.9M records
     upload = tmp_path / "tiny.jsonl"

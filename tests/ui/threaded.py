@@ -85,6 +85,7 @@ class ThreadQueue:
             chat=lambda *args: {"problem": "no chat here"},
             audit=self.audit,
             token_diff=self.token_diff,
+            run_study=self.repo.create_study,  # not called here
             model_roots=model_roots,
             data_dir=self.settings.data_dir,
         )

@@ -3,6 +3,7 @@ and ``up`` end to end, on the embedded broker and on Redis."""
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -33,7 +34,8 @@ SUBMIT = (
 
 
 @pytest.mark.parametrize(
-    "command", [[], ["up"], ["worker"], ["ui"], ["db"], ["db", "upgrade"], ["train"], ["export"]]
+    "command",
+    [[], ["up"], ["worker"], ["ui"], ["db"], ["db", "upgrade"], ["train"], ["export"], ["study"]],
 )
 def test_help_everywhere(command, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -195,3 +197,35 @@ def test_up_shows_both_workers_and_the_running_job(broker, tmp_path, tiny_model)
         assert len(children) == 2
     assert up.returncode == 0
     assert all(not Path(f"/proc/{child}").exists() for child in children)
+
+
+def _worker_children(pid: int) -> dict[str, int]:
+    """``rlwb up``'s worker children by role (gpu, chat), read from their command lines."""
+    roles = {}
+    tasks = Path(f"/proc/{pid}/task").iterdir()  # a restarted one is its watcher thread's
+    for child in (int(c) for task in tasks for c in (task / "children").read_text().split()):
+        argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        if b"worker" in argv:
+            roles["chat" if b"--interactive" in argv else "gpu"] = child
+    return roles
+
+
+# Issue 45, a Low: ``rlwb up`` started its workers once; one that died stayed dead.
+@pytest.mark.slow
+def test_up_starts_a_worker_that_died_again(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(RLWB_DATA_DIR=str(tmp_path / "data"), OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    log = tmp_path / "up.log"
+    with running([sys.executable, "-m", "ui", "up", "--no-ui"], env, tmp_path, log) as up:
+        wait_for(lambda: log.read_text().count(" ready.") == 2, 90, "both workers to start")
+        first = _worker_children(up.pid)
+        assert sorted(first) == ["chat", "gpu"]
+        os.kill(first["gpu"], signal.SIGKILL)
+        wait_for(lambda: log.read_text().count(" ready.") == 3, 90, "the worker to start again")
+        again = _worker_children(up.pid)
+        assert again["chat"] == first["chat"] and again["gpu"] != first["gpu"]
+        assert f"the gpu worker (pid {first['gpu']}) was killed (signal 9): starting it again" in (
+            log.read_text()
+        )
+    assert up.returncode == 0
+    assert all(not Path(f"/proc/{child}").exists() for child in again.values())

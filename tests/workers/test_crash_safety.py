@@ -203,3 +203,45 @@ def test_rejected_batches_after_the_last_version_are_replaced_by_the_retry(
     batches = repo.list_batches(job.id)
     assert len(batches) == 4 and {b.status for b in batches} == {"rejected"}
     assert samples_in_db(repo, job.id) == 4 * SAMPLES  # not 6 batches: the 2 were replaced
+
+
+def stored_batches(repo, job_id):
+    """Each stored batch's status and its samples' prompts and seeds, in the order stored."""
+    with repo.engine.connect() as connection:
+        rows = connection.execute(
+            sa.text(
+                "SELECT b.status, s.prompt_text, s.seed FROM rollout_batches b JOIN samples s "
+                "ON s.batch_id = b.id WHERE b.job_id = :job ORDER BY b.id, s.id"
+            ),
+            {"job": job_id},
+        ).all()
+    return [tuple(row) for row in rows]
+
+
+def test_a_stop_after_rejected_batches_keeps_them_and_resumes_after_them(
+    repo, settings, tiny_model
+):
+    """Every batch is filtered (no reward variance). A cancel after the second one, then a
+    resume: the stored batches, their samples and the stall equal the straight run's (the
+    rejected rows are neither deleted and lost nor redone twice, and the stall count goes on)."""
+    config = {
+        **train_config(tiny_model, steps=4, drop_zero_variance_groups=True),
+        "max_consecutive_rejections": 3,
+    }
+    straight = repo.create_job("train", config, total_steps=4)
+    assert run_job(repo, straight.id, settings).status == "stalled"
+    expected = stored_batches(repo, straight.id)
+    assert len(expected) == 4 * SAMPLES  # stalled after the 4th filtered batch
+
+    job = repo.create_job("train", config, total_steps=4)
+    rejected = []
+
+    def cancel_after_two_rejections(meta):
+        if meta.get("batch") == "rejected" and len(rejected.append(1) or rejected) == 2:
+            repo.request_cancel(job.id)
+
+    outcome = run_job(repo, job.id, settings, progress=cancel_after_two_rejections)
+    assert outcome.status == "cancelled" and len(repo.list_batches(job.id)) == 2
+    repo.reopen(job.id)
+    assert run_job(repo, job.id, settings).status == "stalled"
+    assert stored_batches(repo, job.id) == expected

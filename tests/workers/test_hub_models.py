@@ -118,3 +118,27 @@ def test_a_hub_id_the_hub_does_not_know_fails_the_job_saying_so(tmp_path, tiny_m
         f"job 1 failed: HubModelUnavailable: model: {missing}: no such model on the Hugging "
         "Face Hub (or it is private or gated: set HF_TOKEN to a token that may read it)"
     )
+
+
+# Issue 45, item 7: a download is bounded by the repository's listed size, checked first.
+def test_a_hub_model_larger_than_the_download_limit_is_refused_before_any_file_is_fetched(
+    tmp_path, tiny_model
+):
+    hub = FakeHub(HUB_ID, Path(tiny_model))
+    size = sum(len(data) for data in hub.files.values())
+    with serving(hub) as endpoint:
+        done = _rlwb(
+            tmp_path,
+            "train",
+            str(_job_file(tmp_path, HUB_ID)),
+            HF_ENDPOINT=endpoint,
+            HF_HUB_OFFLINE="0",
+            RLWB_MAX_DOWNLOAD_BYTES=str(size - 1),
+        )
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[-1] == (
+        f"job 1 failed: HubModelUnavailable: model: {HUB_ID}: its checkpoint files on the "
+        f"Hugging Face Hub take {size:,} bytes, over the {size - 1:,} bytes a download may "
+        "take (RLWB_MAX_DOWNLOAD_BYTES)"
+    )
+    assert not hub.served  # nothing was fetched

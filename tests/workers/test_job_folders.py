@@ -27,6 +27,28 @@ def test_an_output_dir_over_the_data_dir_or_another_jobs_folder_is_refused(env, 
     api.submit_job("train", train_config(tiny_model, output_dir=str(env / "runs" / "b")))
 
 
+# Issue 45, a Low: the embedded broker's folder and the uploads' were accepted (a job cleans
+# its folder first, deleting queued messages or uploaded prompt sets).
+@pytest.mark.parametrize(
+    ("folder", "what"),
+    [
+        ("broker", "the embedded broker's messages"),
+        ("broker/queue", "the embedded broker's messages"),
+        ("datasets", "the uploaded prompt sets"),
+        ("datasets/mine", "the uploaded prompt sets"),
+    ],
+)
+def test_an_output_dir_in_the_workbenchs_own_folders_is_refused(
+    env, repo, tiny_model, folder, what
+):
+    output = env / folder
+    with pytest.raises(SpecError) as refused:
+        api.submit_job("train", train_config(tiny_model, output_dir=str(output)))
+    top = env / folder.split("/")[0]
+    assert str(refused.value) == f"output_dir: {output} is inside {top}, {what}"
+    assert repo.list_jobs() == []
+
+
 def test_the_worker_refuses_a_job_in_an_earlier_jobs_folder_and_leaves_it_alone(
     repo, settings, tiny_model
 ):

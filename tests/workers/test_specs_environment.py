@@ -6,6 +6,7 @@ import argparse
 import pytest
 
 from workers.commands import run_queue_command
+from workers.job_files import check_data_records
 from workers.specs import SpecError
 from workers.submission import validate_job
 
@@ -35,3 +36,12 @@ def test_anything_else_is_refused(monkeypatch, name):
     monkeypatch.delenv("RLWB_ENVIRONMENTS", raising=False)
     with pytest.raises(SpecError, match="unknown environment"):
         validate_job("train", {**JOB, "environment": name})
+
+
+def test_episodes_longer_than_the_models_context_are_refused_at_submission():
+    """The calculator policy's context is 384 tokens: the default `max_episode_tokens` (512)
+    cannot fit, and the refusal names both and the bound; 384 passes."""
+    job = {**JOB, "model": "calculator-demo", "task": "word_problems"}
+    with pytest.raises(SpecError, match=r"max_episode_tokens \(512\) exceeds the model's 384"):
+        check_data_records({**job, "environment": "calculator"})
+    check_data_records({**job, "environment": "calculator", "max_episode_tokens": 384})

@@ -219,3 +219,36 @@ def test_learning_rate_entropy_and_the_share_of_zero_std_groups_by_trl_names(
         entropies.append((version, sum(tokens) / len(tokens)))
     assert scalars["train/frac_reward_zero_std"] == [(v, pytest.approx(f)) for v, f in shares]
     assert scalars["train/entropy"] == [(v, pytest.approx(e, rel=1e-4)) for v, e in entropies]
+
+
+def test_a_studys_jobs_are_grouped_in_tensorboard_and_under_an_mlflow_parent_run(
+    repo, settings, monkeypatch
+):
+    from workers import studies
+    from workers.app import app
+
+    monkeypatch.setitem(app.conf, "task_always_eager", True)
+    config = train_config("demo", task="addition", steps=1, max_tokens=6, heldout_every=0)
+    config["report_to"] = ["tensorboard", "mlflow"]
+    study = studies.run_study(config, {"name": "lrs", "grid": {"lr": [0.001, 0.003]}})
+    jobs = repo.study_jobs(study.id)
+    assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 2
+
+    folder = settings.data_dir / "studies" / "lrs"
+    for job in jobs:  # one TensorBoard run per job in the study's folder, its own job's none
+        scalars = _scalars(folder / "tensorboard" / f"job-{job.id}")
+        assert [step for step, _ in scalars["train/reward"]] == [1]
+        assert not (settings.jobs_dir / str(job.id) / "runs").exists()
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow' / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("rlwb").experiment_id])
+    [parent] = [run for run in runs if run.info.run_name == "lrs"]
+    children = {run.info.run_name: run for run in runs if run is not parent}
+    assert set(children) == {f"job-{job.id}" for job in jobs}
+    for job in jobs:
+        child = children[f"job-{job.id}"]
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert child.data.params["lr"] == str(job.config["lr"])
+        assert _history(client, child.info.run_id, "reward") == [
+            (1, repo.get_version(job.id, 1).metrics.reward_mean)
+        ]

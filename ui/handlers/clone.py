@@ -3,6 +3,7 @@
 from typing import Any
 
 from db import InvalidValue, JobKind, JobNotFound
+from ui.handlers.algorithm_form import CUSTOM_ALGORITHM
 from ui.handlers.common import parse_id
 from ui.handlers.data_form import data_form
 from ui.handlers.launch import FORM_FIELDS, JSONL_SOURCE, SINGLE_TURN, TASK_SOURCE
@@ -32,6 +33,7 @@ def clone_form(services: Services, job_id: float | str | None) -> tuple[dict[str
     values = {name: config.get(name, LAUNCH_DEFAULTS.get(name)) for name in FORM_FIELDS}
     values["source"] = JSONL_SOURCE if config.get("data") else TASK_SOURCE
     values["environment"] = config.get("environment") or SINGLE_TURN
+    values["preset"] = config.get("preset") or CUSTOM_ALGORITHM
     values.update(reward_form(config.get("reward")))
     values.update(data_form(config))
     values.update(_lora_form(lora))

@@ -33,6 +33,7 @@ from workers.api import (
     HELDOUT_MEAN_AT_K_METRIC,
     HELDOUT_METRIC,
     adapter_bytes,
+    algorithms,
     size_text,
     worker_device,
 )
@@ -48,6 +49,7 @@ JOB_COLUMNS = [
     "version",
     "reward",
     "tokens/s",
+    "algorithm",
     "created",
 ]
 BATCH_COLUMNS = ["batch", "step", "version", "status", "samples", "reasons"]
@@ -83,13 +85,14 @@ def _job_row(services: Services, job: JobInfo, device: str) -> list[Any]:
         "—" if job.current_version is None else job.current_version,
         fmt(metrics.reward_mean if metrics else None),
         fmt(metrics.tokens_per_second if metrics else None),
+        algorithms.algorithm_label(job.config) if job.kind is JobKind.TRAIN else "—",
         job.created_at.strftime("%Y-%m-%d %H:%M:%S"),
     ]
 
 
 def jobs_table(services: Services) -> pd.DataFrame:
-    """The newest jobs with their devices, status, progress, current version, reward and
-    tokens/s."""
+    """The newest jobs with their devices, status, progress, current version, reward,
+    tokens/s and (a train job's) algorithm."""
     jobs, device = services.repository.list_jobs(limit=JOB_LIMIT), worker_device()
     return pd.DataFrame([_job_row(services, job, device) for job in jobs], columns=JOB_COLUMNS)
 
@@ -121,7 +124,7 @@ def cancel_job(services: Services, job_id: float | str | None) -> str:
 
 
 def resume_job(services: Services, job_id: float | str | None) -> str:
-    """Queue a failed, stalled or cancelled train job again, from its newest checkpoint."""
+    """Queue a failed, stalled, pruned or cancelled train job again, from its newest checkpoint."""
     return _act(services, job_id, "resume", services.resume_job)
 
 
@@ -187,7 +190,7 @@ def _summary(services: Services, job: JobInfo) -> str:
     if isinstance(job.config.get("lora"), dict) and job.kind is JobKind.TRAIN:
         lines.append(_lora_summary(services, job))
     if job.error:
-        why = "Stalled" if job.status is JobStatus.STALLED else "Error"
+        why = {JobStatus.STALLED: "Stalled", JobStatus.PRUNED: "Pruned"}.get(job.status, "Error")
         lines.append(f"**{why}:** {inert(job.error)}")
     return "\n\n".join(lines)
 

@@ -20,6 +20,7 @@ OUTPUT_DIR_PLACEHOLDER = "(chosen by the worker)"
 SINGLE_TURN = ""  # the Environment choice of none: one response per prompt, scored by a reward
 # The form's fields, in `train_config`'s order (also what "Clone job" fills in).
 FORM_FIELDS = (
+    "preset",
     "model",
     "source",
     "task",
@@ -217,16 +218,20 @@ def train_config(
     max_turns: float | str | None = None,
     max_episode_tokens: float | str | None = None,
     devices: float | str | None = 1,
+    preset: str | None = None,
     **more: Any,
 ) -> dict[str, Any]:
     """The training job's config from the form, or `InvalidLaunch` with every problem. The
     held-out settings apply to a built-in task (empty: the worker's defaults), or to a data
     file with a held-out fraction (`data_settings`); the LoRA settings when LoRA is on; an
     environment's episode limits when one is chosen, and then no reward (the environment
-    scores); `more`: the `DATA_FIELDS` and the `REWARD_FIELDS` (more rewards, weights)."""
+    scores); `preset`: an algorithm's (`api.ALGORITHM_PRESETS`; blank: none), which sets what
+    the form has no field for; `more`: the `DATA_FIELDS` and the `REWARD_FIELDS`."""
     problems: list[str] = []
     _check_model(services, model, problems)
     config: dict[str, Any] = {"model": model}
+    if preset:
+        config["preset"] = preset  # checked with the job (`api.validate_job`)
     columns = _columns(more.get("prompt_column"), more.get("answer_column"))
     config.update(_check_data(services, source, task, data, columns, problems))
     if environment:

@@ -1,6 +1,7 @@
 """The Launch form's rewards: the first reward (the dropdown, with a weight) and up to
-`EXTRA_REWARDS` more (name and weight each), and the threshold of a `length` reward; one
-reward of weight 1 is the plain spec."""
+`EXTRA_REWARDS` more (name and weight each), the threshold of a `length` reward, the cache of an
+`overlong` one and the checkpoint of a `reward_model`; one reward of weight 1 is the plain
+spec."""
 
 from typing import Any
 
@@ -10,13 +11,17 @@ from workers import api
 
 TASK_DEFAULT_REWARD = "task default"
 LENGTH_REWARD = "length"  # DAPO's overlong penalty: needs a threshold in tokens
+OVERLONG_REWARD = "overlong"  # DAPO's, as the paper writes it: its cache length (or default)
+REWARD_MODEL = "reward_model"  # a sequence-classification model's score: needs its checkpoint
 EXTRA_REWARDS = 3
 # The form's fields after ``reward``: its weight, each extra reward's name and weight, then the
-# `length` reward's threshold.
+# `length` reward's threshold, the `overlong` reward's cache and the reward model's checkpoint.
 REWARD_FIELDS = (
     "reward_weight",
     *(f"{kind}_{n}" for n in range(2, EXTRA_REWARDS + 2) for kind in ("reward", "weight")),
     "length_threshold",
+    "overlong_cache",
+    "reward_model_path",
 )
 
 
@@ -42,6 +47,23 @@ def _threshold(form: dict[str, Any], max_tokens: Any, problems: list[str]) -> in
     return default_length_threshold(int(budget)) if budget and budget.is_integer() else None
 
 
+def _cache(form: dict[str, Any], problems: list[str]) -> int | float | None:
+    """The `overlong` cache length the form gives (None: blank, the reward's default)."""
+    try:
+        number = parse_number(form.get("overlong_cache"), "overlong cache length")
+    except InvalidValue as exc:
+        problems.append(str(exc))
+        return None
+    return int(number) if number is not None and number.is_integer() else number
+
+
+def _reward_model(form: dict[str, Any], problems: list[str]) -> str | None:
+    path = (form.get("reward_model_path") or "").strip()
+    if not path:
+        problems.append("reward model: give its checkpoint directory or Hugging Face Hub id")
+    return path or None
+
+
 def _weight(value: float | str | None, what: str, problems: list[str]) -> float | None:
     try:
         number = parse_number(value, f"{what} weight")
@@ -57,8 +79,9 @@ def reward_config(
     """The job's ``reward``: None (the task's default), one spec, or a list of
     ``{name, weight}`` tables when a weight is not 1, more rewards are chosen or one is
     `length` (its ``threshold``: the form's, 0 included, else (blank) `default_length_threshold`
-    of ``max_tokens``). `form` holds the `REWARD_FIELDS`; problems (`api.check_reward`) go to
-    `problems`."""
+    of ``max_tokens``), `overlong` (its ``cache_length``: the form's, else its default) or
+    `reward_model` (its ``model``: the form's checkpoint). `form` holds the
+    `REWARD_FIELDS`; problems (`api.check_reward`) go to `problems`."""
     first = (reward or "").strip()
     first = "" if first == TASK_DEFAULT_REWARD else first
     weight = _weight(form.get("reward_weight"), "reward", problems)
@@ -67,7 +90,7 @@ def reward_config(
         name = (form.get(f"reward_{n}") or "").strip()
         if name and name != TASK_DEFAULT_REWARD:
             extras.append((name, _weight(form.get(f"weight_{n}"), f"reward {n}", problems)))
-    if not extras and weight == 1.0 and first != LENGTH_REWARD:
+    if not extras and weight == 1.0 and first not in (LENGTH_REWARD, OVERLONG_REWARD, REWARD_MODEL):
         spec: Any = first or None
     elif not first:
         problems.append("reward: choose the first reward to mix it with others (not the task's)")
@@ -77,6 +100,12 @@ def reward_config(
         for entry in spec:
             if entry["name"] == LENGTH_REWARD:
                 entry["threshold"] = _threshold(form, max_tokens, problems)
+            elif entry["name"] == OVERLONG_REWARD:
+                cache = _cache(form, problems)
+                if cache is not None:  # blank: the reward's default
+                    entry["cache_length"] = cache
+            elif entry["name"] == REWARD_MODEL:
+                entry["model"] = _reward_model(form, problems)
     if spec is not None:
         try:
             api.check_reward(spec)  # syntax only: a registered name is checked by the worker
@@ -86,10 +115,13 @@ def reward_config(
 
 
 def reward_form(reward: Any) -> dict[str, Any]:
-    """The form's reward fields for a job's ``reward`` (Clone), the `length` threshold
-    included; a `format` reward's own tags are not carried (the form has the defaults)."""
+    """The form's reward fields for a job's ``reward`` (Clone), the `length` threshold, the
+    `overlong` cache and the reward model's checkpoint included; a `format` reward's own tags,
+    an `overlong` reward's own max length and a reward model's max length and batch size are
+    not carried (the form has the defaults)."""
     values: dict[str, Any] = {"reward": TASK_DEFAULT_REWARD, "reward_weight": 1.0}
     values["length_threshold"] = None  # blank: `default_length_threshold`
+    values |= {"overlong_cache": None, "reward_model_path": ""}  # blank: the defaults; none
     values |= {f"reward_{n}": None for n in range(2, EXTRA_REWARDS + 2)}
     values |= {f"weight_{n}": 1.0 for n in range(2, EXTRA_REWARDS + 2)}
     if isinstance(reward, str) and reward:
@@ -102,6 +134,10 @@ def reward_form(reward: Any) -> dict[str, Any]:
             values |= dict(zip(keys, (name, weight), strict=True))
             if name == LENGTH_REWARD:
                 values["length_threshold"] = entry.get("threshold")
+            elif name == OVERLONG_REWARD:
+                values["overlong_cache"] = entry.get("cache_length")
+            elif name == REWARD_MODEL:
+                values["reward_model_path"] = entry.get("model") or ""
     return values
 
 

@@ -1,4 +1,4 @@
-"""Glue shared by the tabs."""
+"""Pieces several tabs share: the job picker, its refresh, and the id of a clicked table row."""
 
 import gradio as gr
 

@@ -1,10 +1,17 @@
-"""Launch tab: model, task or a data file, reward, hyper-parameters, then Launch."""
+"""Launch tab: model, task or a data file, reward, hyper-parameters, then Launch; or Vary some
+fields over seeds and Launch a study of those jobs."""
 
 from functools import partial
 from typing import Any
 
 import gradio as gr
 
+from ui.handlers.algorithm_form import (
+    ALGORITHM_CHOICES,
+    ALGORITHM_FIELDS,
+    CUSTOM_ALGORITHM,
+    algorithm_form,
+)
 from ui.handlers.launch import (
     FORM_FIELDS,
     JSONL_SOURCE,
@@ -20,9 +27,11 @@ from ui.handlers.launch import (
     upload_dataset,
 )
 from ui.handlers.model_form import PRESET_FIELDS, model_choices, preset_values
-from ui.handlers.reward_form import EXTRA_REWARDS
 from ui.handlers.train_form import PIPELINE_CHOICES, PIPELINE_INFO
+from ui.handlers.vary import launch_study
 from ui.services import Services
+from ui.tabs.fields import number_field as _number
+from ui.tabs.fields import reward_fields
 from workers import api
 
 
@@ -44,13 +53,6 @@ def _show_environment(environment: str | None) -> tuple[dict, dict, dict]:
     )
 
 
-def _number(value: float | None, label: str, **options: Any) -> gr.Textbox:
-    """A number field as text, read whole by the handlers (`parse_number`): a browser's
-    number box drops the characters it cannot read (``1e-3.5`` became ``1e-35``) and a
-    rounded one rounds, both unseen."""
-    return gr.Textbox("" if value is None else str(value), label=label, max_lines=1, **options)
-
-
 def _apply_preset(model: str | None) -> tuple[dict, ...]:
     """A shipped policy's preset filled in (`PRESET_FIELDS`); another model changes nothing."""
     values = preset_values(model)
@@ -59,40 +61,29 @@ def _apply_preset(model: str | None) -> tuple[dict, ...]:
     return tuple(gr.update(value=values[name]) for name in PRESET_FIELDS)
 
 
-def _more_rewards() -> tuple[gr.components.Component, ...]:
-    """The first reward's weight, each extra reward's name and weight, then the `length`
-    threshold (`REWARD_FIELDS`)."""
-    fields: list[gr.components.Component] = [
-        _number(1.0, label="Weight of the first reward", elem_id="launch-reward-weight")
-    ]
-    for n in range(2, EXTRA_REWARDS + 2):
-        with gr.Row():
-            fields.append(
-                gr.Dropdown(
-                    [("(none)", ""), *((name, name) for name in api.REWARDS)],
-                    value="",
-                    allow_custom_value=True,
-                    label=f"Reward {n}",
-                    elem_id=f"launch-reward-{n}",
-                )
-            )
-            fields.append(_number(1.0, label=f"Weight {n}", elem_id=f"launch-weight-{n}"))
-    fields.append(
-        _number(
-            None,
-            label="Length threshold (tokens)",
-            info="reward `length`: 0 up to it, falling to -1 at max tokens; blank: 3/4 of max "
-            "tokens (0: a penalty from the first token)",
-            elem_id="launch-length-threshold",
-        )
-    )
-    return tuple(fields)
+def _apply_algorithm(name: str | None) -> tuple[Any, ...]:
+    """An algorithm preset's values in the form's fields it sets (`ALGORITHM_FIELDS`), the
+    others unchanged, and its paper."""
+    values, paper = algorithm_form(name)
+    updates = (gr.update(value=values[f]) if f in values else gr.update() for f in ALGORITHM_FIELDS)
+    return (*updates, paper)
 
 
 def build(services: Services) -> dict[str, gr.components.Component]:
     """The Launch tab's components and events (inside a ``gr.Tab``); returns the form's
     fields by name (`FORM_FIELDS`), for "Clone job" to fill in."""
     d = api.LAUNCH_DEFAULTS
+    with gr.Row():
+        algorithm = gr.Dropdown(
+            ALGORITHM_CHOICES,
+            value=CUSTOM_ALGORITHM,
+            label="Algorithm",
+            info="a published variant: fills in its paper's settings (what the form has no "
+            "field for comes with the job); your own values win",
+            elem_id="launch-algorithm",
+            scale=2,
+        )
+        algorithm_paper = gr.Markdown(elem_id="launch-algorithm-paper")
     with gr.Row():  # the button keeps its own height beside the labelled dropdown
         model = gr.Dropdown(
             model_choices(services),
@@ -152,7 +143,7 @@ def build(services: Services) -> dict[str, gr.components.Component]:
     with gr.Accordion(
         "More rewards (weighted sum)", open=False, elem_id="launch-more-rewards"
     ) as more_rewards:
-        more = _more_rewards()
+        more = reward_fields()
     with gr.Row():
         environment = gr.Dropdown(
             environment_choices(),
@@ -217,8 +208,8 @@ def build(services: Services) -> dict[str, gr.components.Component]:
         )
     with gr.Accordion("More", open=False), gr.Row():
         kv_strategy = gr.Dropdown(list(api.KV_STRATEGIES), value=d["kv_strategy"], label="KV cache")
-        clip_eps = _number(d["clip_eps"], label="Clip ε")
-        kl_coef = _number(d["kl_coef"], label="KL coefficient")
+        clip_eps = _number(d["clip_eps"], label="Clip ε", elem_id="launch-clip-eps")
+        kl_coef = _number(d["kl_coef"], label="KL coefficient", elem_id="launch-kl-coef")
         seed = _number(d["seed"], label="Seed")
         updates_per_batch = _number(
             d["updates_per_batch"], label="Updates per batch (reuse within the lag)"
@@ -260,8 +251,25 @@ def build(services: Services) -> dict[str, gr.components.Component]:
     with gr.Row(equal_height=True):
         launch = gr.Button("Launch", variant="primary", elem_id="launch-button", scale=1)
         status = gr.Markdown(elem_id="launch-status")
+    with gr.Accordion("Vary: a study of this job over fields and seeds", open=False):
+        with gr.Row():
+            study_name = gr.Textbox(label="Study name", elem_id="vary-name", max_length=64)
+            seeds = _number(1, label="Seeds per point", elem_id="vary-seeds")
+            concurrency = _number(1, label="Jobs at once (budget)", elem_id="vary-concurrency")
+        vary = gr.Textbox(
+            label="Fields and values",
+            placeholder="lr: 0.001, 0.003\nclip_eps: 0.2, 0.28",
+            info="one field per line; every combination runs, each with every seed",
+            lines=3,
+            max_length=4000,
+            elem_id="vary-fields",
+        )
+        with gr.Row(equal_height=True):
+            run = gr.Button("Launch study", elem_id="vary-button", scale=1)
+            study_status = gr.Markdown(elem_id="vary-status")
 
-    fields = (model, source, task, data, reward, steps, batch_size, group_size, lr, temperature)
+    fields = (algorithm, model, source, task, data, reward, steps, batch_size, group_size, lr)
+    fields += (temperature,)
     fields += (top_p, max_tokens, max_policy_lag, kv_strategy, clip_eps, kl_coef, seed)
     fields += (updates_per_batch, pipeline, heldout_every, heldout_prompts, report_to, lora)
     fields += (lora_rank, lora_alpha, lora_dropout, lora_target_modules, lora_modules_to_save)
@@ -270,6 +278,13 @@ def build(services: Services) -> dict[str, gr.components.Component]:
     form = dict(zip(FORM_FIELDS, fields, strict=True))
     launch.click(
         partial(launch_job, services), inputs_kwargs=form, outputs=status, api_name="launch"
+    )
+    study = {"study_name": study_name, "vary": vary, "seeds": seeds, "concurrency": concurrency}
+    run.click(
+        partial(launch_study, services),
+        inputs_kwargs={**form, **study},
+        outputs=study_status,
+        api_name="launch_study",
     )
     source.change(_show_source, source, [task_group, data_group], api_name="launch_source")
     lora.change(_show_lora, lora, lora_group, api_name="launch_lora_shown")  # also on Clone
@@ -284,6 +299,12 @@ def build(services: Services) -> dict[str, gr.components.Component]:
     preset = [form[name] for name in PRESET_FIELDS]
     model.input(_apply_preset, model, preset, api_name="launch_model_preset")
     lora.input(lr_for_mode, [lora, lr, model], lr, api_name="launch_lora")
+    algorithm.input(
+        _apply_algorithm,
+        algorithm,
+        [*(form[name] for name in ALGORITHM_FIELDS), algorithm_paper],
+        api_name="launch_algorithm",
+    )
     rescan.click(partial(_rescan, services), None, [model, data], api_name="launch_rescan")
     upload.upload(
         partial(_after_upload, services),

@@ -11,17 +11,14 @@ its system and user turns; its trailing assistant turn is the reference.
 from __future__ import annotations
 
 import heapq
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from core_engine.prompts import chat_prompt_ids
-from core_engine.user_files import MAX_DATA_BYTES, UnsafeFileError, open_regular
+from core_engine.prompts import encode_prompt
+from core_engine.rl.template_sandbox import render_prompts
 
 Batch = dict[str, list[str]]
-RowMapper = Callable[[Any, str], dict[str, str]]  # (a parsed row, where it is) -> a record
-MAX_PROBLEMS = 20  # malformed lines reported; reading stops at the last
 MAX_RECORDS = 1_000_000  # rows of a prompt set, in any format
 
 
@@ -46,11 +43,18 @@ def instruction_to_messages(instruction: str, input: str = "", output: str = "")
     return messages
 
 
-def longest_prompt(tokenizer: Any, records: Iterable[Mapping[str, str]]) -> int:
+def longest_prompt(
+    tokenizer: Any,
+    records: Iterable[Mapping[str, str]],
+    cancelled: Callable[[], bool] | None = None,
+) -> int:
     """Tokens of the longest prompt among `records`, each rendered with the tokenizer's chat
-    template as the engine is given it (`core_engine.prompts.chat_prompt_ids`)."""
+    template as the engine is given it, in the bounded child of
+    `core_engine.rl.template_sandbox` (`TemplateBoundError` past a bound, `RenderCancelled`
+    once ``cancelled()``)."""
     prompts = (instruction_to_messages(*_prompt_fields(r)) for r in records)
-    return max(len(chat_prompt_ids(tokenizer, messages)) for messages in prompts)
+    texts = render_prompts(tokenizer, prompts, cancelled)
+    return max(len(encode_prompt(tokenizer, text)) for text in texts)
 
 
 def longest_records(records: Iterable[Mapping[str, str]], count: int) -> list[Mapping[str, str]]:
@@ -105,62 +109,6 @@ def normalize_record(record: Mapping[str, Any], where: str = "record") -> dict[s
     if not fields["instruction"] and not fields["input"]:
         raise DataError(f"{where}: the prompt is empty (no instruction and no input)")
     return fields
-
-
-def load_jsonl(path: str | Path) -> list[dict[str, str]]:
-    """Records of a JSONL file (a regular file of at most `MAX_DATA_BYTES`, else `DataError`
-    before it is read); malformed lines are reported with their line number."""
-    return _read_jsonl(path, normalize_record, keep=True)[0]
-
-
-def count_jsonl(path: str | Path) -> int:
-    """How many records `load_jsonl` would return, checked the same way, holding none."""
-    return _read_jsonl(path, normalize_record, keep=False)[1]
-
-
-def read_jsonl_rows(path: str | Path, convert: RowMapper) -> list[dict[str, str]]:
-    """`load_jsonl` with each parsed line made a record by ``convert(row, where)``."""
-    return _read_jsonl(path, convert, keep=True)[0]
-
-
-def _read_jsonl(
-    path: str | Path, convert: RowMapper, keep: bool
-) -> tuple[list[dict[str, str]], int]:
-    """(the records if ``keep``, their count): each line parsed once; reading stops at the
-    `MAX_PROBLEMS`-th malformed line, and past `MAX_RECORDS` records with `DataError` (what
-    they decode to is bounded by rows, not only by the file's bytes)."""
-    records, count, problems = [], 0, []
-    try:
-        file = open_regular(path, MAX_DATA_BYTES)
-    except UnsafeFileError as exc:
-        raise DataError(str(exc)) from None
-    with file:
-        for number, line in enumerate(file, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = convert(json.loads(line), f"{path}:{number}")
-            except UnicodeDecodeError:
-                problems.append(f"{path}:{number}: not UTF-8 text")
-            except json.JSONDecodeError as exc:
-                problems.append(f"{path}:{number}: not valid JSON ({exc.msg})")
-            except RecursionError:
-                problems.append(f"{path}:{number}: nested too deeply")
-            except DataError as exc:
-                problems.append(str(exc))
-            else:
-                count += 1
-                if count > MAX_RECORDS:
-                    raise too_many_rows(path)
-                if keep:
-                    records.append(record)
-            if len(problems) >= MAX_PROBLEMS:
-                break
-    if problems:
-        raise DataError("malformed records:\n" + "\n".join(problems))
-    if not count:
-        raise DataError(f"{path}: no usable record")
-    return records, count
 
 
 def collate(records: Iterable[Mapping[str, str]]) -> Batch:

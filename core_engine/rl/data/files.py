@@ -1,11 +1,12 @@
 """Prompt sets as people keep them: JSONL, JSON, CSV and Parquet files, and directories saved
 with `datasets.Dataset.save_to_disk`, mapped to records (`core_engine.rl.data`) by `Columns`.
-JSONL keeps the line reader of `core_engine.rl.data`, which names each malformed line. The
-others are read by a child process whose address space is limited to `PARSE_MEMORY_BYTES`
-(`core_engine.rl.data.tables`: the column names first, then only the columns used, values as
-written, rows and decoded bytes bounded); it maps the rows and sends back the records, or only
-their count (`record_count`), so a hostile file can only end that child, and its failure is a
-`DataError`. A GSM8K answer (its last line ``#### N``) gives N, commas dropped, as the
+Every format is read by a child process whose address space is limited to
+`PARSE_MEMORY_BYTES`: JSONL line by line, each malformed line named (up to `MAX_PROBLEMS`), a
+line decoding past the limit named by its number; the others by
+`core_engine.rl.data.tables` (the column names first, then only the columns used, values as
+written, rows and decoded bytes bounded). The child maps the rows and sends back the records,
+or only their count (`record_count`), so a hostile file can only end that child, and its
+failure is a `DataError`. A GSM8K answer (its last line ``#### N``) gives N, commas dropped, as the
 reference; any other answer is kept whole. Every path is checked first
 (`core_engine.user_files`: regular, bounded). A bad file, a missing column, an empty cell the
 job needs or an empty set is a `DataError` naming the file, the column and the row.
@@ -26,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from core_engine.rl.data import DataError, normalize_record, read_jsonl_rows
+from core_engine.rl.data import MAX_RECORDS, DataError, normalize_record, too_many_rows
 from core_engine.rl.data.tables import column_list, table_rows
 from core_engine.user_files import (
     GIB,
@@ -34,6 +35,7 @@ from core_engine.user_files import (
     MIB,
     UnsafeFileError,
     dataset_dir,
+    open_regular,
     regular_file,
 )
 
@@ -46,6 +48,7 @@ MAX_COLUMN_NAME = 256
 MAX_SYSTEM_PROMPT = 32_768  # characters
 PARSE_MEMORY_BYTES = 2 * GIB  # the reading child's address space (Python and pyarrow: ~0.3 GiB)
 MAX_ERROR_CHARS = 300  # of a crashed child's last words
+MAX_PROBLEMS = 20  # malformed JSONL lines reported; reading stops at the last
 _GSM8K_LAST_LINE = re.compile(r"####[ \t]*(-?\d[\d,]*(?:\.\d+)?)")
 
 
@@ -79,19 +82,27 @@ class Columns:
         (an answer column is required when named or needed)."""
         if self.prompt is None and ("messages" in names or "instruction" in names):
             return None
-        prompt = _pick(names, self.prompt, PROMPT_COLUMNS, where, required=True)
+        form = "" if self.prompt else ", nor 'instruction' or 'messages' (the record form)"
+        prompt = _pick(names, self.prompt, PROMPT_COLUMNS, where, required=True, nor=form)
         needed = self.needs_answer or self.answer is not None
         return prompt, _pick(names, self.answer, ANSWER_COLUMNS, where, required=needed)
 
 
 def _pick(
-    names: Collection[str], name: str | None, choices: tuple[str, ...], where: str, required: bool
+    names: Collection[str],
+    name: str | None,
+    choices: tuple[str, ...],
+    where: str,
+    required: bool,
+    nor: str = "",
 ) -> str | None:
+    """The column of ``names`` that is ``name``, else the first of ``choices``; `DataError`
+    naming the candidates (and ``nor``, what else would have done) when none is there."""
     candidates = (name,) if name else choices
     found = next((candidate for candidate in candidates if candidate in names), None)
     if found is None and required:
         shown = " or ".join(repr(n) for n in candidates)
-        raise DataError(f"{where}: no column {shown} (columns: {column_list(names)})")
+        raise DataError(f"{where}: no column {shown}{nor} (columns: {column_list(names)})")
     return found
 
 
@@ -141,8 +152,8 @@ def load_records(path: str | Path, columns: Columns = Columns()) -> list[dict[st
 
 
 def record_count(path: str | Path, columns: Columns = Columns()) -> int:
-    """How many records `load_records` returns, checked the same way; but for JSONL, the
-    records never reach this process."""
+    """How many records `load_records` returns, checked the same way; the records never reach
+    this process."""
     return _records(Path(path), columns, keep=False)[1]
 
 
@@ -156,12 +167,9 @@ def _records(path: Path, columns: Columns, keep: bool) -> tuple[list[dict[str, s
         raise DataError(str(exc)) from None
     if not path.is_dir() and path.suffix.lower() not in FORMATS:
         raise DataError(f"{path}: unknown format (use {', '.join(FORMATS)} or a saved dataset)")
-    if not path.is_dir() and path.suffix.lower() == ".jsonl":
-        records = read_jsonl_rows(path, lambda row, where: map_row(row, columns, where))
-        return records, len(records)
     records, count = _read_in_child(path, columns, keep)
     if not count:
-        raise DataError(f"{path}: no records (an empty split)")
+        raise DataError(f"{path}: no usable record (an empty file or split)")
     return records, count
 
 
@@ -196,11 +204,56 @@ def _read_in_child(path: Path, columns: Columns, keep: bool) -> tuple[list[dict[
             f"{path}: its reader crashed ({how}: {last_words[-MAX_ERROR_CHARS:]}); parsing it "
             f"may need more than {limit} of memory"
         )
-    if result.get("memory"):
-        raise DataError(f"{path}: parsing it needed more than {limit} of memory")
+    if "memory" in result:
+        raise DataError(f"{result['memory']}: parsing it needed more than {limit} of memory")
     if "error" in result:
         raise DataError(result["error"])
     return records, result["count"]
+
+
+class _LineOutOfMemory(MemoryError):
+    """A JSONL line that decodes to more than the child may hold, with where it is."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(where)
+        self.where = where
+
+
+def _jsonl_records(path: Path, columns: Columns) -> Iterator[dict[str, str]]:
+    """The records of a JSONL file (in the child), each line parsed once; `DataError` naming
+    the malformed lines once reading ends, which it does at the `MAX_PROBLEMS`-th, and past
+    `MAX_RECORDS` records."""
+    problems, count = [], 0
+    try:
+        file = open_regular(path, MAX_DATA_BYTES)
+    except UnsafeFileError as exc:
+        raise DataError(str(exc)) from None
+    with file:
+        for number, line in enumerate(file, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                record = map_row(json.loads(line), columns, where)
+            except UnicodeDecodeError:
+                problems.append(f"{where}: not UTF-8 text")
+            except json.JSONDecodeError as exc:
+                problems.append(f"{where}: not valid JSON ({exc.msg})")
+            except RecursionError:
+                problems.append(f"{where}: nested too deeply")
+            except DataError as exc:
+                problems.append(str(exc))
+            except MemoryError:
+                raise _LineOutOfMemory(where) from None
+            else:
+                count += 1
+                if count > MAX_RECORDS:
+                    raise too_many_rows(path)
+                yield record
+            if len(problems) >= MAX_PROBLEMS:
+                break
+    if problems:
+        raise DataError("malformed records:\n" + "\n".join(problems))
 
 
 def _table_records(path: Path, columns: Columns) -> Iterator[dict[str, str]]:
@@ -219,7 +272,8 @@ def _table_records(path: Path, columns: Columns) -> Iterator[dict[str, str]]:
 def _serve(memory_bytes: int) -> None:
     """The child: ``memory_bytes`` of address space, the request on stdin; once every row is
     read, one JSON line per record kept, then ``{"count": N}``; or only ``{"error": message}``
-    or ``{"memory": true}``, so a refused file's records never reach the caller."""
+    or ``{"memory": where}`` (the file, or its line), so a refused file's records never reach
+    the caller."""
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     limit = memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard)
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -227,8 +281,9 @@ def _serve(memory_bytes: int) -> None:
     path, columns = Path(request["path"]), Columns(**request["columns"])
     lines: list[str] = []
     count = 0
+    jsonl = not path.is_dir() and path.suffix.lower() == ".jsonl"
     try:
-        for record in _table_records(path, columns):
+        for record in (_jsonl_records if jsonl else _table_records)(path, columns):
             count += 1
             if request["keep"]:
                 lines.append(json.dumps([record[key] for key in RECORD_KEYS]))
@@ -236,8 +291,10 @@ def _serve(memory_bytes: int) -> None:
         sys.stdout.writelines(line + "\n" for line in lines)
     except DataError as exc:
         result = {"error": str(exc)}
+    except _LineOutOfMemory as exc:
+        result = {"memory": exc.where}
     except MemoryError:
-        result = {"memory": True}
+        result = {"memory": str(path)}
     except Exception as exc:  # any reader failure is the file's fault
         cause = exc.__cause__ or exc
         result = {"error": f"{path}: not a readable dataset ({type(cause).__name__}: {cause})"}

@@ -1,48 +1,46 @@
-"""Registered environments in a child process, with a time and a memory limit.
+"""Registered environments in a child process (`env_child`), with time and memory limits.
 
-The child (``python -m core_engine.rl.episodes.env_sandbox module:factory memory_bytes``)
-limits its address space (``RLIMIT_AS``), imports the factory, reports the tools and then
-keeps one environment per episode id. A request is a batch; the child answers one JSON line
-per item as soon as it is done, and each item has ``timeout_s`` from the previous answer (or
-the request). What the child does never raises here: it becomes the item's `EnvResult.error`,
-and an error ends that episode:
+The child (`env_process.ChildProcess`) runs with a scrubbed environment (no secret of the
+worker's), leads its own process group and has a lifeline to the worker: closing a session, a
+child failing, or the worker exiting in any way kills the whole group, whatever the
+environment started. A request is a batch; the child answers one JSON line per item as soon as it is
+done, tagged with the request's id and the item's episode id, and each item has
+``timeout_s`` from the previous answer (or the request), the whole batch ``batch_timeout_s``.
+What the child does never raises here: it becomes the item's `EnvResult.error`, and an error
+ends that episode:
 
 - an exception in ``reset``/``step`` (MemoryError included) or a result breaking the contract
-  (`environments.check_step`, a reply over `MAX_LINE_BYTES`): ``env_error`` naming it; the
-  child goes on;
+  (`environments.check_step`, a reply over `env_child.MAX_REPLY_BYTES` decoded): ``env_error``
+  naming it; the child goes on;
 - an item over the time limit: ``env_timeout``, and the child is killed; a child that exits
-  (a crash, killed by the system): ``env_error``. Either way every other episode the child
-  held is lost: its next call answers ``env_error: the environment process was restarted
-  after episode N timed out`` (or crashed), and the next reset starts a fresh child.
+  (a crash, killed by the system), or a reply that is unreadable, breaks the contract or
+  answers another request or episode (a stray line, a forked copy answering too):
+  ``env_error``. Either way every other episode the child held is lost: its next call answers
+  ``env_error: the environment process was restarted after episode N timed out`` (or crashed,
+  or sent an unreadable reply), and the next reset starts a fresh child.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
+import itertools
 import json
 import os
 import select
-import subprocess
-import sys
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any
 
-from core_engine.rl.episodes.environments import (
-    check_reset,
-    check_step,
-    check_tools,
-    environment_target,
-)
-from core_engine.rl.registry import limit_address_space
+from core_engine.rl.episodes import env_child
+from core_engine.rl.episodes.env_process import ChildProcess
+from core_engine.rl.episodes.environments import check_reset, check_step, environment_target
 
 DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_BATCH_TIMEOUT_S = 120.0
 DEFAULT_MEMORY_BYTES = 1 << 30
 START_TIMEOUT_S = 60.0  # the child's start: the operator's import and the tools
-MAX_LINE_BYTES = 1 << 20  # one reply
-MAX_ERROR_CHARS = 1000
+MAX_LINE_BYTES = 6 * env_child.MAX_REPLY_BYTES + 1024  # a reply's line, escaped (\u001f: 6x)
 NO_ENVIRONMENT = "has no environment (not reset, closed, or ended by an error)"
 
 
@@ -66,22 +64,34 @@ def _failed(error: str) -> EnvResult:
 
 class EnvironmentSession:
     """One child process hosting the environments of many episodes (a context manager).
-    `timeout_s` per item (default ``RLWB_ENV_TIMEOUT`` or 10 s), `memory_bytes` of address
-    space for the child (default ``RLWB_ENV_MEMORY`` or 1 GiB). ValueError for a name the
-    operator did not register; RuntimeError if the environment does not start."""
+    `timeout_s` per item (default ``RLWB_ENV_TIMEOUT`` or 10 s), `batch_timeout_s` per call
+    (default ``RLWB_ENV_BATCH_TIMEOUT`` or 120 s), `memory_bytes` of address space for the
+    child (default ``RLWB_ENV_MEMORY`` or 1 GiB). ValueError for a name the operator did not
+    register; RuntimeError if the environment does not start."""
 
     def __init__(
-        self, name: str, *, timeout_s: float | None = None, memory_bytes: int | None = None
+        self,
+        name: str,
+        *,
+        timeout_s: float | None = None,
+        batch_timeout_s: float | None = None,
+        memory_bytes: int | None = None,
     ) -> None:
         self.name = name
         self.target = environment_target(name)
         if timeout_s is None:
             timeout_s = float(os.environ.get("RLWB_ENV_TIMEOUT", DEFAULT_TIMEOUT_S))
+        if batch_timeout_s is None:
+            batch_timeout_s = float(
+                os.environ.get("RLWB_ENV_BATCH_TIMEOUT", DEFAULT_BATCH_TIMEOUT_S)
+            )
         if memory_bytes is None:
             memory_bytes = int(os.environ.get("RLWB_ENV_MEMORY", DEFAULT_MEMORY_BYTES))
-        self.timeout_s, self.memory_bytes = timeout_s, memory_bytes
-        self._child: subprocess.Popen | None = None
+        self.timeout_s, self.batch_timeout_s = timeout_s, batch_timeout_s
+        self.memory_bytes = memory_bytes
+        self._child: ChildProcess | None = None
         self._buffer = bytearray()
+        self._requests = itertools.count()
         self._live: set[int] = set()  # episodes whose environment the child holds
         self._lost: dict[int, str] = {}  # episodes a failed child took with it -> why
         self._closing: list[int] = []  # told to the child with the next request
@@ -92,6 +102,11 @@ class EnvironmentSession:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def process_group(self) -> int | None:
+        """The child's process group (every process the environment started), if running."""
+        return None if self._child is None else self._child.process.pid
 
     def reset(self, episode_ids: list[int], tasks: list[dict[str, str]]) -> list[EnvResult]:
         """Start (or restart) each episode's environment on its task: the opening messages."""
@@ -122,7 +137,8 @@ class EnvironmentSession:
         return [result or next(answers) for result in results]
 
     def close(self, episode_ids: list[int] | None = None) -> None:
-        """Drop these episodes' environments (None: all of them, and stop the child)."""
+        """Drop these episodes' environments (None: all of them, and kill the child's
+        process group)."""
         if episode_ids is None:
             self._stop()
             self._live.clear()
@@ -135,11 +151,9 @@ class EnvironmentSession:
                 self._closing.append(episode_id)
 
     def _start(self) -> list[dict]:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        command = [sys.executable, "-m", __name__, self.target, str(self.memory_bytes)]
-        child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-        weakref.finalize(self, _kill, child)
-        os.set_blocking(child.stdin.fileno(), False)
+        child = ChildProcess.start(self.target, self.memory_bytes)
+        weakref.finalize(self, child.kill)
+        os.set_blocking(child.process.stdin.fileno(), False)
         self._child, self._buffer = child, bytearray()
         try:
             hello = json.loads(self._read_line(time.monotonic() + START_TIMEOUT_S))
@@ -148,38 +162,46 @@ class EnvironmentSession:
         except (OSError, EOFError, ValueError):
             why = "the process exited (see the worker log)"
         else:
-            if "tools" in hello:
+            if isinstance(hello, dict) and isinstance(hello.get("tools"), list):
                 return hello["tools"]
-            why = hello["error"]
+            why = hello.get("error") if isinstance(hello, dict) else None
+            why = str(why or "its first reply was not its tools")
         self._stop()
         raise RuntimeError(f"environment {self.name!r} ({self.target}) did not start: {why}")
 
     def _stop(self) -> int | None:
-        """Kill the child (if any); its exit status."""
+        """Kill the child's process group (if any); the child's exit status."""
         child, self._child = self._child, None
         self._closing.clear()
-        return None if child is None else _kill(child)
+        return None if child is None else child.kill()
 
     def _call(self, op: str, items: list[tuple[int, Any]]) -> list[EnvResult]:
-        """Send a batch and read one answer per item, each within the time limit; a child
+        """Send a batch and read one answer per item, each within the time limits; a child
         that fails is stopped and takes its episodes with it."""
-        request = {"op": op, "items": items, "close": self._closing}
+        request_id = next(self._requests)
+        request = {"id": request_id, "op": op, "items": items, "close": self._closing}
         self._closing = []
         results: list[EnvResult] = []
         current = items[0][0]
-        deadline = time.monotonic() + self.timeout_s
+        batch_end = time.monotonic() + self.batch_timeout_s
+        deadline = min(time.monotonic() + self.timeout_s, batch_end)
         try:
             self._write(json.dumps(request).encode() + b"\n", deadline)
             for current, _ in items:
-                results.append(self._answer(op, current, self._read_line(deadline)))
-                deadline = time.monotonic() + self.timeout_s
+                reply = _reply(self._read_line(deadline), request_id, current)
+                results.append(self._answer(op, current, reply))
+                deadline = min(time.monotonic() + self.timeout_s, batch_end)
             return results
         except TimeoutError:
             what = "timed out"
             error = f"env_timeout: episode {current}'s {op} took longer than {self.timeout_s:g} s"
+            if time.monotonic() >= batch_end:
+                error = (
+                    f"env_timeout: the batch's {op} took longer than {self.batch_timeout_s:g} s "
+                    f"(RLWB_ENV_BATCH_TIMEOUT), at episode {current}"
+                )
         except (OSError, EOFError):
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._child.wait(timeout=1)  # exiting: its own status, unless it lingers
+            self._child.await_exit()  # exiting: its own status, unless it lingers
             what, status = "crashed", _exit_status(self._stop())
             error = (
                 f"env_error: the environment process exited ({status}) "
@@ -196,18 +218,22 @@ class EnvironmentSession:
         self._live.clear()
         return [*results, _failed(error), *(_failed(lost) for _ in unanswered[1:])]
 
-    def _answer(self, op: str, episode_id: int, line: bytes) -> EnvResult:
-        reply = json.loads(line)
+    def _answer(self, op: str, episode_id: int, reply: dict) -> EnvResult:
+        """The item's result from its (checked) reply; ValueError for one breaking the
+        contract (only a write past the child's checks can)."""
         if "error" in reply:
             self._live.discard(episode_id)
-            return _failed(f"env_error: {reply['error']}")
+            return _failed(f"env_error: {str(reply['error'])[: env_child.MAX_ERROR_CHARS]}")
         if op == "reset":
+            result = EnvResult(check_reset(reply.get("messages")))
             self._live.add(episode_id)
             self._lost.pop(episode_id, None)
-        return EnvResult(reply["messages"], reply["reward"], reply["done"])
+            return result
+        checked = check_step({k: v for k, v in reply.items() if k not in ("id", "episode")})
+        return EnvResult(checked["messages"], checked["reward"], checked["done"])
 
     def _write(self, data: bytes, deadline: float) -> None:
-        to_child = self._child.stdin.fileno()
+        to_child = self._child.process.stdin.fileno()
         pending = memoryview(data)
         while pending:
             remaining = deadline - time.monotonic()
@@ -220,7 +246,7 @@ class EnvironmentSession:
     def _read_line(self, deadline: float) -> bytes:
         """The child's next line (TimeoutError after `deadline`, EOFError if it exited,
         ValueError over `MAX_LINE_BYTES`)."""
-        from_child = self._child.stdout.fileno()
+        from_child = self._child.process.stdout.fileno()
         while (end := self._buffer.find(b"\n", 0, MAX_LINE_BYTES)) < 0:
             if len(self._buffer) >= MAX_LINE_BYTES:
                 raise ValueError(f"longer than {MAX_LINE_BYTES} bytes")
@@ -236,67 +262,22 @@ class EnvironmentSession:
         return line
 
 
+def _reply(line: bytes, request_id: int, episode_id: int) -> dict:
+    """A reply line as a dict answering this request's item; ValueError naming what is
+    wrong (not JSON, not an object, a reply to another request or episode)."""
+    try:
+        reply = json.loads(line)
+    except ValueError as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    if not isinstance(reply, dict):
+        raise ValueError(f"a JSON {type(reply).__name__}, not an object")
+    if reply.get("id") != request_id or reply.get("episode") != episode_id:
+        raise ValueError(
+            f"it answers request {reply.get('id')!r} episode {reply.get('episode')!r}, not "
+            f"request {request_id} episode {episode_id} (a stray write, or a forked process)"
+        )
+    return reply
+
+
 def _exit_status(returncode: int) -> str:
     return f"signal {-returncode}" if returncode < 0 else f"code {returncode}"
-
-
-def _kill(child: subprocess.Popen) -> int:
-    if child.poll() is None:
-        child.kill()
-    child.wait()
-    child.stdin.close()
-    child.stdout.close()
-    return child.returncode
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
-
-
-def _send(protocol: BinaryIO, reply: dict) -> None:
-    """Write a reply as one JSON line; ValueError (nothing written) over `MAX_LINE_BYTES`."""
-    line = json.dumps(reply).encode() + b"\n"
-    if len(line) > MAX_LINE_BYTES:
-        raise ValueError(f"the reply is {len(line)} bytes, more than the {MAX_LINE_BYTES} allowed")
-    protocol.write(line)
-    protocol.flush()
-
-
-def _serve(target: str, memory_bytes: int) -> None:
-    """The child: one JSON line per item on the original stdout; what the environment prints
-    goes to stderr."""
-    protocol = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    limit_address_space(memory_bytes)
-    try:
-        module_name, _, attr = target.partition(":")
-        factory = getattr(importlib.import_module(module_name), attr)
-        _send(protocol, {"tools": check_tools(factory().tools)})
-    except Exception as exc:
-        _send(protocol, {"error": _describe(exc)})
-        return
-    instances: dict[int, Any] = {}
-    for request in map(json.loads, sys.stdin):
-        for episode_id in request["close"]:
-            instances.pop(episode_id, None)
-        for episode_id, payload in request["items"]:
-            try:
-                if request["op"] == "reset":
-                    instances.pop(episode_id, None)
-                    instance = factory()
-                    reply = {
-                        "messages": check_reset(instance.reset(payload)),
-                        "reward": None,
-                        "done": False,
-                    }
-                    instances[episode_id] = instance
-                else:
-                    reply = check_step(instances[episode_id].step(payload))
-                _send(protocol, reply)
-            except Exception as exc:
-                instances.pop(episode_id, None)
-                _send(protocol, {"error": _describe(exc)})
-
-
-if __name__ == "__main__":
-    _serve(sys.argv[1], int(sys.argv[2]))

@@ -27,6 +27,7 @@ import random
 import re
 from typing import Any
 
+from core_engine.rl.episodes.record import messages_problem, observation_problem
 from core_engine.rl.registry import registered
 
 ENTRY_POINT_GROUP = "rlwb.environments"
@@ -79,16 +80,19 @@ def check_tools(tools: Any) -> list[dict]:
 
 
 def check_reset(messages: Any) -> list[dict[str, str]]:
-    """What `reset` returned, if it is at least one message of role system or user."""
+    """What `reset` returned, if it is at least one message of role system or user whose
+    texts an episode's record holds (`core_engine.rl.episodes.record`)."""
     _check_messages(messages, RESET_ROLES)
     if not messages:
         raise ValueError("reset returned no messages")
+    _check_record(messages_problem(messages, "the opening"))
     return messages
 
 
 def check_step(result: Any) -> dict[str, Any]:
     """What `step` returned as ``{"messages", "reward", "done"}``; ValueError naming the
-    problem (a missing reward is None, a missing done False)."""
+    problem (a missing reward is None, a missing done False; messages an episode's record
+    does not hold)."""
     if not isinstance(result, dict):
         raise ValueError(f"step must return a dict, got {type(result).__name__}")
     unknown = set(result) - {"messages", "reward", "done"}
@@ -97,6 +101,7 @@ def check_step(result: Any) -> dict[str, Any]:
     if "messages" not in result:
         raise ValueError("step returned no 'messages'")
     _check_messages(result["messages"], STEP_ROLES)
+    _check_record(observation_problem(result["messages"]))
     reward, done = result.get("reward"), result.get("done", False)
     if reward is not None and (
         isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward)
@@ -106,6 +111,11 @@ def check_step(result: Any) -> dict[str, Any]:
         raise ValueError(f"done must be True or False, got {done!r}")
     reward = None if reward is None else float(reward)
     return {"messages": result["messages"], "reward": reward, "done": done}
+
+
+def _check_record(problem: str | None) -> None:
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def _check_messages(messages: Any, roles: tuple[str, ...]) -> None:

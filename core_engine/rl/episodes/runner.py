@@ -14,19 +14,25 @@ token, which the episode records (`resumed_at`, as a preemption's resume) for th
 An episode ends `done` (the environment says so), `max_turns`, `context_exceeded` (its next
 turn would not fit `max_episode_tokens`), `tool_parse_error` (its last turn's call could not
 be parsed, at `max_turns`), `env_error` or `env_timeout` (the environment failed: the episode
-is an error and its group is never trained on), or with the engine's error.
+is an error and its group is never trained on), or `error`: the engine's error, an opening that
+leaves no room for a turn (`prompt_too_long`) or a record the store could not hold
+(`unstorable`, `core_engine.rl.episodes.record`).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from core_engine.prompts import encode_prompt, render_prompt, turn_bridge
+from core_engine.prompts import encode_prompt, render_prompt
 from core_engine.rl.data import batch_rows
+from core_engine.rl.episodes.observations import observation_ids
+from core_engine.rl.episodes.record import messages_problem, observation_problem, segment_problem
 from core_engine.rl.rollout import MixedVersionsError, RawRollout
+from core_engine.rl.rollout.seeds import sample_seed
+from core_engine.rl.rollout.sources import BatchCancelled
 from core_engine.scheduler import InferenceScheduler
 from core_engine.task import (
     ErrorCode,
@@ -104,6 +110,15 @@ class Episode:
         segment = {"role": role, "start": start, "end": len(self.tokens), "text": content}
         self.segments.append({**segment, **{k: v for k, v in info.items() if v is not None}})
 
+    def drop_last_segment(self) -> None:
+        """Take the last segment and its tokens back out of the history."""
+        segment = self.segments.pop()
+        start = segment["start"]
+        for values in (self.tokens, self.mask, self.logprobs, self.temp_logprobs, self.versions):
+            del values[start:]
+        self.resumed_at = [i for i in self.resumed_at if i < start]
+        self.turns -= segment["role"] == "assistant"
+
 
 @dataclass(frozen=True)
 class EpisodeLimits:
@@ -115,7 +130,8 @@ class EpisodeGenerator:
     """`RolloutGenerator`'s role for multi-turn episodes: `generate(batch, seed)` runs G
     episodes of each task of the batch against an environment session
     (`core_engine.rl.episodes.env_sandbox.EnvironmentSession`) and returns them as a
-    `RawRollout` with their loss masks, segments, finishes and rewards."""
+    `RawRollout` with their loss masks, segments, finishes and rewards. `cancelled` is asked
+    between two turns: a cancel ends the batch there (`BatchCancelled`)."""
 
     def __init__(
         self,
@@ -126,10 +142,11 @@ class EpisodeGenerator:
         session: Any,
         limits: EpisodeLimits,
         in_flight: bool = False,
+        cancelled: Callable[[], bool] = lambda: False,
     ) -> None:
         self.engine, self.params, self.group_size = engine, params, group_size
         self.tokenizer, self.session, self.limits = tokenizer, session, limits
-        self.in_flight = in_flight
+        self.in_flight, self.cancelled = in_flight, cancelled
         self.tool_names = [t.get("function", {}).get("name") for t in session.tools]
 
     def generate(self, batch: Mapping[str, Sequence[str]], seed: int) -> RawRollout:
@@ -138,11 +155,17 @@ class EpisodeGenerator:
         try:
             live = [e for e in episodes if e.finish is None]
             while live:
+                if self.cancelled():
+                    raise BatchCancelled("cancelled between two turns of the batch's episodes")
                 self._turn(live, seed)
                 live = [e for e in episodes if e.finish is None]
         finally:
             self.session.close([e.episode_id for e in episodes])
         return self._rollout(rows, episodes, seed)
+
+    def close(self) -> None:
+        """End the environment session (its child and every process it started)."""
+        self.session.close()
 
     # ----------------------------------------------------------------- the steps
     def _open(self, rows: list[dict[str, str]]) -> list[Episode]:
@@ -153,7 +176,8 @@ class EpisodeGenerator:
         episodes = []
         for i, (episode_id, result) in enumerate(zip(ids, opened, strict=True)):
             first = episodes[i - i % self.group_size] if i % self.group_size else None
-            messages = result.messages if result.error is None else []
+            problem = None if result.error else messages_problem(result.messages, "the opening")
+            messages = result.messages if result.error is None and problem is None else []
             prompt = (
                 encode_prompt(
                     self.tokenizer, render_prompt(self.tokenizer, messages, self.session.tools)
@@ -162,8 +186,17 @@ class EpisodeGenerator:
                 else []
             )
             episode = Episode(i, messages, prompt, episode_id)
+            budget = self.limits.max_episode_tokens
             if result.error is not None:
                 episode.end(result.code, TaskError(ErrorCode(result.code), result.error))
+            elif problem is not None:
+                episode.end("error", TaskError(ErrorCode.UNSTORABLE, problem))
+            elif len(prompt) >= budget:
+                message = (
+                    f"the opening is {len(prompt)} tokens: no room for a turn within "
+                    f"max_episode_tokens={budget}"
+                )
+                episode.end("error", TaskError(ErrorCode.PROMPT_TOO_LONG, message))
             elif first is not None and first.finish is None and first.prompt_ids != prompt:
                 message = "env_error: reset gave the episodes of one task different openings"
                 episode.end("env_error", TaskError(ErrorCode.ENV_ERROR, message))
@@ -183,7 +216,7 @@ class EpisodeGenerator:
         if not ready:
             return
         params = [
-            replace(self.params, max_tokens=room, seed=seed + 7919 * e.index + e.turns)
+            replace(self.params, max_tokens=room, seed=sample_seed(seed, e.index, e.turns))
             for e, room in ready
         ]
         results = self.engine.run_batch([e.history for e, _ in ready], params)
@@ -199,6 +232,9 @@ class EpisodeGenerator:
             e.segments[-1]["tool_calls"] = calls
             if parsed.error is not None:
                 e.segments[-1]["tool_error"] = parsed.error
+            if _unstorable(e):
+                continue
+            if parsed.error is not None:
                 observation = [{"role": "tool", "content": f"error: {parsed.error}"}]
                 self._continue(e, result, observation, "tool_parse_error")
                 continue
@@ -227,17 +263,18 @@ class EpisodeGenerator:
         if e.turns >= self.limits.max_turns:
             e.end(at_limit)
             return
-        end, bridge = turn_bridge(self.tokenizer, e.messages, observation, self.session.tools)
-        stop = result.stop_reason
-        if isinstance(stop, int):  # the sampled end token already stands for its text
-            sampled = self.tokenizer.decode([stop], skip_special_tokens=False)
-            end = end[len(sampled) :] if end.startswith(sampled) else end
-        ids = encode_prompt(self.tokenizer, end + bridge)
+        problem = observation_problem(observation)
+        if problem is not None:
+            e.end("error", TaskError(ErrorCode.UNSTORABLE, problem))
+            return
+        tools, stop = self.session.tools, result.stop_reason
+        ids = observation_ids(self.tokenizer, e.messages, observation, tools, stop)
         if len(e.history) + len(ids) >= self.limits.max_episode_tokens:
             e.end("context_exceeded")
             return
         error = e.segments[-1].get("tool_error")
         e.add_observation(ids, observation, tool_error=error)
+        _unstorable(e)
 
     # ----------------------------------------------------------------- the record
     def _rollout(self, rows: list[dict], episodes: list[Episode], seed: int) -> RawRollout:
@@ -269,7 +306,7 @@ class EpisodeGenerator:
             ],
             errors=[e.error if e.finish in failed else None for e in episodes],
             cached_prompt_tokens=[e.cached_tokens for e in episodes],
-            seeds=[seed + 7919 * e.index for e in episodes],
+            seeds=[sample_seed(seed, e.index) for e in episodes],
             policy_version=min(versions, default=self.engine.version),
             group_size=g,
             temperature=self.params.temperature,
@@ -280,3 +317,14 @@ class EpisodeGenerator:
             episode_finishes=[e.finish or "done" for e in episodes],
             episode_rewards=[e.reward for e in episodes],
         )
+
+
+def _unstorable(e: Episode) -> bool:
+    """End `e` as an error, without its last segment, if that segment breaks what the store
+    holds."""
+    problem = segment_problem(e.segments[-1], len(e.segments) - 1)
+    if problem is not None:
+        e.drop_last_segment()
+        message = f"{problem}: the episode ends before it, without it"
+        e.end("error", TaskError(ErrorCode.UNSTORABLE, message))
+    return problem is not None

@@ -6,8 +6,8 @@ parameter, 12 with bfloat16 moments), a KL reference model (4 bytes per paramete
 engine's own copy when it computes in a lower precision or the trainer's weights are sharded,
 and the engine's KV pool when it is
 kept during the training phase. A LoRA job instead holds its frozen base once, in the engine's
-dtype (the engine serves it, its adapter disabled it is the KL reference), plus 16 (12) bytes
-per adapter parameter, counted as fp32.
+dtype (the engine serves it; its KL reference is a module tree over the same base tensors, no
+copy), plus 16 (12) bytes per adapter parameter, counted as fp32.
 Over N devices (ranks), each device's share: with full weights FSDP2 shards the trainer's
 weights, gradients and moments (and the frozen KL reference) into N parts, and all-gathers one
 decoder layer at a time in its compute dtype (bf16 on CUDA), with the root (embedding, final
@@ -17,6 +17,9 @@ its shards (`core_engine.rl.ranks.state`): no whole fp32 copy ever exists on a r
 rank's engine keeps its own full copy (in its dtype, fp32 too) and KV pool. A LoRA job
 replicates its frozen base and its adapter on every rank, and `sharding = "replicate"` all of a
 full-weight job: nothing of them shrinks with N.
+A reward model of the job's reward list (`core_engine.rl.rewards.reward_model`) is held on
+every device that scores, in the dtype it scores in: once per process that scores (two when a
+child process generates).
 Activations, the log-softmax chunks and the process itself come on top, so a job refused here
 could never have run; one that passes may still need more.
 """
@@ -37,6 +40,8 @@ from core_engine.cache.sizing import kv_budget_bytes
 from core_engine.engine import resolve_dtype
 from core_engine.model import CausalLM, ModelConfig
 from core_engine.rl.config import GRPOConfig
+from core_engine.rl.rewards.mix import parse_rewards
+from core_engine.rl.rewards.reward_model import REWARD_MODEL, reward_model_parameters
 from core_engine.rl.trainer.optimizer import optimizer_state_bytes
 
 GIB = 2**30
@@ -59,6 +64,7 @@ class Footprint:
     base_bytes: int = 0  # LoRA: the frozen base, shared by the trainer and the engine
     devices: int = 1  # ranks of the job; every byte count here is one device's
     gathered_bytes: int = 0  # FSDP2: one decoder layer's and the root's parameters gathered
+    reward_model_bytes: int = 0  # the job's reward models, as they score
 
     @property
     def total_bytes(self) -> int:
@@ -69,6 +75,7 @@ class Footprint:
             + self.kv_bytes
             + self.base_bytes
             + self.gathered_bytes
+            + self.reward_model_bytes
         )
 
     def describe(self) -> str:
@@ -88,6 +95,8 @@ class Footprint:
             parts.append(f"{self.engine_copy_bytes / GIB:.2f} GiB engine copy")
         if self.kv_bytes:
             parts.append(f"{self.kv_bytes / GIB:.2f} GiB KV kept while training")
+        if self.reward_model_bytes:
+            parts.append(f"{self.reward_model_bytes / GIB:.2f} GiB reward model")
         per_device = f" per device over {self.devices}" if self.devices > 1 else ""
         return f"{self.parameters:,} parameters{per_device}: " + " + ".join(parts)
 
@@ -132,6 +141,18 @@ def fsdp_compute_dtype(device: torch.device) -> torch.dtype:
     return resolve_dtype("auto", device)
 
 
+def reward_model_bytes(config: GRPOConfig, device: torch.device) -> int:
+    """What the job's reward models take on `device` (see the module docstring)."""
+    if isinstance(config.reward, str) or config.reward is None:
+        return 0
+    terms = [t for t in parse_rewards(config.reward) if t.name == REWARD_MODEL]
+    if not terms:
+        return 0
+    copies = 2 if config.generates_in_process(device.type) else 1
+    itemsize = resolve_dtype("auto", device).itemsize
+    return copies * itemsize * sum(reward_model_parameters(t.model or "") for t in terms)
+
+
 def training_footprint(
     config: GRPOConfig, hf_config: Any, device: torch.device, devices: int = 1
 ) -> Footprint:
@@ -161,6 +182,7 @@ def training_footprint(
             adapter_parameters=adapter,
             base_bytes=parameters * engine_dtype.itemsize,
             devices=devices,
+            reward_model_bytes=reward_model_bytes(config, device),
         )
     shard = shard_parameters(model, devices if sharded else 1)
     gathered = 0
@@ -170,11 +192,12 @@ def training_footprint(
     return Footprint(
         parameters=parameters,
         trainer_bytes=per_trained * shard,
-        reference_bytes=4 * shard if config.kl_coef else 0,
+        reference_bytes=4 * shard if config.kl_coef else 0,  # sharded as the policy
         engine_copy_bytes=engine_copy,
         kv_bytes=kv,
         devices=devices,
         gathered_bytes=gathered,
+        reward_model_bytes=reward_model_bytes(config, device),
     )
 
 

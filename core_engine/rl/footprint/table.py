@@ -1,6 +1,6 @@
-"""The README's memory tables: the footprint rule (`footprint.training_footprint`) on the meta
-device for the Qwen2.5 shapes and Llama-3.1-8B, full-weight vs LoRA (r=16, all-linear, bf16 base
-on CUDA), with the KV budget the colocated engine would get beside it; then one device's floor
+"""The memory tables of docs/sizing.md: the footprint rule (`footprint.training_footprint`) on the
+meta device for the Qwen2.5 shapes and Llama-3.1-8B, full-weight vs LoRA (r=16, all-linear, bf16
+base on CUDA), with the KV budget the colocated engine would get beside it; then one device's floor
 for the 7B and 8B shapes on 1, 2, 4 and 8 devices (FSDP2 full weights, replicated LoRA).
 
     python -m core_engine.rl.footprint.table

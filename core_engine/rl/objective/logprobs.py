@@ -13,8 +13,9 @@ from core_engine.model import CausalLM
 
 class _SelectiveLogSoftmax(torch.autograd.Function):
     """log_softmax(hidden @ weight.T / temperature)[row, target] by chunks of rows, and each
-    row's entropy -sum(p log p) (no gradient), from the chunk's log-probs, which replace its
-    logits in place: one pass more over what the forward holds anyway.
+    row's entropy H = -sum(p log p), from the chunk's log-probs, which replace its logits in
+    place: one pass more over what the forward holds anyway. The entropy has a gradient (an
+    entropy bonus): dH / dlogit_k = -p_k (log p_k + H), computed only when a loss uses it.
 
     The backward recomputes each chunk's logits instead of keeping them: the vocabulary-wide
     tensors alive at any time are [chunk_rows, vocab] (fp32), and the one temporary
@@ -31,24 +32,35 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
             out[rows] = logp.gather(1, targets[rows, None]).squeeze(1)
             entropy[rows] = -logp.exp().mul_(logp).sum(-1)
         ctx.save_for_backward(hidden, weight, targets)
-        ctx.mark_non_differentiable(entropy)
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None
         ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
         return out, entropy
 
     @staticmethod
-    def backward(ctx, grad_out, _grad_entropy):
+    def backward(ctx, grad_out, grad_entropy):
         hidden, weight, targets = ctx.saved_tensors
         grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        if grad_out is None:
+            grad_out = torch.zeros(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         for start in range(0, hidden.shape[0], ctx.chunk_rows):
             rows = slice(start, start + ctx.chunk_rows)
             h = hidden[rows]
+            logits = _chunk_logits(h, weight, ctx.temperature)
+            if grad_entropy is not None:
+                logp = logits.log_softmax(-1)
+                p = logp.exp()
+                entropy = -(p * logp).sum(-1, keepdim=True)
+                scale = -grad_entropy[rows, None] / ctx.temperature
+                entropy_term = p.mul_(logp.add_(entropy)).mul_(scale)  # -p (log p + H) / T
             # d logp[target] / d logits = onehot(target) - softmax, scaled by 1 / T.
-            grad_logits = _chunk_logits(h, weight, ctx.temperature).softmax(-1)
+            grad_logits = logits.softmax(-1)
             grad_logits.neg_().scatter_add_(
                 1, targets[rows, None], torch.ones_like(grad_logits[:, :1])
             )
             grad_logits.mul_(grad_out[rows, None] / ctx.temperature)
+            if grad_entropy is not None:
+                grad_logits.add_(entropy_term)
             if grad_hidden is not None:
                 grad_hidden[rows] = (grad_logits @ weight.float()).to(hidden.dtype)
             if grad_weight is not None:  # accumulated in place: no second [vocab, hidden]
@@ -70,7 +82,7 @@ def selective_logprobs(
     chunk_rows: int = 256,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """[N] log-probs of `targets` [N] under logits `hidden` [N, H] @ `weight` [V, H]^T / T,
-    and [N] entropies of those distributions (no gradient)."""
+    and [N] entropies of those distributions."""
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     return _SelectiveLogSoftmax.apply(hidden, weight, targets, temperature or 1.0, chunk_rows)
@@ -100,7 +112,7 @@ def packed_response_scores(
     checkpointing: bool = False,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """`packed_response_logprobs`, and the entropy of the distribution (at T) each response
-    token was predicted from, per sample (no gradient)."""
+    token was predicted from, per sample."""
     if not all(prompt_ids):
         raise ValueError("every sample needs a non-empty prompt to be scored")
     device = model.lm_head.weight.device

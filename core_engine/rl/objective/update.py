@@ -1,10 +1,11 @@
 """One policy-gradient update over a step's samples, in token-budgeted micro-batches.
 
 Samples are packed (no padding) into micro-batches of at most `max_tokens` prompt + response
-tokens; every micro-batch's loss is divided by the whole step's token count, so accumulating
-their gradients gives exactly the gradient of the step's loss. Advantages come in computed for
-the whole step. The objective itself is `objective.policy_loss`; nothing here steps the
-optimizer: the caller checks the result is finite first.
+tokens; every micro-batch's loss is divided by the whole step's totals (`StepTotals`: tokens,
+sequences, micro-batches), so accumulating their gradients gives exactly the gradient of the
+step's loss whatever the aggregation. Advantages come in computed for the whole step. The
+objective itself is `objective.policy_loss`; nothing here steps the optimizer: the caller
+checks the result is finite first.
 """
 
 from __future__ import annotations
@@ -12,14 +13,16 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from core_engine.model import CausalLM
+from core_engine.rl.objective.aggregation import StepTotals
 from core_engine.rl.objective.logprobs import packed_response_scores
-from core_engine.rl.objective.loss import Importance, policy_loss
+from core_engine.rl.objective.loss import Importance, entropy_threshold, policy_loss
+from core_engine.rl.objective.settings import Objective
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class UpdateSettings:
     checkpointing: bool = False
     importance: Importance = field(default_factory=Importance)
     autocast: torch.dtype | None = None
+    objective: Objective = field(default_factory=Objective)
 
 
 @dataclass
@@ -69,6 +73,8 @@ class UpdateResult:
     importance: dict[str, float] = field(default_factory=dict)
     entropy: float | None = None  # the trained tokens' mean entropy, before this update
     trained_tokens: int = 0
+    # the policy loss's named token shares over the step (`LossOutput.fractions`)
+    fractions: dict[str, float] = field(default_factory=dict)
 
     def importance_metrics(self) -> dict[str, float]:
         """On-policy corrected tokens' mean weight and over-cap share (`tis_*`); lagged
@@ -95,8 +101,10 @@ def combine_updates(parts: Sequence[UpdateResult]) -> UpdateResult:
     trained tokens, e.g. the ranks' shares, in the batch's order): sums, maxima, log-probs
     joined, the entropy weighted by trained tokens."""
     importance: dict[str, float] = {}
+    fractions: dict[str, float] = {}
     for part in parts:
         merge_importance(importance, part.importance)
+        add_fractions(fractions, part.fractions)
     trained = sum(part.trained_tokens for part in parts)
     entropy = sum((p.entropy or 0.0) * p.trained_tokens for p in parts)
     return UpdateResult(
@@ -110,7 +118,21 @@ def combine_updates(parts: Sequence[UpdateResult]) -> UpdateResult:
         importance=importance,
         entropy=entropy / trained if trained else None,
         trained_tokens=trained,
+        fractions=fractions,
     )
+
+
+def add_fractions(into: dict[str, float], other: Mapping[str, float]) -> None:
+    for key, value in other.items():
+        into[key] = into.get(key, 0.0) + value
+
+
+def step_totals(
+    samples: Sequence[TrainSample], micro_batches: int, objective: Objective
+) -> StepTotals:
+    """The totals of a step made of `samples` alone, in `micro_batches` micro-batches."""
+    tokens = float(sum(s.trained_tokens for s in samples)) or 1.0
+    return StepTotals(tokens, len(samples) or 1, micro_batches or 1, objective.completion_length)
 
 
 def merge_importance(into: dict[str, float], other: Mapping[str, float]) -> None:
@@ -154,20 +176,27 @@ def accumulate_gradients(
     samples: Sequence[TrainSample],
     settings: UpdateSettings,
     reference: CausalLM | None = None,
-    normaliser: float | None = None,
+    totals: StepTotals | None = None,
 ) -> UpdateResult:
-    """Backward of the step's GRPO loss into `model`'s .grad, one micro-batch at a time.
+    """Backward of the step's loss into `model`'s .grad, one micro-batch at a time.
     `reference`, the KL anchor, is a module tree of its own: nothing here changes what an
-    engine serving `model` computes. `normaliser`: the step's trained tokens when `samples`
-    are a part of the step (a rank's share); default, theirs."""
-    if normaliser is None:
-        normaliser = float(sum(s.trained_tokens for s in samples)) or 1.0
-    totals = dict(loss=0.0, kl=0.0, clip_fraction=0.0, ratio_outside_fraction=0.0)
+    engine serving `model` computes. `totals`: the whole step's when `samples` are a part of
+    it (a rank's share); default, theirs. With `top_entropy_quantile` < 1 the step's entropy
+    threshold comes from a scoring pass without gradient first."""
+    micro_batches = pack_micro_batches([s.num_tokens for s in samples], settings.max_tokens)
+    objective = settings.objective
+    if totals is None:
+        totals = step_totals(samples, len(micro_batches), objective)
+    threshold = None
+    if objective.top_entropy:
+        threshold, acting = _entropy_threshold(model, samples, micro_batches, settings)
+        totals = replace(totals, bonus_tokens=acting)
+    sums = dict(loss=0.0, kl=0.0, clip_fraction=0.0, ratio_outside_fraction=0.0)
     ratio_max = 1.0
     importance: dict[str, float] = {}
+    fractions: dict[str, float] = {}
     logprobs: list[list[float]] = [[] for _ in samples]
     entropy_sum, trained = 0.0, 0
-    micro_batches = pack_micro_batches([s.num_tokens for s in samples], settings.max_tokens)
     for indices in micro_batches:
         part = [samples[i] for i in indices]
         logp, entropies = _score(model, part, settings)
@@ -176,9 +205,9 @@ def accumulate_gradients(
         for i, s, row in zip(indices, part, current.detach().tolist(), strict=True):
             logprobs[i] = row[: len(s.response)]
         # per sample, one Python row each, made into [n, T] tensors by one call apiece
-        loss_masks = [s.loss_mask or [1] * len(s.response) for s in part]
-        mask = _rows(loss_masks, width, device, torch.bool)
-        entropy_sum += float((_padded(entropies) * mask).sum())
+        mask = _mask(part, width, device)
+        entropy = _padded(entropies)
+        entropy_sum += float((entropy.detach() * mask).sum())
         trained += sum(s.trained_tokens for s in part)
         ref = None
         if reference is not None and settings.kl_coef:
@@ -203,24 +232,56 @@ def accumulate_gradients(
             settings.clip_eps,
             settings.kl_coef,
             ref,
-            normaliser,
+            totals,
+            objective,
+            entropy,
+            threshold,
         )
         out.loss.backward()
-        totals["loss"] += float(out.loss.detach())
-        totals["kl"] += out.kl
-        totals["clip_fraction"] += out.clip_fraction
-        totals["ratio_outside_fraction"] += out.ratio_outside_fraction
+        sums["loss"] += float(out.loss.detach())
+        sums["kl"] += out.kl
+        sums["clip_fraction"] += out.clip_fraction
+        sums["ratio_outside_fraction"] += out.ratio_outside_fraction
         ratio_max = max(ratio_max, out.ratio_max)
         merge_importance(importance, out.importance)
+        add_fractions(fractions, out.fractions)
     return UpdateResult(
-        **totals,
+        **sums,
         ratio_max=ratio_max,
         micro_batches=len(micro_batches),
         logprobs=logprobs,
         importance=importance,
         entropy=entropy_sum / trained if trained else None,
         trained_tokens=trained,
+        fractions=fractions,
     )
+
+
+def _entropy_threshold(
+    model: CausalLM,
+    samples: Sequence[TrainSample],
+    micro_batches: Sequence[Sequence[int]],
+    settings: UpdateSettings,
+) -> tuple[torch.Tensor, float]:
+    """The 80/20 rule's threshold over the whole step's trained tokens (`loss.entropy_threshold`)
+    and how many trained tokens reach it (the entropy bonus's tokens)."""
+    trained = []
+    with torch.no_grad():
+        for indices in micro_batches:
+            part = [samples[i] for i in indices]
+            entropy = _padded(_score(model, part, settings)[1])
+            trained.append(entropy[_mask(part, entropy.shape[1], entropy.device)])
+    entropies = torch.cat(trained)
+    if not entropies.numel():
+        return torch.tensor(0.0), 1.0
+    threshold = entropy_threshold(entropies, settings.objective.top_entropy_quantile)
+    return threshold, float((entropies >= threshold).sum()) or 1.0
+
+
+def _mask(part: Sequence[TrainSample], width: int, device: torch.device) -> torch.Tensor:
+    """[n, width]: the trained tokens of a micro-batch's samples."""
+    loss_masks = [s.loss_mask or [1] * len(s.response) for s in part]
+    return _rows(loss_masks, width, device, torch.bool)
 
 
 def _score(model: CausalLM, part: Sequence[TrainSample], settings: UpdateSettings):

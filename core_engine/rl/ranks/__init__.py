@@ -1,7 +1,8 @@
 """One job across several devices: N torch.distributed ranks (issue 31).
 
 - `group`: the process group, from torchrun-style environment variables, with a timeout on
-  every collective (``nccl`` on CUDA, ``gloo`` on CPU), and its teardown;
+  every collective (``nccl`` on CUDA, ``gloo`` on CPU), its store on ``MASTER_ADDR`` only, and
+  its teardown;
 - `shard`: the trainer's policy over the ranks (FSDP2 for full weights; LoRA's base and
   adapter replicated);
 - `share`: a step's samples split across the ranks, whole GRPO groups each;
@@ -17,6 +18,7 @@ from core_engine.rl.ranks.group import (
     rank0_decides,
     rank_from_environment,
     rank_group,
+    rank_timeout,
 )
 from core_engine.rl.ranks.shard import distribute_policy, is_sharded
 from core_engine.rl.ranks.share import rank_share
@@ -36,4 +38,5 @@ __all__ = [
     "rank_from_environment",
     "rank_group",
     "rank_share",
+    "rank_timeout",
 ]

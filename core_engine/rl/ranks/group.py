@@ -5,9 +5,9 @@ torchrun (or the worker, for one node) starts one process per device and sets ``
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``; multi-node jobs rendezvous
 the same way through ``torchrun --nnodes``. The backend follows the device: ``nccl`` on CUDA
 (one device per rank, ``cuda:LOCAL_RANK``), ``gloo`` on CPU. A rank that dies or stops
-answering makes the others' next collective raise within `timeout` instead of hanging
+answering makes the others' next collective raise within the timeout instead of hanging
 (DESIGN.md, invariant 8): the job's ``collective_timeout_s``, else the worker's
-``RLWB_COLLECTIVE_TIMEOUT_S``, else 600 s (`collective_timeout`).
+``RLWB_RANK_TIMEOUT``, else 600 s (`collective_timeout`, `rank_timeout`).
 
 NCCL's error handling is set explicitly (`NCCL_ENVIRONMENT`, unless the operator set it):
 ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` makes a rank whose collective fails or outlives the
@@ -15,12 +15,18 @@ timeout abort its communicator and end its own process, so a rank never hangs on
 the ranks are child processes of the worker (`launch.supervised_ranks`), which sees the exit
 and fails the job naming the rank, and keeps running. ``TORCH_NCCL_BLOCKING_WAIT=0`` leaves the
 watchdog thread, not the training thread, to detect the timeout.
+
+Rank 0 serves the group's store (c10d's ``TCPStore``, which has no authentication) on
+``MASTER_ADDR`` only, never on every interface: a one-machine job's is ``127.0.0.1``. A
+multi-node job's ``MASTER_ADDR`` is the operator's choice of an address on a private network
+that only the job's machines reach (see docs/security.md).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -34,7 +40,6 @@ from core_engine.rl.config import GRPOConfig
 # The longest a rank waits in one collective by default: above the slowest rank's step, also
 # the share one rank computes while the others wait at the gradient reduction.
 DEFAULT_TIMEOUT = timedelta(minutes=10)
-TIMEOUT_VARIABLE = "RLWB_COLLECTIVE_TIMEOUT_S"
 NCCL_ENVIRONMENT = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_BLOCKING_WAIT": "0"}
 T = TypeVar("T")
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -54,6 +59,13 @@ class RankInfo:
     device: torch.device
 
 
+def rank_timeout() -> timedelta:
+    """The longest a rank waits to join the group or in one collective: ``RLWB_RANK_TIMEOUT``
+    (seconds), default `DEFAULT_TIMEOUT`."""
+    configured = os.environ.get("RLWB_RANK_TIMEOUT")
+    return timedelta(seconds=float(configured)) if configured else DEFAULT_TIMEOUT
+
+
 def rank_from_environment(environ: Mapping[str, str], device_type: str) -> RankInfo:
     """The rank the torchrun-style variables in `environ` describe (`RankSetupError` when one
     is missing or out of range)."""
@@ -71,44 +83,60 @@ def rank_from_environment(environ: Mapping[str, str], device_type: str) -> RankI
     return RankInfo(rank, world, local, device)
 
 
-def collective_timeout(config: GRPOConfig, environ: Mapping[str, str] = os.environ) -> timedelta:
-    """The job's collective timeout: its ``collective_timeout_s``, else the worker's
-    ``RLWB_COLLECTIVE_TIMEOUT_S``, else `DEFAULT_TIMEOUT`."""
+def collective_timeout(config: GRPOConfig) -> timedelta:
+    """The job's collective timeout: its ``collective_timeout_s``, else `rank_timeout`."""
     if config.collective_timeout_s is not None:
         return timedelta(seconds=config.collective_timeout_s)
-    if not (text := environ.get(TIMEOUT_VARIABLE)):
-        return DEFAULT_TIMEOUT
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = 0.0
-    if not 0 < seconds < float("inf"):
-        raise RankSetupError(f"{TIMEOUT_VARIABLE} must be a positive number of seconds: {text!r}")
-    return timedelta(seconds=seconds)
+    return rank_timeout()
 
 
 def init_ranks(
     device_type: str,
-    timeout: timedelta = DEFAULT_TIMEOUT,
+    timeout: timedelta | None = None,
     environ: Mapping[str, str] = os.environ,
 ) -> RankInfo:
     """Join the job's process group (``nccl`` on CUDA, ``gloo`` on CPU) as the rank `environ`
-    names; every collective of the group raises after `timeout`."""
+    names; joining and every collective of the group raise after `timeout` (default
+    `rank_timeout`)."""
     info = rank_from_environment(environ, device_type)
-    address = f"tcp://{environ['MASTER_ADDR']}:{environ['MASTER_PORT']}"
+    timeout = timeout or rank_timeout()
+    # under torchrun its agent serves the store (torchrun's own, on its own terms)
+    serve = info.rank == 0 and environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    store = group_store(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), info, serve, timeout)
     if device_type == "cuda":
         for name, value in NCCL_ENVIRONMENT.items():
             os.environ.setdefault(name, value)
         torch.cuda.set_device(info.device)
     dist.init_process_group(
         "nccl" if device_type == "cuda" else "gloo",
-        init_method=address,
+        store=store,
         rank=info.rank,
         world_size=info.world_size,
         timeout=timeout,
         device_id=info.device if device_type == "cuda" else None,
     )
     return info
+
+
+def group_store(
+    host: str, port: int, info: RankInfo, serve: bool, timeout: timedelta
+) -> dist.TCPStore:
+    """The group's store: served (``serve``: by rank 0) on ``host`` alone (a socket bound to
+    that address, handed to the store), reached there by the others; `RankSetupError` when a
+    rank does not reach it, or its server is not joined by every rank, within `timeout`."""
+    try:
+        if not serve:
+            return dist.TCPStore(host, port, info.world_size, False, timeout)
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        listener = socket.create_server((host, port), family=family)
+        return dist.TCPStore(
+            host, port, info.world_size, True, timeout, master_listen_fd=listener.detach()
+        )
+    except dist.DistStoreError as exc:
+        raise RankSetupError(
+            f"rank {info.rank}: the {info.world_size} ranks did not meet at {host}:{port} "
+            f"within {timeout.total_seconds():g} s (RLWB_RANK_TIMEOUT): {exc}"
+        ) from None
 
 
 def leave_ranks() -> None:
@@ -120,7 +148,7 @@ def leave_ranks() -> None:
 @contextlib.contextmanager
 def rank_group(
     device_type: str,
-    timeout: timedelta = DEFAULT_TIMEOUT,
+    timeout: timedelta | None = None,
     environ: Mapping[str, str] = os.environ,
 ) -> Iterator[RankInfo]:
     """`init_ranks` for the duration, then `leave_ranks`, however the block ends."""

@@ -242,8 +242,9 @@ def job_ranks(
     config: GRPOConfig, records: Sequence[dict[str, str]], timeout: timedelta | None = None
 ) -> Iterator[RankInfo]:
     """Rank 0 of a `config.devices`-rank job in this process, the others in children, for the
-    duration; an error in a collective is reported as the failed rank's when one failed.
-    `timeout`: the collectives' (default: the job's, `group.collective_timeout`)."""
+    duration (the group's store on 127.0.0.1: `rank_environment`); an error in a collective is
+    reported as the failed rank's when one failed. `timeout`: the job's by default
+    (`group.collective_timeout`)."""
     timeout = timeout or collective_timeout(config)
     port = free_port()
     children = RankProcesses(config, records, port, timeout)

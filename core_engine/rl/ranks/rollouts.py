@@ -9,12 +9,12 @@ shares are gathered into the batch's rollout, the same on every rank.
   collective ever runs on a second thread).
 
 A rank takes a contiguous run of the batch's prompts (`share.rank_share`, so a GRPO group stays
-on one rank) and samples them with the seeds the whole batch would give them (prompt p's
-samples are seeded from ``seed + p * G`` by `RolloutGenerator`), so which rank generated a sample
-does not change its seed. Each rank scores its own samples. The shares travel as the rollout's
-JSON (`RolloutResult.to_json`, never pickled objects) and are joined in rank order, each sample
-recording its rank (`RawRollout.ranks`); a reward failure on any rank rejects the whole batch on
-every rank, naming the rank.
+on one rank) and samples them with the seeds the whole batch would give them (the one seed rule,
+`rollout.seeds.sample_seed`: single turns and every turn of an episode alike), so which rank
+generated a sample does not change its seed. Each rank scores its own samples. The shares
+travel as the rollout's JSON (`RolloutResult.to_json`, never pickled objects) and are joined in
+rank order, each sample recording its rank (`RawRollout.ranks`); a reward failure on any rank
+rejects the whole batch on every rank, naming the rank.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from core_engine.rl.ranks.group import RankInfo
 from core_engine.rl.ranks.share import rank_share
 from core_engine.rl.rewards import RewardError
 from core_engine.rl.rollout import Produced, RolloutResult, produce_rollout
+from core_engine.rl.rollout.seeds import sample_seed
 from core_engine.rl.rollout.sources import Batch, SyncSource, ThreadProducer
 
 # RawRollout's fields that hold one value for the whole batch (the others are lists, joined)
@@ -50,9 +51,9 @@ def seeded_share(
     batch: Mapping[str, Sequence[str]], seed: int, info: RankInfo, group_size: int
 ) -> tuple[Batch, int]:
     """This rank's prompts of `batch` and the seed that samples them as the whole batch would
-    (prompt p's samples are seeded from ``seed + p * group_size``)."""
+    (its first sample's seed, `sample_seed`)."""
     share, first = prompt_share(batch, info.rank, info.world_size)
-    return share, seed + first * group_size
+    return share, sample_seed(seed, first * group_size)
 
 
 def join_rollouts(shares: Sequence[RolloutResult]) -> RolloutResult:

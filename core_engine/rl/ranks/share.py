@@ -1,6 +1,6 @@
 """A step's samples split across ranks: whole GRPO groups, in order, as even as can be.
 
-Advantages are computed on the whole batch before the split (`objective.group_advantages`,
+Advantages are computed on the whole batch before the split (`objective.advantages`,
 per group), so a sample trains the same on any rank; a group never straddles two ranks. Rank r
 takes a contiguous run of groups, the first ranks one more when they do not divide evenly, so
 the ranks' shares concatenated in rank order are the batch again.

@@ -1,12 +1,13 @@
 """One optimizer step over the job's ranks, equal to the one-process step on the same batch.
 
-Each rank holds its share of the step's samples (`share.rank_share`). The GRPO loss of a step
-is its samples' token sums divided by the step's trained tokens, an all-reduce here, which each
-rank passes to `objective.update.accumulate_gradients` as its normaliser: its gradient is then
-exactly its share of the step's gradient. The ranks' gradients are summed, not averaged: by
-FSDP2's reduce-scatter after every backward (divide factor 1, `shard.shard_full_weights`), or,
-replicated, by one all-reduce of the trainable gradients after the last. The norm is clipped over
-the whole (sharded) gradient and the optimizer steps every rank's part.
+Each rank holds its share of the step's samples (`share.rank_share`). The loss of a step
+divides by the step's totals (trained tokens, sequences, micro-batches: `StepTotals`), an
+all-reduce here, which each rank passes to `objective.update.accumulate_gradients`: its
+gradient is then exactly its share of the step's gradient. The ranks' gradients are summed,
+not averaged: by FSDP2's reduce-scatter after every backward (divide factor 1,
+`shard.shard_full_weights`), or, replicated, by one all-reduce of the trainable gradients after
+the last. The norm is clipped over the whole (sharded) gradient and the optimizer steps every
+rank's part.
 
 FSDP2 gathers each layer's weights in every forward, a collective: every rank runs as many
 micro-batches as the rank with the most, a rank with fewer running padding ones (one token,
@@ -26,6 +27,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from core_engine.model import CausalLM
+from core_engine.rl.objective.aggregation import StepTotals
 from core_engine.rl.objective.update import (
     TrainSample,
     UpdateResult,
@@ -50,16 +52,18 @@ def distributed_backward(
     """The whole step's gradient in `model`'s .grad on every rank (its shard, with FSDP2), and
     the whole step's statistics; this rank computes on its `share` only, normalised by the
     step's trained tokens."""
+    mine = len(pack_micro_batches([s.num_tokens for s in share], settings.max_tokens))
     trained = sum(s.trained_tokens for s in share)
-    normaliser = float(_all_reduce(trained, dist.ReduceOp.SUM)) or 1.0
+    tokens, sequences, micro_batches = _all_reduce([trained, len(share), mine], dist.ReduceOp.SUM)
+    length = settings.objective.completion_length
+    totals = StepTotals(float(tokens) or 1.0, sequences or 1, micro_batches or 1, length)
     sharded = is_sharded(model)
     if sharded:  # as many forwards as the rank with the most: FSDP2 gathers in each
-        mine = len(pack_micro_batches([s.num_tokens for s in share], settings.max_tokens))
-        rounds = _all_reduce(mine, dist.ReduceOp.MAX)
-    update = accumulate_gradients(model, share, settings, reference, normaliser)
+        (rounds,) = _all_reduce([mine], dist.ReduceOp.MAX)
+    update = accumulate_gradients(model, share, settings, reference, totals)
     if sharded:
         for _ in range(rounds - mine):
-            accumulate_gradients(model, [PADDING], settings, reference, normaliser)
+            accumulate_gradients(model, [PADDING], settings, reference, totals)
         if reference is not None and is_sharded(reference):  # its root: gathered until now
             reference.reshard()
     else:
@@ -69,10 +73,10 @@ def distributed_backward(
     return combine_updates([part for part in everyone if part is not None])
 
 
-def _all_reduce(value: int, op: dist.ReduceOp) -> int:
-    tensor = torch.tensor([value], dtype=torch.int64, device=_collective_device())
+def _all_reduce(values: list[int], op: dist.ReduceOp) -> list[int]:
+    tensor = torch.tensor(values, dtype=torch.int64, device=_collective_device())
     dist.all_reduce(tensor, op=op)
-    return int(tensor.item())
+    return tensor.tolist()
 
 
 def _collective_device() -> torch.device:

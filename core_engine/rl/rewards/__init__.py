@@ -5,9 +5,9 @@ length) and returns one float per completion. A reward spec is one of:
 
 - a built-in name: `BUILTIN_REWARDS` (in process), ``math`` (answer equivalence through
   `math-verify`, in the sandbox below: sympy can take unbounded time), ``format`` (the
-  ``<think>...</think><answer>...</answer>`` template, on RE2); ``length`` (DAPO's overlong
-  penalty) needs a threshold, so it is only an entry of a reward list
-  (`core_engine.rl.rewards.mix`);
+  ``<think>...</think><answer>...</answer>`` template, on RE2); ``length`` and ``overlong``
+  (DAPO's overlong penalty) and ``reward_model`` (a sequence-classification model's score)
+  need settings, so they are only entries of a reward list (`core_engine.rl.rewards.mix`);
 - ``regex:<pattern>``: 1.0 when the completion fully matches, on RE2 (linear time: no pattern
   can make scoring slow);
 - the name of a function the operator registered on the worker: the ``rlwb.rewards``
@@ -64,7 +64,13 @@ def numeric_match(completions, references, prompts):
 
 BUILTIN_REWARDS: dict[str, RewardFn] = {"exact_match": exact_match, "numeric_match": numeric_match}
 STANDALONE_REWARDS = (*BUILTIN_REWARDS, "math", "format")  # the built-ins a spec may name alone
-BUILTIN_NAMES = (*STANDALONE_REWARDS, "length")
+# the built-ins that need settings, so only a reward list entry names them, and what they need
+LIST_ONLY_REWARDS = {
+    "length": ("a threshold", '{name="length", threshold=N}'),
+    "overlong": ("its lengths", '{name="overlong", cache_length=N}'),
+    "reward_model": ("a model", '{name="reward_model", model="<checkpoint or Hub id>"}'),
+}
+BUILTIN_NAMES = (*STANDALONE_REWARDS, *LIST_ONLY_REWARDS)
 
 
 def format_pattern(tags: Sequence[str] = DEFAULT_TAGS) -> str:
@@ -113,10 +119,10 @@ def check_reward_spec(spec: str) -> None:
     """Refuse a malformed reward spec (ValueError). Imports nothing and needs no registration."""
     if not isinstance(spec, str):
         raise ValueError(f"reward: expected a string, got {type(spec).__name__}")
-    if spec == "length":
+    if spec in LIST_ONLY_REWARDS:
+        what, entry = LIST_ONLY_REWARDS[spec]
         raise ValueError(
-            "reward 'length' needs a threshold: use a reward list entry "
-            '{name="length", threshold=N} (see the README)'
+            f"reward {spec!r} needs {what}: use a reward list entry {entry} (see docs/rewards.md)"
         )
     if spec in BUILTIN_NAMES:
         return

@@ -55,7 +55,7 @@ class SandboxedReward:
     def _start(self) -> subprocess.Popen:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         child = subprocess.Popen(
-            [sys.executable, "-m", __name__, self.target, str(self.memory_bytes)],
+            [sys.executable, "-c", _CHILD, self.target, str(self.memory_bytes)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -127,7 +127,12 @@ def _kill(child: subprocess.Popen) -> None:
         child.wait()
 
 
-def _serve(target: str, memory_bytes: int) -> None:
+# The child's entry: `serve` imported, not this module run as `__main__` (which imports it a
+# second time through its package, with runpy's warning in every child's stderr).
+_CHILD = f"import sys; from {__name__} import serve; serve(sys.argv[1], int(sys.argv[2]))"
+
+
+def serve(target: str, memory_bytes: int) -> None:
     """The child: within ``memory_bytes`` of address space, answer one JSON line per request
     on the original stdout; anything the function prints goes to stderr."""
     limit_address_space(memory_bytes)
@@ -146,7 +151,3 @@ def _serve(target: str, memory_bytes: int) -> None:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         protocol.write(json.dumps(reply) + "\n")
         protocol.flush()
-
-
-if __name__ == "__main__":
-    _serve(sys.argv[1], int(sys.argv[2]))

@@ -5,12 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Self
 
 from core_engine.prompts import encode_prompt, render_prompt
 from core_engine.rl.data import batch_rows, instruction_to_messages
 from core_engine.rl.rewards import RewardError, RewardFn
 from core_engine.rl.rewards.mix import RewardMix, score_rewards
+from core_engine.rl.rollout.seeds import sample_seed
 from core_engine.scheduler import InferenceScheduler
 from core_engine.task import ErrorCode, SamplingParams, TaskError, expand_runs
 
@@ -83,13 +84,6 @@ class RawRollout:
             return [self.policy_version] * len(self.response_ids[sample])
         return expand_runs(self.token_versions[sample])
 
-
-@dataclass(frozen=True)
-class RolloutResult(RawRollout):
-    rewards: list[float] = field(default_factory=list)  # the total (weighted sum)
-    # name -> one score per sample, for a job with a list of rewards (else empty)
-    reward_components: dict[str, list[float]] = field(default_factory=dict)
-
     def to_json(self) -> dict[str, Any]:
         """Plain JSON values (floats round-trip exactly), for a checkpoint to resume from or
         another rank. The rollout's own lists, not copies (`asdict` copied every number)."""
@@ -98,12 +92,27 @@ class RolloutResult(RawRollout):
         return values
 
     @classmethod
-    def from_json(cls, values: dict[str, Any]) -> RolloutResult:
+    def from_json(cls, values: dict[str, Any]) -> Self:
         errors = [
             None if e is None else TaskError(ErrorCode(e["code"]), e["message"])
             for e in values["errors"]
         ]
         return cls(**{**values, "errors": errors})
+
+
+@dataclass(frozen=True)
+class RolloutResult(RawRollout):
+    rewards: list[float] = field(default_factory=list)  # the total (weighted sum)
+    # name -> one score per sample, for a job with a list of rewards (else empty)
+    reward_components: dict[str, list[float]] = field(default_factory=dict)
+    # group -> why it is not trained on although nothing failed: dynamic sampling's filtered
+    # groups (`core_engine.rl.rollout.dynamic`); empty: none
+    filtered_groups: dict[int, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, values: dict[str, Any]) -> Self:
+        filtered = {int(g): why for g, why in values.get("filtered_groups", {}).items()}
+        return super().from_json({**values, "filtered_groups": filtered})
 
 
 class RolloutGenerator:
@@ -146,7 +155,7 @@ class RolloutGenerator:
         prepared = self._prepare_prompts(batch)
         prompt_ids = [encode_prompt(self.tokenizer, text) for _, text, _ in prepared]
         g = self.group_size
-        params = [replace(self.params, seed=seed + i * g) for i in range(len(prepared))]
+        params = [replace(self.params, seed=sample_seed(seed, i * g)) for i in range(len(prepared))]
         results = self.engine.run_batch(prompt_ids, params, samples_per_prompt=g)
         runs = [r.token_versions or [[r.policy_version, 0]] for r in results]
         versions = {v for sample in runs for v, _ in sample if v >= 0}  # -1: never admitted
@@ -169,7 +178,7 @@ class RolloutGenerator:
             finish_reasons=[r.finish_reason.value for r in results],
             errors=[r.error for r in results],
             cached_prompt_tokens=[r.num_cached_prompt_tokens for r in results],
-            seeds=[seed + i for i in range(len(results))],
+            seeds=[sample_seed(seed, i) for i in range(len(results))],
             policy_version=min(versions, default=self.engine.version),
             group_size=g,
             temperature=self.params.temperature,
@@ -225,6 +234,11 @@ class RolloutRunner:
     @staticmethod
     def _key(batch: Mapping[str, Sequence[str]]) -> tuple:
         return tuple((k, tuple(v)) for k, v in sorted(batch.items()))
+
+    def close(self) -> None:
+        """Release what the generator holds (an episode generator's environment session)."""
+        if hasattr(self.generator, "close"):
+            self.generator.close()
 
     @property
     def last(self) -> RolloutResult | None:

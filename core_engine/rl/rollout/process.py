@@ -161,7 +161,8 @@ class ProcessProducer:
                 return "error", f"no answer from the rollout process in {timeout:.0f} s"
         try:
             return self._conn.recv()
-        except EOFError:
+        except (EOFError, ConnectionResetError):  # a killed child's pipe: closed or reset
+            self._process.join(timeout=5)  # its exit code, when it has one
             return "error", f"the rollout process died (exit code {self._process.exitcode})"
 
     def close(self) -> None:

@@ -12,9 +12,12 @@ writes new versions through (`source.channel`), for its one loop (`GRPOTrainer.t
   whose sequences go on under v+1 (per-token versions, lag <= 1).
 
 A source owns its checkpointable state (`state`): how many batches were drawn and, when it
-holds one, the complete next rollout, kept only once its acknowledgements were verified, so an
-unverified batch is never checkpointed. A half-generated in-flight batch is not kept: a resumed
-run generates it again (samples are recorded when trained).
+holds one, the complete next rollout (or the reward error that rejects it, with its rollout),
+kept only once its acknowledgements were verified, so an unverified batch is never
+checkpointed. A batch the trainer took but whose step a stop interrupted (a cancel while it
+waited for the next batch or for the gate; `consumed` never came) is the one kept: the resumed
+run trains it first, so a stop loses no batch. A half-generated in-flight batch is not kept: a
+resumed run generates it again (samples are recorded when trained).
 """
 
 from __future__ import annotations
@@ -28,16 +31,20 @@ import torch
 
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data import collate
-from core_engine.rl.rollout import Produced, RolloutResult, RolloutRunner, produce_rollout
+from core_engine.rl.rewards import RewardError
+from core_engine.rl.rollout import (
+    Produced,
+    RawRollout,
+    RolloutResult,
+    RolloutRunner,
+    produce_rollout,
+)
+from core_engine.rl.rollout.dynamic import draw_until_mixed
+from core_engine.rl.rollout.seeds import batch_seed
 from core_engine.weight_sync import LocalChannel
 
 Batch = dict[str, list[str]]
 JOIN_POLL_S = 0.2  # how often a wait for a batch re-checks a cancel
-
-
-def batch_seed(seed: int, index: int) -> int:
-    """The sampling seed of batch `index` (pipelined: known before the trainer reaches it)."""
-    return seed * 1_000_003 + index * 10_007
 
 
 class BatchPlan:
@@ -67,6 +74,10 @@ class RolloutSource:
 
     def before_update(self) -> None:
         """Called before the trainer writes the next version."""
+
+    def consumed(self) -> None:
+        """The batch taken last is done with: its update written, or its rejection recorded;
+        nothing of it is pending any more."""
 
     def settle(self) -> None:
         """At the end of a run: complete (and verify) what is in progress."""
@@ -103,13 +114,25 @@ class SyncSource(RolloutSource):
 
     def next(self, step_index: int, batch: Batch | None = None) -> Produced:
         """The rollout of the next update: a new batch of prompts (or `batch`), or the current
-        one's again while it has updates left."""
+        one's again while it has updates left; with `dynamic_sampling`, the draws of new
+        batches that give it enough groups with mixed rewards (`rollout.dynamic`)."""
+        if batch is None and self.config.dynamic_sampling:
+            cfg = self.config
+            return draw_until_mixed(
+                self._draw, cfg.batch_size, cfg.max_sampling_draws, cfg.reject_scope
+            )
         if batch is None:
             if self.updates_done == 0:
                 self.batches_drawn += 1
             batch = self.plan.at(self.batches_drawn - 1)
             self.updates_done = (self.updates_done + 1) % self.config.updates_per_batch
         return self.produce(batch, batch_seed(self.config.seed, step_index))
+
+    def _draw(self) -> Produced:
+        """The rollout of the next batch of the plan, sampled from that batch's seed."""
+        self.batches_drawn += 1
+        index = self.batches_drawn - 1
+        return self.produce(self.plan.at(index), batch_seed(self.config.seed, index))
 
     def produce(self, batch: Batch, seed: int) -> Produced:
         """The rollout of `batch`, sampled from `seed` (a `ranks.RankSource` splits it)."""
@@ -207,10 +230,10 @@ class PrefetchSource(RolloutSource):
         self.batches_drawn = state.get("batches_drawn", 0)
         self.producer: Any = None
         self._ready: Produced | None = None  # the next batch's, produced and verified
+        self._current: Produced | None = None  # taken by the trainer, its step not finished
         pending = state.get("pending")
         if pending is not None and pending.get("prefetched"):  # kept by the checkpoint resumed
-            rollout = RolloutResult.from_json(pending["rollout"])
-            self._ready = (rollout, True, {"generate_s": 0.0, "reward_s": 0.0})
+            self._ready = (pending_outcome(pending), True, {"generate_s": 0.0, "reward_s": 0.0})
         self._own_threads = torch.get_num_threads()
 
     def open(self) -> None:
@@ -237,7 +260,11 @@ class PrefetchSource(RolloutSource):
         if step_index + 1 < self.config.steps:
             self.producer.start(self.plan.at(index + 1), batch_seed(self.config.seed, index + 1))
         self.batches_drawn += 1
+        self._current = outcome
         return outcome
+
+    def consumed(self) -> None:
+        self._current = None
 
     def _take(self, cancellable: bool = True) -> Produced:
         """The started batch's outcome, its acknowledgements verified."""
@@ -257,8 +284,32 @@ class PrefetchSource(RolloutSource):
             self._ready = self._take(cancellable=False)
 
     def state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"batches_drawn": self.batches_drawn}
-        rollout = self._ready[0] if self._ready is not None else None
-        if isinstance(rollout, RolloutResult):
-            state["pending"] = {"rollout": rollout.to_json(), "prefetched": True}
+        """The batches drawn and the one the next step takes: the batch whose step a stop
+        interrupted (drawn again), else the produced next one."""
+        drawn, pending = self.batches_drawn, self._ready
+        if self._current is not None:
+            drawn, pending = drawn - 1, self._current
+        state: dict[str, Any] = {"batches_drawn": drawn}
+        if pending is not None and (kept := pending_json(pending[0])) is not None:
+            state["pending"] = kept
         return state
+
+
+def pending_json(outcome: RolloutResult | RewardError) -> dict[str, Any] | None:
+    """A produced batch as a checkpoint keeps it: the rollout, or the reward error rejecting it
+    with its rollout (None: an error with no rollout, which a resumed run produces again)."""
+    if isinstance(outcome, RolloutResult):
+        return {"rollout": outcome.to_json(), "prefetched": True}
+    raw = getattr(outcome, "rollout", None)
+    if raw is None:
+        return None
+    return {"rollout": raw.to_json(), "prefetched": True, "reward_error": str(outcome)}
+
+
+def pending_outcome(pending: Mapping[str, Any]) -> RolloutResult | RewardError:
+    """`pending_json`'s inverse."""
+    if "reward_error" not in pending:
+        return RolloutResult.from_json(pending["rollout"])
+    error = RewardError(pending["reward_error"])
+    error.rollout = RawRollout.from_json(pending["rollout"])
+    return error

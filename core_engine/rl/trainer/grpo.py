@@ -19,12 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer
 
-from core_engine.engine import resolve_device
 from core_engine.rl.config import GRPOConfig
-from core_engine.rl.footprint.estimate import check_room_for, return_large_frees_to_the_os
-from core_engine.rl.objective.loss import group_advantages
+from core_engine.rl.objective.advantages import zero_variance_groups
 from core_engine.rl.objective.update import (
     TrainSample,
     UpdateResult,
@@ -32,27 +29,18 @@ from core_engine.rl.objective.update import (
     training_mode,
 )
 from core_engine.rl.ranks import RankInfo, is_sharded, rank0_decides, rank_share
-from core_engine.rl.ranks.channel import RankChannel
-from core_engine.rl.ranks.rollouts import RankProducer, RankSource
 from core_engine.rl.ranks.state import save_sharded_state
 from core_engine.rl.ranks.step import clip_gradients, distributed_backward
 from core_engine.rl.rewards import RewardError
 from core_engine.rl.rollout import RolloutResult, check_policy_lag
 from core_engine.rl.rollout.sources import (
     BatchCancelled,
-    BatchPlan,
-    PrefetchSource,
-    RolloutSource,
     SyncSource,
-    ThreadProducer,
 )
-from core_engine.rl.trainer import policy
+from core_engine.rl.trainer import screen
 from core_engine.rl.trainer.checkpoint import (
     checkpoint_dir,
-    latest_checkpoint,
     prune_checkpoints,
-    read_pending_rollout,
-    read_trainer_state,
     save_checkpoint,
 )
 from core_engine.rl.trainer.metrics import (
@@ -62,9 +50,10 @@ from core_engine.rl.trainer.metrics import (
     rollout_metrics,
     update_metrics,
 )
+from core_engine.rl.trainer.parts import build_parts
 from core_engine.rl.trainer.records import StepRecord, StopReason, TrainerHooks, VersionRecord
-from core_engine.rl.trainer.screen import screen_groups, train_samples, trainable_rows
-from core_engine.weight_sync import GateWaitCancelled, LocalChannel, WeightSyncError
+from core_engine.rl.trainer.screen import screen_groups, step_samples, trainable_rows
+from core_engine.weight_sync import GateWaitCancelled, WeightSyncError
 
 
 class TrainingError(RuntimeError):
@@ -83,61 +72,26 @@ class GRPOTrainer:
         the process group is up); rank 0 alone writes checkpoints, the hooks are its."""
         if config.devices != (world := ranks.world_size if ranks else 1):
             raise ValueError(f"devices = {config.devices}: this trainer is one of {world} ranks")
-        self.config = config
+        self.config, self.ranks = config, ranks
         self.hooks = hooks or TrainerHooks()
-        self.ranks = ranks
         self.output_dir = Path(config.output_dir)
-        self.device = ranks.device if ranks else resolve_device(config.device)
-        resume = latest_checkpoint(self.output_dir) if config.resume else None
-        state = read_trainer_state(resume) if resume else {"version": 0, "step": 0}
+        parts = build_parts(config, records, ranks, lambda: self.version, self._cancelled)
+        state = parts.state
         self.version, self.step_index = state["version"], state["step"]
-        torch.manual_seed(config.seed + self.version)
-        self.tokenizer = AutoTokenizer.from_pretrained(config.model, local_files_only=True)
-        self.max_seq_len = policy.longest_sequence(config, self.tokenizer, records)
-        check_room_for(config, self.device, config.devices)  # before anything is loaded
-        return_large_frees_to_the_os()
-        trained = policy.trained_policy(config, resume, self.device, ranks is not None)
+        self.device, self.tokenizer = parts.device, parts.tokenizer
+        self.max_seq_len = parts.max_seq_len
+        trained = parts.trained
         self.model, self.whole_model = trained.model, trained.whole_model
         self.optimizer, self.reference = trained.optimizer, trained.reference
         self.base_checksum = trained.base_checksum
-        self.engine = policy.colocated_engine(
-            config, self.whole_model, self.tokenizer, self.max_seq_len, self.version
-        )
-        self.update_settings = policy.update_settings(config, self.engine)
-        self.runner = policy.rollout_runner(
-            config, self.engine, self.tokenizer, lambda: self.version
-        )
-        self.plan = BatchPlan(records, config.batch_size, config.seed)
-        state["pending"] = read_pending_rollout(resume) if resume else None
-        self.source = self._source(state)
-        self._consecutive_failures = self._consecutive_filtered = 0
-
-    def _source(self, state: dict[str, Any]) -> RolloutSource:
-        """Where batches come from (`rollout.sources`): on demand, or one ahead on a thread
-        (the trainer's engine) or, for a full-weight CPU job on one device, a child process;
-        on several ranks, each rank's share of every batch, gathered (`ranks.rollouts`)."""
-        config, ranks = self.config, self.ranks
-        mode = "in_flight" if config.pipeline == "in_flight" else "drain"
-        if ranks is not None:
-            channel = RankChannel(self.engine, self.model, ranks, mode)
-        else:
-            channel = LocalChannel(self.engine, self.model, mode)
-        if config.pipeline == "sync" and ranks is not None:
-            return RankSource(config, self.plan, self.runner, channel, state, info=ranks)
-        if config.pipeline == "sync":
-            return SyncSource(config, self.plan, self.runner, channel, state)
-
-        def make_producer(threads: int) -> Any:
-            if config.generates_in_process(self.device.type):
-                from core_engine.rl.rollout.process import ProcessProducer
-
-                return ProcessProducer(
-                    config, self.model, self.engine, self.max_seq_len, threads, self._cancelled
-                )
-            thread = ThreadProducer(self.runner, channel, threads)
-            return thread if ranks is None else RankProducer(thread, ranks, config.group_size)
-
-        return PrefetchSource(config, self.plan, make_producer, state, self._cancelled)
+        self.engine, self.update_settings = parts.engine, parts.update_settings
+        self.runner, self.plan, self.source = parts.runner, parts.plan, parts.source
+        # rejected batches in a row (failed; without learning signal), and those with a
+        # rollout since the latest version: a stop's checkpoint keeps them (`save`)
+        rejections = state.get("rejections", {})
+        self._consecutive_failures = rejections.get("failures", 0)
+        self._consecutive_filtered = rejections.get("filtered", 0)
+        self.rejected_since_version = rejections.get("since_version", 0)
 
     def _cancelled(self) -> bool:
         return bool(self.hooks.should_stop and self.hooks.should_stop())
@@ -147,7 +101,8 @@ class GRPOTrainer:
         """Run until `config.steps` optimizer steps are done, `should_stop`, or stalled: one
         loop for every pipeline mode, each batch from the source. A stop between two updates
         of a batch resumes inside that batch; a cancel that arrives while the trainer waits
-        (for a batch, or for the generation gate) stops the run there."""
+        (for a batch, or for the generation gate) stops the run there, the batch whose step it
+        interrupted kept for the resumed run (`RolloutSource.consumed`)."""
         reason = StopReason.DONE
         self.source.open()
         try:
@@ -160,6 +115,7 @@ class GRPOTrainer:
             reason = StopReason.STOPPED
         finally:
             self.source.close()
+            self.runner.close()
         self.save()
         return reason
 
@@ -189,18 +145,17 @@ class GRPOTrainer:
     def _optimise(self, rollout, rejected, fresh, reasons, timings) -> StepRecord:
         cfg, g = self.config, rollout.group_size
         rewards = torch.tensor(rollout.rewards).view(-1, g)
-        advantages, zero_var = group_advantages(rewards)
+        zero_var = zero_variance_groups(rewards)
         rows = trainable_rows(zero_var, rejected, g, cfg.drop_zero_variance_groups)
         metrics = rollout_metrics(rollout, rewards, zero_var, fresh, timings["generate_s"])
         if not rows:
-            reasons = [*reasons, "filtered: no trainable group (all have zero reward variance)"]
+            reasons = [*reasons, *screen.untrained_reasons(rollout)]
             return self._reject(rollout, reasons, {**timings, **metrics}, rejected, failure=False)
         start = time.perf_counter()
         # Only trainable samples are scored: the others have no weight in the loss. The
         # train/infer mismatch is therefore measured on the samples trained on.
         old = self.source.known_proximal(rollout, fresh)
-        flat_advantages = advantages.view(-1).tolist()
-        samples = train_samples(rollout, rows, flat_advantages, old, self.version)
+        flat_advantages, samples = step_samples(rollout, rewards, rows, old, self.version, cfg)
         with self._training_phase():
             update, grad_norm = self._backward(samples)
             stepped = update.finite and math.isfinite(grad_norm)
@@ -218,6 +173,7 @@ class GRPOTrainer:
             timings["train_s"] = time.perf_counter() - start
             version = self._publish_next_version(metrics, timings)
         self._consecutive_failures = self._consecutive_filtered = 0
+        self.rejected_since_version = 0
         trained = dict(zip(rows, update.logprobs, strict=True))
         record = StepRecord(
             step=self.step_index - 1,
@@ -273,6 +229,7 @@ class GRPOTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
         except WeightSyncError as exc:
             raise TrainingError(str(exc)) from exc
+        self.source.consumed()
         parent, self.version = self.version, self.version + 1
         self.step_index += 1
         checksum = channel.checksum_of_record(self.version)
@@ -295,6 +252,8 @@ class GRPOTrainer:
             metrics=dict(metrics),
         )
         self._emit(record)
+        self.source.consumed()
+        self.rejected_since_version += rollout is not None
         limit = self.config.max_consecutive_rejections
         if failure:
             self._consecutive_failures += 1
@@ -324,10 +283,16 @@ class GRPOTrainer:
     def save(self) -> Path:
         """Checkpoint the current version with its source's state: the rollout the next update
         uses when there is one (pipelined: produced ahead and verified; else between two
-        updates of one batch), so a resumed run continues exactly."""
+        updates of one batch), so a resumed run continues exactly; and the rejected batches
+        since the version, which the stored rows keep (`workers.training.reconcile`)."""
         state = self.source.state()
         pending = state.pop("pending", None)
         state["base_checksum"] = self.base_checksum  # LoRA's, verified on resume
+        state["rejections"] = {
+            "failures": self._consecutive_failures,
+            "filtered": self._consecutive_filtered,
+            "since_version": self.rejected_since_version,
+        }
         sharded = None  # FSDP2: every rank writes its shards (`ranks.state`)
         if is_sharded(self.model):
             sharded = functools.partial(save_sharded_state, self.model, self.optimizer)

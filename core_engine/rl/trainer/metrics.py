@@ -55,8 +55,9 @@ def episode_metrics(rollout: RolloutResult) -> dict[str, float]:
 
 
 def update_metrics(update: UpdateResult, grad_norm: float, lr: float) -> dict[str, float]:
-    """The update's numbers, the optimizer's learning rate and the trained tokens' mean
-    entropy (before the update, as TRL logs it)."""
+    """The update's numbers, the optimizer's learning rate (this step's, under the schedule),
+    the trained tokens' mean entropy (before the update, as TRL logs it) and the policy loss's
+    token shares under TRL's names."""
     metrics = {
         "loss": update.loss,
         "kl": update.kl,
@@ -69,6 +70,7 @@ def update_metrics(update: UpdateResult, grad_norm: float, lr: float) -> dict[st
     }
     if update.entropy is not None:
         metrics["entropy"] = update.entropy
+    metrics.update(update.fractions)  # TRL's clip_ratio/low_mean, clip_ratio/high_mean, ...
     metrics.update(update.importance_metrics())
     return metrics
 

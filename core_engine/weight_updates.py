@@ -1,4 +1,6 @@
-"""Policy versions: the weight-update acknowledgement, the update barrier and the weight check."""
+"""How the engine takes a weight update: the acknowledgement, the barrier at a step boundary
+(drain or abort), the version check and the weight copy (the channels that carry updates are
+`weight_sync`)."""
 
 from __future__ import annotations
 
