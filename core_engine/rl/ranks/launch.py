@@ -92,8 +92,8 @@ def run_rank(
             if lead is None:
                 GRPOTrainer(config, records, ranks=info).train()
             else:
-                messages.put(
-                    (RESULT, lead(info, lambda ping: messages.put((PROGRESS, ping)), *args))
+                messages.send(
+                    (RESULT, lead(info, lambda ping: messages.send((PROGRESS, ping)), *args))
                 )
     except BaseException as exc:
         print(f"rank {environ['RANK']}: {traceback.format_exc()}", file=sys.stderr, flush=True)
@@ -186,8 +186,7 @@ class RankProcesses:
         while True:
             if stop():
                 self.stopping.set()
-            while self.messages.poll(READY_POLL_S):
-                kind, value = self.messages.recv()
+            for kind, value in self.received(READY_POLL_S):
                 if kind == RESULT:
                     return value
                 if kind == PROGRESS:
@@ -196,12 +195,19 @@ class RankProcesses:
                     error = value
             if any(p.exitcode not in (None, 0) for p in self.processes):
                 time.sleep(DEATH_NOTICE_S)
-                while self.messages.poll():
-                    kind, value = self.messages.recv()
-                    error = value if kind == ERROR else error
-                raise RankFailedError(self.failed(error))
-            if self.processes[0].exitcode == 0 and not self.messages.poll():
+                errors = [value for kind, value in self.received(0.0) if kind == ERROR]
+                raise RankFailedError(self.failed(errors[-1] if errors else error))
+            if self.processes[0].exitcode == 0:
                 raise RankFailedError("rank 0 ended without a result")
+
+    def received(self, seconds: float) -> Iterator[tuple[str, Any]]:
+        """Rank 0's messages that arrive within `seconds`, then any already sent (none once
+        its end of the pipe is closed)."""
+        try:
+            while self.messages.poll(seconds):
+                yield self.messages.recv()
+        except (EOFError, OSError):  # rank 0 ended
+            return
 
     def finish(self, ok: bool) -> None:
         """Wait for the children to end (`ok`: rank 0 finished), else end them now."""
