@@ -27,6 +27,7 @@ from db.errors import (
     VersionConflict,
     VersionNotFound,
 )
+from db.loss_flags import LossFlag
 from db.migrate import downgrade, upgrade
 from db.records import (
     METRIC_TYPES,
@@ -37,6 +38,7 @@ from db.records import (
     PolicyVersionInfo,
     PolicyVersionRecord,
     PromptComparison,
+    RunMetric,
     SampleDetail,
     SampleFilter,
     SamplePage,
@@ -67,12 +69,14 @@ __all__ = [
     "JobKind",
     "JobNotFound",
     "JobStatus",
+    "LossFlag",
     "NotFound",
     "PolicyMetrics",
     "PolicyVersionInfo",
     "PolicyVersionRecord",
     "PromptComparison",
     "Repository",
+    "RunMetric",
     "SampleDetail",
     "SampleFilter",
     "SampleNotFound",

@@ -4,7 +4,7 @@ import gradio as gr
 
 from ui.handlers.launch import MAX_UPLOAD_BYTES
 from ui.services import Services, default_services
-from ui.tabs import compare, jobs, playground, queue, samples
+from ui.tabs import compare, jobs, playground, queue, runs, samples
 from ui.tabs import launch as launch_tab
 from workers import api
 
@@ -24,6 +24,8 @@ def build_app(services: Services) -> gr.Blocks:
                 samples.build(services, samples_tab)
             with gr.Tab("Compare", id="compare") as compare_tab:
                 compare.build(services, compare_tab)
+            with gr.Tab("Runs", id="runs") as runs_tab:
+                runs.build(services, runs_tab)
             with gr.Tab("Playground", id="playground") as playground_tab:
                 playground.build(services, playground_tab)
             with gr.Tab("Queue", id="queue") as queue_tab:

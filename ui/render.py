@@ -219,13 +219,14 @@ def _answers(samples: list[SampleSummary]) -> str:
     return "".join(items)
 
 
-def comparison_html(comparisons: list[PromptComparison], version_a: int, version_b: int) -> str:
-    """The same prompts' responses under two versions, side by side."""
+def comparison_html(comparisons: list[PromptComparison], name_a: str, name_b: str) -> str:
+    """The same prompts' responses under two versions (named ``name_a`` and ``name_b``: "version
+    3", "job #4 version 200"), side by side."""
     if not comparisons:
         return "<p>No prompt was answered by both versions.</p>"
     head = (
-        f'<tr><th style="{CELL_STYLE}">prompt</th><th style="{CELL_STYLE}">version {version_a}'
-        f'</th><th style="{CELL_STYLE}">version {version_b}</th></tr>'
+        f'<tr><th style="{CELL_STYLE}">prompt</th><th style="{CELL_STYLE}">{escape(name_a)}'
+        f'</th><th style="{CELL_STYLE}">{escape(name_b)}</th></tr>'
     )
     rows = "".join(
         f'<tr class="pair"><td style="{CELL_STYLE}"><small>#{c.prompt_index}</small>'

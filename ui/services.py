@@ -17,9 +17,9 @@ class Services:
     queues a failed, stalled, pruned or cancelled train job again, ``chat(job_id, version, messages,
     temperature, max_tokens, seed)`` answers a Playground turn on a worker, ``audit(sample_ids)``
     re-scores samples under their versions' weights and ``token_diff(sample_id, version_a,
-    version_b)`` scores one response under two versions, on a worker, and
-    ``run_study(base_config, study_table)`` stores a study and queues its first jobs (see
-    `workers.api`)."""
+    version_b, job_a, job_b)`` scores one response under two versions (of the sample's job,
+    or of jobs A and B), on a worker, and ``run_study(base_config, study_table)`` stores a
+    study and queues its first jobs (see `workers.api`)."""
 
     repository: Repository
     submit_job: Callable[[str, dict[str, Any]], JobInfo]
@@ -28,7 +28,7 @@ class Services:
     resume_job: Callable[[int], JobInfo]
     chat: Callable[..., dict[str, Any]]
     audit: Callable[[list[int]], dict[str, Any]]
-    token_diff: Callable[[int, int, int], dict[str, Any]]
+    token_diff: Callable[..., dict[str, Any]]
     run_study: Callable[[dict[str, Any], dict[str, Any]], StudyInfo]
     model_roots: tuple[Path, ...] = field(default_factory=model_roots)
     data_dir: Path = field(default_factory=data_dir)

@@ -66,6 +66,7 @@ from workers.specs import (
 )
 from workers.studies import cancel_study, clone_study, resume_study, run_study
 from workers.submission import cancel_job, celery_app, resume_job, submit_job, validate_job
+from workers.tokenizer_match import tokenizer_problem
 from workers.trackers import TRACKERS
 
 __all__ = [
@@ -129,6 +130,7 @@ __all__ = [
     "size_text",
     "submit_job",
     "token_diff",
+    "tokenizer_problem",
     "validate_job",
     "worker_device",
 ]
@@ -264,11 +266,10 @@ def audit(sample_ids: list[int], timeout: float = AUDIT_TIMEOUT_S) -> dict[str, 
 
 
 def token_diff(
-    sample_id: int, version_a: int, version_b: int, timeout: float = CHAT_TIMEOUT_S
+    sample_id: int, version_a: int, version_b: int, *jobs: int, timeout: float = CHAT_TIMEOUT_S
 ) -> dict[str, Any]:
-    """One stored response scored under two versions on an ``interactive`` worker (see
-    `workers.scoring.token_diff`)."""
-    return _interactive("workers.token_diff", [sample_id, version_a, version_b], timeout)
+    """A response scored on an ``interactive`` worker (`workers.scoring.token_diff`)."""
+    return _interactive("workers.token_diff", [sample_id, version_a, version_b, *jobs], timeout)
 
 
 def _interactive(name: str, args: list[Any], timeout: float) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from workers.engines import (
 )
 from workers.replay import Segment, load_reference, replay_logprobs, segments, tokenizer_of
 from workers.settings import Settings
+from workers.tokenizer_match import tokenizer_problem
 
 WEIGHTS_NOT_KEPT = "weights not kept"
 AUDIT_TOLERANCE = 1e-4  # DESIGN invariant 3: fp32 recomputation reproduces the stored log-probs
@@ -46,17 +47,22 @@ def stored_logprobs(detail: SampleDetail) -> list[float]:
 
 
 def score_response(
-    repo: Repository, settings: Settings, detail: SampleDetail, version: int, temperature: float
+    repo: Repository,
+    settings: Settings,
+    detail: SampleDetail,
+    version: int,
+    temperature: float,
+    job_id: int | None = None,
 ) -> list[float]:
-    """The response's log-probs under ``version`` of the sample's job (`VersionNotFound`,
-    `WeightsNotKept`, `EngineMemoryError`, or `ChecksumMismatch` when its weights are not the
-    recorded ones)."""
+    """The response's log-probs under ``version`` of job ``job_id`` (default: the sample's)
+    (`VersionNotFound`, `WeightsNotKept`, `EngineMemoryError`, or `ChecksumMismatch` when its
+    weights are not the recorded ones)."""
     import torch
 
     from core_engine.prompts import encode_prompt
     from core_engine.rl.objective.logprobs import packed_response_logprobs
 
-    info = saved_version(repo, detail.job_id, version)
+    info = saved_version(repo, detail.job_id if job_id is None else job_id, version)
     engine, _ = engine_cache(settings).verified(
         info.checkpoint_path, info.version, info.weights_checksum
     )
@@ -255,28 +261,59 @@ def audit_samples(
 
 
 def token_diff(
-    repo: Repository, settings: Settings, sample_id: int, version_a: int, version_b: int
+    repo: Repository,
+    settings: Settings,
+    sample_id: int,
+    version_a: int,
+    version_b: int,
+    job_a: int | None = None,
+    job_b: int | None = None,
 ) -> dict[str, Any]:
-    """A stored response scored under two versions of its job: the token ids and each
-    version's log-probs, or ``{"problem": ...}`` (e.g. a version whose weights were not kept)."""
+    """A stored response scored under version A of job A and version B of job B (each job
+    by default the sample's; two jobs must share a tokenizer with the sample:
+    `workers.tokenizer_match`): the token ids and each side's log-probs, or
+    ``{"problem": ...}`` (e.g. a version whose weights were not kept)."""
     try:
         if not all(isinstance(v, int) for v in (sample_id, version_a, version_b)):
             raise ChatProblem("sample and versions must be whole numbers")
+        if not all(j is None or isinstance(j, int) for j in (job_a, job_b)):
+            raise ChatProblem("jobs must be whole numbers")
         detail = repo.get_sample(sample_id)
+        sides = [(job_a or detail.job_id, version_a), (job_b or detail.job_id, version_b)]
         if not detail.response_token_ids:
             raise ChatProblem(f"sample {sample_id} has no response tokens to score")
+        checkpoints = [saved_version(repo, *side).checkpoint_path for side in sides]
+        if sides[0][0] != sides[1][0] and (
+            problem := _tokenizer_problem(repo, detail, sides, checkpoints)
+        ):
+            raise ChatProblem(f"jobs {sides[0][0]} and {sides[1][0]}: {problem}")
         temperature = scoring_temperature(repo.get_job(detail.job_id))
         scores = [
-            score_response(repo, settings, detail, version, temperature)
-            for version in (version_a, version_b)
+            score_response(repo, settings, detail, version, temperature, job)
+            for job, version in sides
         ]
     except (ChatProblem, NotFound, WeightsNotKept, ChecksumMismatch, EngineMemoryError) as exc:
         return {"problem": str(exc)}
     return {
         "sample_id": sample_id,
         "job_id": detail.job_id,
-        "checkpoint": saved_version(repo, detail.job_id, version_b).checkpoint_path,
+        "checkpoint": checkpoints[1],
         "token_ids": list(detail.response_token_ids),
         "logprobs_a": scores[0],
         "logprobs_b": scores[1],
     }
+
+
+def _tokenizer_problem(
+    repo: Repository, detail: SampleDetail, sides: list[tuple[int, int]], checkpoints: list[str]
+) -> str | None:
+    """Why a sample cannot be scored under versions of two jobs (None: it can): their
+    tokenizers differ, or the sample (of a third job: an evaluation of one of them) was
+    generated on another tokenizer or on one no checkpoint tells."""
+    problem = tokenizer_problem(*checkpoints)
+    if problem is not None or detail.job_id in {job for job, _ in sides}:
+        return problem
+    own = repo.get_version(detail.job_id, detail.policy_version)
+    if own is None or not own.checkpoint_path:
+        return f"sample {detail.id}'s version records no checkpoint to tell its tokenizer"
+    return tokenizer_problem(own.checkpoint_path, checkpoints[0])

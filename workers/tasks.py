@@ -70,11 +70,17 @@ def audit(self: Task, sample_ids: list[int]) -> dict[str, Any]:
 
 
 @app.task(name="workers.token_diff")
-def token_diff(sample_id: int, version_a: int, version_b: int) -> dict[str, Any]:
-    """One stored response scored under two versions (``interactive``)."""
+def token_diff(
+    sample_id: int,
+    version_a: int,
+    version_b: int,
+    job_a: int | None = None,
+    job_b: int | None = None,
+) -> dict[str, Any]:
+    """One stored response scored under two versions, of one job or two (``interactive``)."""
     from workers.scoring import token_diff as diff
 
-    return diff(repository(), Settings.from_env(), sample_id, version_a, version_b)
+    return diff(repository(), Settings.from_env(), sample_id, version_a, version_b, job_a, job_b)
 
 
 @app.task(bind=True, name="workers.compare")

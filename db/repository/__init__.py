@@ -7,9 +7,11 @@
 from sqlalchemy import URL
 
 from db.repository.batches import BatchesMixin
+from db.repository.comparisons import ComparisonsMixin
 from db.repository.jobs import JobsMixin
 from db.repository.metrics import MetricsMixin
 from db.repository.ownership import OwnershipMixin
+from db.repository.runs import RunsMixin
 from db.repository.samples import SamplesMixin
 from db.repository.steps import StepsMixin
 from db.repository.studies import StudiesMixin
@@ -24,7 +26,9 @@ class Repository(
     BatchesMixin,
     StepsMixin,
     SamplesMixin,
+    ComparisonsMixin,
     MetricsMixin,
+    RunsMixin,
     StudiesMixin,
 ):
     """Storage for studies, jobs, policy versions, rollout batches and samples over one engine."""

@@ -1,16 +1,15 @@
 """Reading samples: filtered keyset pages, one sample in full, two versions side by side."""
 
-from collections import defaultdict
 from collections.abc import Collection
-from typing import Any, Literal
+from typing import Any
 
-from sqlalchemy import ColumnElement, Select, distinct, func, literal, select, tuple_
+from sqlalchemy import ColumnElement, Select, func, literal, select, tuple_
 from sqlalchemy.orm import Session
 
 from db.enums import BatchStatus, FinishReason, coerce
 from db.errors import InvalidValue, SampleNotFound
 from db.models import RolloutBatch, Sample
-from db.records import PromptComparison, SampleDetail, SampleFilter, SamplePage, SampleSummary
+from db.records import SampleDetail, SampleFilter, SamplePage, SampleSummary
 from db.repository.base import MAX_PAGE_SIZE, RepositoryBase, check_limit, load_job
 from db.repository.episode_filter import ANY_EPISODE, EpisodeFilter, episode_conditions
 
@@ -35,11 +34,11 @@ _SUMMARY_COLUMNS = (
 )
 
 
-def _summaries() -> Select[Any]:
+def summaries() -> Select[Any]:
     return select(*_SUMMARY_COLUMNS).join(RolloutBatch, RolloutBatch.id == Sample.batch_id)
 
 
-def _summary(row: Any) -> SampleSummary:
+def summary(row: Any) -> SampleSummary:
     return SampleSummary(**row._mapping)
 
 
@@ -110,7 +109,7 @@ def _scan(
     page order."""
     key = tuple_(Sample.policy_version, Sample.id)
     reward = Sample.reward if reward_index else Sample.reward + 0
-    statement = _apply_filter(_summaries(), where, reward, episode)
+    statement = _apply_filter(summaries(), where, reward, episode)
     if cursor is not None:
         after = tuple_(*(literal(part) for part in _parse_cursor(cursor)))
         statement = statement.where(key < after if newest_first else key > after)
@@ -211,7 +210,7 @@ class SamplesMixin(RepositoryBase):
                 last_read = session.execute(last).all()
                 if len(last_read) == 2:  # samples are left unread
                     resume_at = last_read[0]
-        items = [_summary(row) for row in rows[:limit]]
+        items = [summary(row) for row in rows[:limit]]
         next_cursor = None
         if len(rows) > limit:
             next_cursor = f"{items[-1].policy_version}:{items[-1].id}"
@@ -255,6 +254,9 @@ class SamplesMixin(RepositoryBase):
                 turns=sample.turns,
                 tool_errors=sample.tool_errors,
                 rank=sample.rank,
+                loss_ratios=sample.loss_ratios,
+                loss_weights=sample.loss_weights,
+                loss_flags=sample.loss_flags,
             )
 
     def random_sample_ids(self, job_id: int, count: int, versions: Collection[int]) -> list[int]:
@@ -278,58 +280,3 @@ class SamplesMixin(RepositoryBase):
             load_job(session, job_id)
             rows = session.execute(statement).all()
         return [row.id for row in sorted(rows, key=lambda row: (row.policy_version, row.id))]
-
-    def compare_versions(
-        self,
-        job_id: int,
-        version_a: int,
-        version_b: int,
-        *,
-        match_on: Literal["prompt_text", "prompt_index"] = "prompt_text",
-        limit: int = 20,
-        offset: int = 0,
-    ) -> list[PromptComparison]:
-        """The prompts that both versions of the job answered, with each version's samples,
-        ordered by prompt index; page through them with ``limit`` and ``offset``."""
-        if match_on not in ("prompt_text", "prompt_index"):
-            raise InvalidValue(f"match_on: {match_on!r} is not prompt_text or prompt_index")
-        if version_a == version_b:
-            raise InvalidValue("compare_versions needs two different versions")
-        check_limit(limit)
-        if offset < 0:
-            raise InvalidValue(f"offset: {offset} is negative")
-        key = getattr(Sample, match_on)
-        in_both = (
-            select(key.label("key"), func.min(Sample.prompt_index).label("first_index"))
-            .where(Sample.job_id == job_id, Sample.policy_version.in_((version_a, version_b)))
-            .group_by(key)
-            .having(func.count(distinct(Sample.policy_version)) == 2)
-            .order_by("first_index", "key")
-            .limit(limit)
-            .offset(offset)
-            .subquery()
-        )
-        statement = (
-            _summaries()
-            .join(in_both, in_both.c.key == key)
-            .where(Sample.job_id == job_id, Sample.policy_version.in_((version_a, version_b)))
-            .order_by(in_both.c.first_index, in_both.c.key, Sample.group_index, Sample.id)
-        )
-        with self._read() as session:
-            load_job(session, job_id)
-            rows = session.execute(statement).all()
-        grouped: dict[Any, dict[int, list[SampleSummary]]] = defaultdict(
-            lambda: {version_a: [], version_b: []}
-        )
-        for row in rows:
-            sample = _summary(row)
-            grouped[getattr(sample, match_on)][sample.policy_version].append(sample)
-        return [
-            PromptComparison(
-                prompt_index=by_version[version_a][0].prompt_index,
-                prompt_text=by_version[version_a][0].prompt_text,
-                samples_a=by_version[version_a],
-                samples_b=by_version[version_b],
-            )
-            for by_version in grouped.values()
-        ]

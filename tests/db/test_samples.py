@@ -258,6 +258,26 @@ def test_compare_matches_text_even_when_indexes_differ(repo: Repository) -> None
     assert repo.compare_versions(job.id, 0, 1, match_on="prompt_index") == []
 
 
+def test_compare_versions_of_two_jobs_even_the_same_version(repo: Repository) -> None:
+    """Job A's version 1 against job B's version 1 on the prompts both answered; the other
+    versions of either job are left out."""
+    a, b = running_job(repo, versions=2), running_job(repo, versions=2)
+    for job, version, prompts in ((a, 1, (0, 1)), (b, 1, (1, 2)), (b, 0, (0,))):
+        samples = [make_sample(p, 0, version=version, reward=float(job.id)) for p in prompts]
+        repo.record_batch(make_batch(job.id, samples, version=version))
+    (both,) = repo.compare_samples((a.id, 1), (b.id, 1))
+    assert both.prompt_index == 1
+    assert [(s.job_id, s.policy_version) for s in both.samples_a] == [(a.id, 1)]
+    assert [(s.job_id, s.policy_version) for s in both.samples_b] == [(b.id, 1)]
+    (swapped,) = repo.compare_samples((b.id, 1), (a.id, 1))
+    assert [s.job_id for s in swapped.samples_a] == [b.id]
+    assert repo.compare_samples((a.id, 1), (b.id, 0))[0].prompt_index == 0
+    with pytest.raises(InvalidValue, match="two different versions"):
+        repo.compare_samples((a.id, 1), (a.id, 1))
+    with pytest.raises(JobNotFound):
+        repo.compare_samples((a.id, 1), (b.id + 99, 1))
+
+
 def _batch_ids(repo: Repository, job_id: int) -> list[int]:
     return [b.id for b in repo.list_batches(job_id)]
 

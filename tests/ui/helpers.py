@@ -164,11 +164,20 @@ class FakeQueue:
 
         return audit_samples(self.repo, Settings.from_env(), sample_ids)
 
-    def token_diff(self, sample_id: int, version_a: int, version_b: int) -> dict[str, Any]:
+    def token_diff(
+        self,
+        sample_id: int,
+        version_a: int,
+        version_b: int,
+        job_a: int | None = None,
+        job_b: int | None = None,
+    ) -> dict[str, Any]:
         from workers.scoring import token_diff
         from workers.settings import Settings
 
-        return token_diff(self.repo, Settings.from_env(), sample_id, version_a, version_b)
+        return token_diff(
+            self.repo, Settings.from_env(), sample_id, version_a, version_b, job_a, job_b
+        )
 
     def resume(self, job_id: int) -> JobInfo:
         return self.repo.reopen(job_id)

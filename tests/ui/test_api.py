@@ -127,10 +127,12 @@ def test_rejected_batches(client, job):
 
 
 def test_compare(client, job, submitted):
-    a, b, task = client.predict(job.id, api_name="/versions")
+    a, b, task = client.predict(job.id, None, api_name="/versions")  # job B: none
     assert task["value"] == "always7"  # the held-out comparison runs the job's task
     assert (a["value"], b["value"]) == (0, 3) and b["choices"][-1][1] == 3
-    metrics, rewards, lengths, pairs, sample = client.predict(job.id, 0, 3, api_name="/compare")
+    metrics, rewards, lengths, pairs, sample = client.predict(
+        job.id, 0, 3, None, api_name="/compare"
+    )
     assert rows(metrics)[1] == {
         "metric": "sample reward mean",
         "version A": "0.25",
@@ -139,7 +141,9 @@ def test_compare(client, job, submitted):
     }
     assert "version 3" in rewards and "Response tokens" in lengths
     assert pairs.count('class="pair"') == len(PROMPTS) and sample
-    message, poll = client.predict(job.id, 0, 3, "addition", 16, 2, 8, api_name="/launch_compare")
+    message, poll = client.predict(
+        job.id, 0, 3, "addition", 16, 2, 8, None, api_name="/launch_compare"
+    )
     assert message.startswith("Compare job") and submitted[0][0] == "compare"
     assert poll["active"]  # the status line follows the job until it finishes
 

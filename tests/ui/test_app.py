@@ -66,6 +66,18 @@ API_NAMES = {
     "clone",
     "job_csv",
     "token_diff",
+    "versions_b",
+    "compare_defaults_b",
+    "compare_jobs_b",
+    "runs_jobs",
+    "runs_study",
+    "runs_metrics",
+    "runs_picked",
+    "runs",
+    "runs_metric",
+    "runs_x_axis",
+    "runs_smoothing",
+    "runs_export",
 }
 
 

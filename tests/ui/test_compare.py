@@ -119,7 +119,8 @@ def test_compare_opens_on_the_newest_job_with_samples(services, world, job):
 def test_compare_defaults_to_versions_with_samples_and_finds_the_held_out_pairs(services, world):
     from db import BatchRecord, PolicyVersionRecord
     from tests.ui.helpers import _sample
-    from ui.handlers.compare import NO_PAIRS, default_versions
+    from ui.handlers.compare import default_versions
+    from ui.handlers.compare_sides import NO_PAIRS
 
     repo, model = world["repo"], world["model"]
     train = repo.create_job("train", {"model": str(model), "task": "always7"}, total_steps=2)
@@ -155,7 +156,7 @@ def test_the_held_out_comparison_shows_its_pairs_when_it_finishes(services, worl
     pick (issue 32): the poll that sees it finish shows them."""
     from db import BatchRecord, PolicyVersionRecord
     from tests.ui.helpers import _sample
-    from ui.handlers.compare import NO_PAIRS
+    from ui.handlers.compare_sides import NO_PAIRS
 
     repo, model = world["repo"], world["model"]
     train = repo.create_job("train", {"model": str(model), "task": "always7"}, total_steps=1)

@@ -38,13 +38,14 @@ def test_the_choices_are_single_turn_then_the_registered_environments(services, 
 
 
 def test_an_environment_job_sends_its_limits_and_no_reward(services, world):
-    change = {"environment": "calculator", "max_turns": "3", "max_episode_tokens": "96"}
+    # the demo policy's context is 32 tokens: episodes must fit it (`check_episode_room`)
+    change = {"environment": "calculator", "max_turns": "3", "max_episode_tokens": "30"}
     message = launch_job(services, **form(reward="regex:7.*", reward_2="length", **change))
     assert "is queued: train demo on always7 in environment calculator" in message
     config = _submitted(world)
     assert config["environment"] == "calculator" and "reward" not in config
-    assert (config["max_turns"], config["max_episode_tokens"]) == (3, 96)
-    assert inert("max_turns 3, max_episode_tokens 96") in message  # the numbers as read
+    assert (config["max_turns"], config["max_episode_tokens"]) == (3, 30)
+    assert inert("max_turns 3, max_episode_tokens 30") in message  # the numbers as read
 
 
 def test_a_single_turn_job_sends_no_environment_nor_its_limits(services, world):
@@ -79,14 +80,14 @@ def test_an_unusable_environment_is_refused_by_name(services, world, monkeypatch
 
 
 def test_clone_fills_back_the_environment_and_its_limits(services, world):
-    change = {"environment": "guess_number", "max_turns": 6, "max_episode_tokens": 200}
+    change = {"environment": "guess_number", "max_turns": 6, "max_episode_tokens": 28}
     launch_job(services, **form(**change))
     launched = services.repository.list_jobs(limit=1)[0]
     values, _ = clone_form(services, launched.id)
     assert (values["environment"], values["max_turns"], values["max_episode_tokens"]) == (
         "guess_number",
         6,
-        200,
+        28,
     )
     world["queue"].submitted.clear()
     launch_job(services, **form())

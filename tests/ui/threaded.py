@@ -37,10 +37,17 @@ class ThreadQueue:
 
         return audit_samples(self.repo, self.settings, sample_ids)
 
-    def token_diff(self, sample_id: int, version_a: int, version_b: int) -> dict[str, Any]:
+    def token_diff(
+        self,
+        sample_id: int,
+        version_a: int,
+        version_b: int,
+        job_a: int | None = None,
+        job_b: int | None = None,
+    ) -> dict[str, Any]:
         from workers.scoring import token_diff
 
-        return token_diff(self.repo, self.settings, sample_id, version_a, version_b)
+        return token_diff(self.repo, self.settings, sample_id, version_a, version_b, job_a, job_b)
 
     def cancel(self, job_id: int) -> JobInfo:
         return self.repo.request_cancel(job_id)

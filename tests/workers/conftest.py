@@ -47,6 +47,17 @@ def repo(env: Path) -> Iterator[Repository]:
 
 
 @pytest.fixture
+def eager(env: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Tasks run inside their send (no broker); returns the task ids revoked meanwhile."""
+    from workers.app import app
+
+    monkeypatch.setitem(app.conf, "task_always_eager", True)
+    revoked: list[str] = []
+    monkeypatch.setattr(app.control, "revoke", lambda task_id, **_: revoked.append(task_id))
+    return revoked
+
+
+@pytest.fixture
 def redis_url() -> Iterator[str]:
     yield from claim_redis()
 

@@ -7,15 +7,6 @@ from db import JobStatus
 from db.models import Job
 from tests.workers.helpers import train_config
 from workers import api, tasks
-from workers.app import app
-
-
-@pytest.fixture
-def eager(env, monkeypatch):
-    monkeypatch.setitem(app.conf, "task_always_eager", True)
-    revoked = []
-    monkeypatch.setattr(app.control, "revoke", lambda task_id, **_: revoked.append(task_id))
-    return revoked
 
 
 def test_submit_runs_the_job_through_its_task(eager, repo, tiny_model):

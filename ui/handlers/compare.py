@@ -18,22 +18,17 @@ from db import (
     VersionMetrics,
 )
 from ui.handlers.common import parse_id
+from ui.handlers.compare_sides import chosen_sides, compared_pairs, side_names
 from ui.handlers.jobs import JOB_LIMIT
 from ui.render import comparison_html, fmt, histogram_html, inert
 from ui.services import Services
 from workers import api
 
-PROMPTS_SHOWN = 20
 HISTOGRAM_BINS = 10
 METRIC_COLUMNS = ["metric", "version A", "version B", "B - A"]
 HISTOGRAM_COLUMNS = ["bin", "count", "version"]
 
 Comparison = tuple[pd.DataFrame, str, str, str, int | None]
-NO_PAIRS = (
-    "<p>No prompt was answered by both versions (a training job's batches rarely repeat a "
-    "prompt). <b>Run the held-out comparison</b> below: both versions answer the same "
-    "held-out prompts, and Compare shows them here when it is done.</p>"
-)
 
 
 def newest_job_with_samples(services: Services) -> int | None:
@@ -81,32 +76,6 @@ def job_task(services: Services, job_id: float | str | None) -> str | None:
     except (InvalidValue, NotFound):
         return None
     return task if task in api.TASKS else None
-
-
-def heldout_job(services: Services, job_id: int, a: int, b: int) -> int | None:
-    """The newest succeeded compare job of ``job_id`` over versions ``a`` and ``b``."""
-    for job in services.repository.list_jobs(limit=MAX_PAGE_SIZE, kind="compare"):
-        config = job.config
-        if (
-            job.status.value == "succeeded"
-            and config.get("job_id") == job_id
-            and sorted(config.get("versions", [])) == sorted([a, b])
-        ):
-            return job.id
-    return None
-
-
-def _pairs(services: Services, job: int, a: int, b: int) -> tuple[list[PromptComparison], str]:
-    """The prompts both versions answered in the job itself, else in its newest held-out
-    comparison (with a note saying which), else none and a note how to get them."""
-    pairs = services.repository.compare_versions(job, a, b, limit=PROMPTS_SHOWN)
-    if pairs:
-        return pairs, ""
-    heldout = heldout_job(services, job, a, b)
-    if heldout is None:
-        return [], NO_PAIRS
-    pairs = services.repository.compare_versions(heldout, a, b, limit=PROMPTS_SHOWN)
-    return pairs, f"<p>Held-out prompts answered by both versions (compare job #{heldout}).</p>"
 
 
 def _first_sample(pairs: list[PromptComparison]) -> int | None:
@@ -184,20 +153,25 @@ def compare_versions(
     job_id: float | str | None,
     version_a: float | str | None,
     version_b: float | str | None,
+    job_b: float | str | None = None,
 ) -> Comparison:
     """Metrics side by side, reward and length distributions, the same prompts' responses
-    under both versions (from the job, else its held-out comparison), and a sample of
-    version B to score in the token diff."""
+    under both versions (from the jobs, else their held-out comparison), and a sample of
+    version B to score in the token diff. Version B is of ``job_b`` when given: another job
+    that shares the tokenizer (`shared_tokenizer`)."""
     empty = pd.DataFrame(columns=METRIC_COLUMNS)
     try:
-        job, a, b = _chosen(job_id, version_a, version_b)
-        pairs, note = _pairs(services, job, a, b)
-        metrics = {m.version: m for m in services.repository.version_metrics(job)}
-        samples = {"A": _sample_values(services, job, a), "B": _sample_values(services, job, b)}
+        side_a, side_b = chosen_sides(services, job_id, version_a, version_b, job_b)
+        pairs, note = compared_pairs(services, side_a, side_b)
+        metrics = [
+            {m.version: m for m in services.repository.version_metrics(job)}.get(version)
+            for job, version in (side_a, side_b)
+        ]
+        samples = {"A": _sample_values(services, *side_a), "B": _sample_values(services, *side_b)}
     except (InvalidValue, NotFound) as exc:
         return empty, "", "", f"<p><b>{escape(str(exc))}</b></p>", None
-    table = pd.DataFrame(_metric_rows(metrics.get(a), metrics.get(b)), columns=METRIC_COLUMNS)
-    names = {"A": f"version {a}", "B": f"version {b}"}
+    table = pd.DataFrame(_metric_rows(*metrics), columns=METRIC_COLUMNS)
+    names = side_names(side_a, side_b)
     rewards = histogram(
         {k: [s.reward for s in v if s.reward is not None] for k, v in samples.items()}
     )
@@ -206,23 +180,9 @@ def compare_versions(
         table,
         histogram_html(rewards, "Reward", names),
         histogram_html(lengths, "Response tokens", names),
-        note + (comparison_html(pairs, a, b) if pairs else ""),
+        note + (comparison_html(pairs, *names.values()) if pairs else ""),
         _first_sample(pairs),
     )
-
-
-def _chosen(
-    job_id: float | str | None, version_a: float | str | None, version_b: float | str | None
-) -> tuple[int, int, int]:
-    """(job, version A, version B), or `InvalidValue` unless all three are given."""
-    chosen = (
-        parse_id(job_id, "job"),
-        parse_id(version_a, "version A"),
-        parse_id(version_b, "version B"),
-    )
-    if None in chosen:
-        raise InvalidValue("choose a job and two versions")
-    return chosen
 
 
 def launch_compare(
@@ -234,32 +194,52 @@ def launch_compare(
     num_prompts: float | str | None,
     seed: float | str | None,
     max_tokens: float | str | None,
-) -> tuple[str, int | None]:
-    """Enqueue a compare job: both versions answer the same held-out prompts of a built-in
-    task (greedy). Returns a Markdown message and the id of the job queued (None if none)."""
+    job_b: float | str | None = None,
+) -> tuple[str, int | list[int] | None]:
+    """Enqueue the held-out comparison: both versions answer the same held-out prompts of a
+    built-in task (greedy). Versions of one job: a compare job. Version B of another job
+    (``job_b``, sharing the tokenizer): an evaluate job per side with the same prompts, seed
+    and sampling. Returns a Markdown message and the id (or the two ids) queued (None: none)."""
     try:
-        job, a, b = _chosen(job_id, version_a, version_b)
+        side_a, side_b = chosen_sides(services, job_id, version_a, version_b, job_b)
         counts = {
             "num_prompts": parse_id(num_prompts, "prompts"),
             "seed": parse_id(seed, "seed"),
             "max_tokens": parse_id(max_tokens, "max tokens"),
         }
-        if a == b:
+        if side_a == side_b:
             raise InvalidValue("choose two different versions")
         if task not in api.TASKS:
             raise InvalidValue(f"task: choose one of {', '.join(api.TASKS)}")
         if not counts["num_prompts"] or not counts["max_tokens"] or counts["seed"] is None:
             raise InvalidValue("prompts and max tokens must be >= 1, and a seed is required")
-        config: dict[str, Any] = {"job_id": job, "versions": [a, b], "task": task, **counts}
-        launched = services.submit_job("compare", config)
+        if side_a[0] == side_b[0]:
+            config: dict[str, Any] = {
+                "job_id": side_a[0],
+                "versions": [side_a[1], side_b[1]],
+                "task": task,
+                **counts,
+            }
+            launched = services.submit_job("compare", config)
+            return compare_job_line(launched), launched.id
+        evaluations = [
+            services.submit_job(
+                "evaluate", {"job_id": job, "version": version, "task": task, **counts}
+            )
+            for job, version in (side_a, side_b)
+        ]
     except ValueError as exc:  # InvalidValue, or the queue's own validation
         return f"**Nothing was enqueued:** {inert(exc)}", None
-    return compare_job_line(launched), launched.id
+    return _lines(evaluations), [job.id for job in evaluations]
+
+
+def _lines(jobs: list[JobInfo]) -> str:
+    return "  \n".join(compare_job_line(job) for job in jobs)
 
 
 def compare_job_line(job: JobInfo) -> str:
-    """Where a launched compare job stands, as Markdown."""
-    name = f"Compare job **#{job.id}**"
+    """Where a launched compare (or evaluate) job stands, as Markdown."""
+    name = f"{job.kind.value.capitalize()} job **#{job.id}**"
     if job.status is JobStatus.SUCCEEDED:
         return f"{name} finished: **Compare** shows both versions' answers to its prompts."
     if job.status is JobStatus.FAILED:
@@ -271,19 +251,23 @@ def compare_job_line(job: JobInfo) -> str:
 
 def follow_compare_job(
     services: Services,
-    launched: int,
+    launched: int | list[int],
     job_id: float | str | None,
     version_a: float | str | None,
     version_b: float | str | None,
+    job_b: float | str | None = None,
 ) -> tuple[str, bool, Comparison | None]:
-    """A launched compare job's line (`compare_job_line`), whether it has finished and, once
-    it has succeeded, the comparison of the versions on view (`compare_versions`), which now
-    shows its pairs: no other pick needed."""
+    """The launched jobs' lines (`compare_job_line`), whether they have all finished and,
+    once they have all succeeded, the comparison on view (`compare_versions`), which now
+    shows their pairs: no other pick needed."""
     try:
-        job = services.repository.get_job(launched)
+        jobs = [
+            services.repository.get_job(i)
+            for i in ([launched] if isinstance(launched, int) else launched)
+        ]
     except NotFound as exc:
         return f"**{inert(exc)}**", True, None
     comparison = None
-    if job.status is JobStatus.SUCCEEDED:
-        comparison = compare_versions(services, job_id, version_a, version_b)
-    return compare_job_line(job), job.status.is_terminal, comparison
+    if all(job.status is JobStatus.SUCCEEDED for job in jobs):
+        comparison = compare_versions(services, job_id, version_a, version_b, job_b)
+    return _lines(jobs), all(job.status.is_terminal for job in jobs), comparison

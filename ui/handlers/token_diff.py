@@ -7,6 +7,7 @@ from pathlib import Path
 
 from db import InvalidValue
 from ui.handlers.common import ask_worker, parse_id
+from ui.handlers.compare_sides import side_names
 from ui.render import BLOCK_STYLE, TOKEN_STYLE, visible
 from ui.services import Services
 from ui.tokens import token_texts
@@ -60,9 +61,14 @@ def token_diff_view(
     sample_id: float | str | None,
     version_a: float | str | None,
     version_b: float | str | None,
+    job_id: float | str | None = None,
+    job_b: float | str | None = None,
 ) -> str:
-    """A stored response scored under versions A and B of its job, coloured by the change."""
+    """A stored response scored under versions A and B of its job, coloured by the change;
+    with ``job_b`` (another job than ``job_id``), version A is of ``job_id`` and version B of
+    ``job_b`` (the worker checks that they share a tokenizer)."""
     chosen: list[int | None] = []
+    jobs: list[int | None] = []
 
     def call() -> dict:
         chosen.extend(
@@ -74,13 +80,17 @@ def token_diff_view(
         )
         if None in chosen:
             raise InvalidValue("choose a sample and two versions")
-        return services.token_diff(*chosen)
+        jobs.extend([parse_id(job_id, "job"), parse_id(job_b, "job B")])
+        if jobs[1] is None or jobs[1] == jobs[0]:
+            return services.token_diff(*chosen)
+        return services.token_diff(*chosen, *jobs)
 
     result, problem = ask_worker(call, "score")
     if problem is not None:
         return f"<p><b>{escape(problem)}</b></p>"
     texts = token_texts(result["token_ids"], [Path(result["checkpoint"])])
-    names = (f"version {chosen[1]}", f"version {chosen[2]}")
+    other = jobs[0] if jobs[1] is None else jobs[1]
+    names = tuple(side_names((jobs[0], chosen[1]), (other, chosen[2])).values())
     heading = f"<p>Sample #{chosen[0]} scored under {names[0]} and {names[1]}</p>"
     return heading + diff_html(
         result["token_ids"], result["logprobs_a"], result["logprobs_b"], texts, names

@@ -1,4 +1,5 @@
-"""Compare tab: pick a job and two versions; metrics, distributions, responses side by side,
+"""Compare tab: pick a job and two versions (version B of another job on the same tokenizer,
+if chosen); metrics, distributions, responses side by side,
 the held-out comparison, and the token-level diff of one response under both versions."""
 
 from functools import partial
@@ -19,7 +20,7 @@ from ui.handlers.compare import (
 from ui.handlers.jobs import job_choices
 from ui.handlers.token_diff import token_diff_view
 from ui.services import Services
-from ui.tabs.common import job_picker
+from ui.tabs.common import job_picker, refresh_jobs
 from workers import api
 
 COMPARE_JOB_POLL_S = 2.0
@@ -32,27 +33,32 @@ def _jobs(services: Services, current: int | str | None) -> dict:
     return gr.update(choices=job_choices(services), value=chosen)
 
 
-def _versions(services: Services, job_id: int | None) -> tuple[dict, dict, dict]:
-    """Version pickers for a job, set to the versions that have data (`default_versions`),
-    and the held-out comparison's task set to the job's."""
+def _versions(services: Services, job_id: int | None, job_b: int | None) -> tuple[dict, dict, dict]:
+    """Version pickers for a job, set to the versions that have data (`default_versions`;
+    version B of job B when one is chosen, its newest), and the held-out comparison's task
+    set to the job's."""
     versions = version_choices(services, job_id)
     a, b = default_versions(services, job_id)
     task = job_task(services, job_id)
+    versions_b = versions
+    if job_b not in (None, "") and job_b != job_id:
+        versions_b = version_choices(services, job_b)
+        b = versions_b[-1] if versions_b else None
     return (
         gr.update(choices=versions, value=a),
-        gr.update(choices=versions, value=b),
+        gr.update(choices=versions_b, value=b),
         gr.update() if task is None else gr.update(value=task),
     )
 
 
-def _launch(services: Services, *form: object) -> tuple[str, int | None, gr.Timer]:
+def _launch(services: Services, *form: object) -> tuple[str, int | list[int] | None, gr.Timer]:
     """Queue a compare job (`launch_compare`) and follow it while it runs."""
     message, launched = launch_compare(services, *form)
     return message, launched, gr.Timer(active=launched is not None)
 
 
 def _follow(
-    services: Services, outputs: int, launched: int | None, *view: object
+    services: Services, outputs: int, launched: int | list[int] | None, *view: object
 ) -> tuple[object, ...]:
     """The launched compare job's status, and the comparison on view (its ``outputs``) once
     the job has succeeded (`follow_compare_job`); the polling stops once it has finished."""
@@ -69,6 +75,14 @@ def build(services: Services, tab: gr.Tab) -> None:
         job = job_picker(services, "compare-job")
         version_a = gr.Dropdown([], allow_custom_value=True, label="Version A", elem_id="compare-a")
         version_b = gr.Dropdown([], allow_custom_value=True, label="Version B", elem_id="compare-b")
+        job_b = gr.Dropdown(
+            job_choices(services),
+            value=None,
+            allow_custom_value=True,
+            label="Job B (optional: another job on the same tokenizer)",
+            elem_id="compare-job-b",
+            scale=2,
+        )
         run = gr.Button("Compare", variant="primary", elem_id="compare-button")
     metrics = gr.Dataframe(
         pd.DataFrame(columns=METRIC_COLUMNS),
@@ -108,27 +122,31 @@ def build(services: Services, tab: gr.Tab) -> None:
 
     comparison = [metrics, rewards, lengths, side_by_side, sample]
     show = partial(compare_versions, services)
-    tab.select(partial(_jobs, services), job, job, api_name="compare_jobs")
-    job.change(
-        partial(_versions, services), job, [version_a, version_b, task], api_name="versions"
-    ).then(show, [job, version_a, version_b], comparison, api_name="compare_defaults")
-    run.click(show, [job, version_a, version_b], comparison, api_name="compare")
+    tab.select(partial(_jobs, services), job, job, api_name="compare_jobs").then(
+        partial(refresh_jobs, services), None, job_b, api_name="compare_jobs_b"
+    )
+    view = [job, version_a, version_b, job_b]
+    for picker, name in ((job, "versions"), (job_b, "versions_b")):
+        picker.change(
+            partial(_versions, services), [job, job_b], [version_a, version_b, task], api_name=name
+        ).then(show, view, comparison, api_name=f"compare_defaults{name.removeprefix('versions')}")
+    run.click(show, view, comparison, api_name="compare")
     launch.click(
         partial(_launch, services),
-        [job, version_a, version_b, task, num_prompts, seed, max_tokens],
+        [job, version_a, version_b, task, num_prompts, seed, max_tokens, job_b],
         [launched, launched_job, poll],
         api_name="launch_compare",
     )
     poll.tick(
         partial(_follow, services, len(comparison)),
-        [launched_job, job, version_a, version_b],
+        [launched_job, *view],
         [launched, poll, *comparison],
         api_name="compare_job_status",
         show_progress="hidden",
     )
     score.click(
         partial(token_diff_view, services),
-        [sample, version_a, version_b],
+        [sample, version_a, version_b, job, job_b],
         diff,
         api_name="token_diff",
     )

@@ -175,6 +175,7 @@ class GRPOTrainer:
         self._consecutive_failures = self._consecutive_filtered = 0
         self.rejected_since_version = 0
         trained = dict(zip(rows, update.logprobs, strict=True))
+        records = dict(zip(rows, update.token_records, strict=True))
         record = StepRecord(
             step=self.step_index - 1,
             rollout=rollout,
@@ -183,6 +184,7 @@ class GRPOTrainer:
             rejected_groups=rejected,
             advantages=flat_advantages,
             trainer_logprobs=[trained.get(i) for i in range(rollout.num_samples)],
+            loss_records=[records.get(i) for i in range(rollout.num_samples)],
             metrics={**metrics, **timings},
         )
         self._emit(record)

@@ -1,0 +1,138 @@
+"""Several jobs read at once, for the Runs view: one query per metric across all of them."""
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+from sqlalchemy import Float, cast, func, select, text
+
+from db.errors import InvalidValue
+from db.models import Job, PolicyVersion, VersionSampleStats
+from db.records import METRIC_TYPES, JobInfo, RunMetric
+from db.repository.base import MAX_PAGE_SIZE, RepositoryBase
+from db.repository.jobs import job_info
+
+MAX_METRIC_NAME = 200
+# The names of the metrics in a version's ``extra_metrics`` (a JSON object), per dialect.
+_EXTRA_KEYS = {
+    "sqlite": "SELECT DISTINCT key FROM policy_versions, json_each(extra_metrics) "
+    "WHERE job_id IN ({ids})",
+    "postgresql": "SELECT DISTINCT json_object_keys(extra_metrics) FROM policy_versions "
+    "WHERE job_id IN ({ids})",
+}
+
+
+def _check_jobs(job_ids: Sequence[int]) -> list[int]:
+    ids = list(dict.fromkeys(job_ids))
+    if not 1 <= len(ids) <= MAX_PAGE_SIZE:
+        raise InvalidValue(f"job_ids: choose 1 to {MAX_PAGE_SIZE} jobs (got {len(ids)})")
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise InvalidValue("job_ids: whole numbers >= 0 only")
+    return ids
+
+
+def _epoch_seconds(dialect: str):
+    """A version's ``created_at`` as seconds since the epoch, computed by the database (no
+    timestamp objects to build per row)."""
+    if dialect == "sqlite":  # stored as UTC text: 'YYYY-MM-DD HH:MM:SS.ffffff'
+        return (func.julianday(PolicyVersion.created_at) - 2440587.5) * 86400.0
+    return func.extract("epoch", PolicyVersion.created_at)
+
+
+def _metric_column(metric: str):
+    """The SQL expression of a named metric (a column) or of one in ``extra_metrics``."""
+    if not metric or len(metric) > MAX_METRIC_NAME:
+        raise InvalidValue(f"metric: a name of 1 to {MAX_METRIC_NAME} characters is required")
+    if metric in METRIC_TYPES:
+        return cast(getattr(PolicyVersion, metric), Float)
+    return PolicyVersion.extra_metrics[metric].as_float()
+
+
+class RunsMixin(RepositoryBase):
+    def get_jobs(self, job_ids: Sequence[int]) -> list[JobInfo]:
+        """The jobs of ``job_ids`` that exist, in the order given."""
+        ids = _check_jobs(job_ids)
+        with self._read() as session:
+            found = {
+                job.id: job_info(job) for job in session.scalars(select(Job).where(Job.id.in_(ids)))
+            }
+        return [found[i] for i in ids if i in found]
+
+    def run_metrics(
+        self, job_ids: Sequence[int], metrics: Sequence[str]
+    ) -> dict[str, dict[int, RunMetric]]:
+        """Each of ``metrics`` (a named column of the versions, or a key of their extra
+        metrics) of each job that has recorded versions, read in one query across the jobs."""
+        ids = _check_jobs(job_ids)
+        names = list(dict.fromkeys(metrics))
+        if not names:
+            raise InvalidValue("metrics: name at least one")
+        columns = [_metric_column(name) for name in names]
+        with self._read() as session:  # Core rows: no ORM objects to build for 60,000 rows
+            statement = (
+                select(
+                    PolicyVersion.job_id,
+                    PolicyVersion.version,
+                    _epoch_seconds(session.get_bind().dialect.name),
+                    *columns,
+                )
+                .where(PolicyVersion.job_id.in_(ids))
+                .order_by(PolicyVersion.job_id, PolicyVersion.version)
+            )
+            rows = session.connection().execute(statement).all()
+        by_job: dict[int, list] = defaultdict(list)
+        for row in rows:
+            by_job[row[0]].append(row)
+        found: dict[str, dict[int, RunMetric]] = {name: {} for name in names}
+        for job_id, job_rows in by_job.items():
+            versions = [row[1] for row in job_rows]
+            start = float(job_rows[0][2])
+            seconds = [float(row[2]) - start for row in job_rows]
+            for column, name in enumerate(names, start=3):
+                values = [row[column] for row in job_rows]
+                found[name][job_id] = RunMetric(job_id, versions, seconds, values)
+        return found
+
+    def run_tokens(self, job_ids: Sequence[int]) -> dict[int, dict[int, int]]:
+        """job -> version -> the response tokens of the job's stored samples of that version
+        (every finish reason), from the per-version totals, in one query across the jobs."""
+        ids = _check_jobs(job_ids)
+        statement = (
+            select(
+                VersionSampleStats.job_id,
+                VersionSampleStats.policy_version,
+                func.sum(VersionSampleStats.response_tokens),
+            )
+            .where(VersionSampleStats.job_id.in_(ids))
+            .group_by(VersionSampleStats.job_id, VersionSampleStats.policy_version)
+        )
+        tokens: dict[int, dict[int, int]] = defaultdict(dict)
+        with self._read() as session:
+            for job_id, version, count in session.connection().execute(statement).all():
+                tokens[job_id][version] = int(count)
+        return dict(tokens)
+
+    def token_totals(self, job_ids: Sequence[int]) -> dict[int, int]:
+        """job -> the response tokens of all its stored samples (as `run_tokens`, summed)."""
+        ids = _check_jobs(job_ids)
+        statement = (
+            select(VersionSampleStats.job_id, func.sum(VersionSampleStats.response_tokens))
+            .where(VersionSampleStats.job_id.in_(ids))
+            .group_by(VersionSampleStats.job_id)
+        )
+        with self._read() as session:
+            rows = session.connection().execute(statement).all()
+        return {job_id: int(count) for job_id, count in rows}
+
+    def run_metric_names(self, job_ids: Sequence[int]) -> list[str]:
+        """The metrics any of the jobs recorded at any version (named ones, then extra ones),
+        sorted within each kind."""
+        ids = _check_jobs(job_ids)
+        named = [func.count(getattr(PolicyVersion, name)).label(name) for name in METRIC_TYPES]
+        with self._read() as session:
+            counts = session.execute(select(*named).where(PolicyVersion.job_id.in_(ids))).one()
+            dialect = session.get_bind().dialect.name
+            placeholders = ", ".join(f":j{i}" for i in range(len(ids)))
+            query = text(_EXTRA_KEYS[dialect].format(ids=placeholders))
+            extra = session.scalars(query, {f"j{i}": job for i, job in enumerate(ids)}).all()
+        recorded = [name for name, count in zip(METRIC_TYPES, counts, strict=True) if count]
+        return recorded + sorted(set(extra) - set(recorded))
