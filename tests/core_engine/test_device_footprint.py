@@ -47,19 +47,18 @@ def layer_parameters_from_shape(name: str, biases: bool) -> int:
 
 
 @pytest.mark.parametrize("devices", [2, 4, 8])
-def test_fsdp2_divides_weights_gradients_and_moments_by_n_but_not_the_reference(devices):
-    """Each rank loads the KL reference whole (`kl_reference`), so the floor counts it whole."""
+def test_fsdp2_divides_weights_gradients_moments_and_reference_by_n(devices):
+    """Each rank loads its shard of the KL reference as of the policy (`ranks.state`)."""
     config = shape_config("Qwen2.5-7B")
     job = GRPOConfig(**JOB, kl_coef=0.1)
     one = training_footprint(job, config, CUDA)
     many = training_footprint(job, config, CUDA, devices)
     assert one.trainer_bytes == 16 * SEVEN_B and one.reference_bytes == 4 * SEVEN_B
     assert many.trainer_bytes * devices == one.trainer_bytes  # to the byte
-    assert many.reference_bytes == one.reference_bytes == 4 * SEVEN_B
+    assert many.reference_bytes * devices == one.reference_bytes
     assert many.engine_copy_bytes == one.engine_copy_bytes == 2 * SEVEN_B  # each rank's engine
     assert many.parameters == SEVEN_B and many.devices == devices
-    whole = (4 + 2) * SEVEN_B  # the reference and the engine's bf16 copy
-    assert many.total_bytes == 16 * SEVEN_B // devices + whole + many.gathered_bytes
+    assert many.total_bytes == (16 + 4) * SEVEN_B // devices + 2 * SEVEN_B + many.gathered_bytes
     assert f"(1/{devices} shard)" in many.describe()
     assert f"per device over {devices}" in many.describe()
 
