@@ -92,13 +92,14 @@ def job_ranks_of(config: GRPOConfig, records: list[dict[str, str]]) -> Iterator[
     its environment names; else rank 0, the others started here (`ranks.launch.job_ranks`)."""
     from core_engine.rl.config import torch_device_type
     from core_engine.rl.ranks import RankSetupError, rank_group
+    from core_engine.rl.ranks.group import collective_timeout
     from core_engine.rl.ranks.launch import job_ranks
 
     if "WORLD_SIZE" in os.environ:
         world = int(os.environ["WORLD_SIZE"])
         if world != config.devices:
             raise RankSetupError(f"torchrun started {world} ranks for devices = {config.devices}")
-        with rank_group(torch_device_type(config.device)) as info:
+        with rank_group(torch_device_type(config.device), collective_timeout(config)) as info:
             yield info
     elif config.devices == 1:
         yield None

@@ -148,6 +148,9 @@ class GRPOConfig:
     # state) or "replicate" (each rank all of them, gradients summed by one all-reduce: DDP's
     # layout, fewer collectives for a policy one device holds); LoRA always replicates
     sharding: str = "fsdp2"
+    # how long a rank waits in one collective before the job fails (None: the worker's
+    # ``RLWB_RANK_TIMEOUT``, default 600 s; `core_engine.rl.ranks.group`)
+    collective_timeout_s: float | None = None
     engine_dtype: str = "auto"  # float32 | bfloat16 | float16 | auto (bf16 on CUDA, else fp32)
     # The importance correction (`core_engine.rl.objective.loss`): "truncate" (TIS, as TRL) or
     # "mask" (AReaL's decoupled PPO) of pi_prox / pi_behaviour at `importance_cap`, on tokens

@@ -12,6 +12,7 @@ and resumed from its checkpoint continues exactly as if it had not stopped.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ from core_engine.rl.objective.update import (
     training_mode,
 )
 from core_engine.rl.ranks import RankInfo, is_sharded, rank0_decides, rank_share
-from core_engine.rl.ranks.state import full_state
+from core_engine.rl.ranks.state import save_sharded_state
 from core_engine.rl.ranks.step import clip_gradients, distributed_backward
 from core_engine.rl.rewards import RewardError
 from core_engine.rl.rollout import RolloutResult, check_policy_lag
@@ -294,8 +295,12 @@ class GRPOTrainer:
             "filtered": self._consecutive_filtered,
             "since_version": self.rejected_since_version,
         }
-        gathered = full_state(self.model, self.optimizer) if is_sharded(self.model) else None
+        sharded = None  # FSDP2: every rank writes its shards (`ranks.state`)
+        if is_sharded(self.model):
+            sharded = functools.partial(save_sharded_state, self.model, self.optimizer)
         if not self.writes_files:
+            if sharded is not None:
+                sharded(None)  # into rank 0's staging directory
             return checkpoint_dir(self.output_dir, self.version)
         return save_checkpoint(
             self.output_dir,
@@ -307,7 +312,7 @@ class GRPOTrainer:
             state,
             pending,
             self.hooks.checkpoint_writer,
-            gathered,
+            sharded,
         )
 
     @property
