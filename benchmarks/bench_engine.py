@@ -56,8 +56,13 @@ TARGETS = {
     ("coldprefix", "ours", "hf-generate"): (3.0, "ratio"),  # shared header, after an update
     ("uniform", "ours", "hf-generate_batch"): (5.0, "ratio"),  # tiny model only
     ("long", "ours", "naive-recompute"): (10.0, "decode_ratio"),  # 0.5B shape only
+    ("step", "ours", "hf-generate"): (2.0, "ratio"),  # tiny only: 128 sampled rows, 8 tokens
 }
-TARGET_MODELS = {"hf-generate_batch": "tiny", "naive-recompute": "qwen05"}
+TARGET_MODELS = {
+    ("uniform", "ours", "hf-generate_batch"): "tiny",
+    ("long", "ours", "naive-recompute"): "qwen05",
+    ("step", "ours", "hf-generate"): "tiny",
+}
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -181,8 +186,9 @@ def ratios(rows: list[Row], with_targets: bool = True) -> list[dict]:
         for o in ours:
             variant = "ours+group" if o.engine.endswith("+group") else "ours"
             for b in baselines:
-                target, basis = TARGETS.get((o.kind, variant, b.engine), (None, "ratio"))
-                if not with_targets or TARGET_MODELS.get(b.engine, model) != model:
+                key = (o.kind, variant, b.engine)
+                target, basis = TARGETS.get(key, (None, "ratio"))
+                if not with_targets or TARGET_MODELS.get(key, model) != model:
                     target = None
                 entry = {
                     "model": model,
@@ -256,6 +262,22 @@ def ratios_table(entries: list[dict]) -> Table:
     return Table("Engine vs baselines (median of repeats)", columns, rows)
 
 
+def step_costs(rows: list[Row]) -> Table:
+    """Per engine on the `step` workloads: the first step (prefill and the first token) and one
+    decode step, from the same runs (time to every request's first token, then the rest of the
+    wall time over the remaining steps)."""
+    table = []
+    for r in rows:
+        if r.kind != "step" or r.prefill_s is None:
+            continue
+        steps = r.output_tokens // r.requests - 1
+        decode_ms = 1e3 * (r.wall_s - r.prefill_s) / steps
+        cells = [r.model, r.workload, r.engine, f"{1e3 * r.prefill_s:.1f}", f"{decode_ms:.2f}"]
+        table.append([*cells, f"{1e3 * r.wall_s:.1f}"])
+    columns = ["model", "workload", "engine", "first step ms", "decode step ms", "total ms"]
+    return Table("Cost per step (median of repeats)", columns, table)
+
+
 def print_ratios(entries: list[dict]) -> None:
     header = (
         f"{'model':7} {'workload':44} {'ours':22} {'baseline':18} {'ratio':>7} "
@@ -298,9 +320,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--models", default=None, help="comma list of: tiny, qwen05")
     parser.add_argument(
         "--workloads",
-        default="uniform,rl,prefix,coldprefix,long",
+        default="uniform,rl,prefix,coldprefix,long,step",
         help="comma list of: uniform, rl, prefix, coldprefix (cold batch with a shared "
-        "512-token header after a weight update), long",
+        "512-token header after a weight update), long, step (the cost of one decode step: "
+        "a large sampled batch, a few tokens)",
     )
     parser.add_argument(
         "--strategies",
@@ -371,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     print_rows(rows)
     print()
     print_ratios(entries)
+    steps = step_costs(rows)
+    if steps.rows:
+        print(f"\n{steps.title}\n{steps.markdown()}")
     if args.json:
         payload = {
             "environment": env,
@@ -379,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
             "ratios": entries,
             "args": {k: str(v) for k, v in vars(args).items()},
         }
-        run.write(args.json, payload, [ratios_table(entries)])
+        tables = [ratios_table(entries)] + ([steps] if steps.rows else [])
+        run.write(args.json, payload, tables)
     return 0 if all(g["passed"] for g in gates) else 1
 
 

@@ -1,6 +1,6 @@
 """Asynchronous RL measured side by side: optimizer steps per minute and held-out accuracy of
-the `one_step` and `in_flight` pipelines against the synchronous loop (and TRL's GRPOTrainer
-when it is installed), on the demo task.
+the `one_step` and `in_flight` pipelines against the synchronous loop, on the demo task (the
+comparison with TRL, which reuses these trainers, is `bench_vs_trl.py`).
 
 Every trainer starts from the shipped demo policy with the recipe of `grpo_demo.py` (3-digit
 addition, 16 prompts x G=8, lr 3e-4, temperature 1.0, clip 0.2, no KL, at most 6 tokens, fp32).
@@ -8,14 +8,13 @@ They run in one process, interleaved in turns: each in turn trains for `--slice`
 own clock (the machine's load is shared alike). A trainer's clock counts its `train()` time
 only: the greedy held-out evaluation (1,000 problems) every `--eval-every` versions, taken
 between two steps, and the start of a pipelined job's rollout process (once per job; printed)
-are left out. TRL (`transformers.generate` on the trained model) runs its turn inside the same
-rotation, each of its optimizer steps timed by a callback.
+are left out.
 
 Threads: the synchronous loop on one intra-op thread (as the workers run) and on two (both
-cores on one job); TRL on one; a pipeline on one for training plus one in its rollout process.
+cores on one job); a pipeline on one for training plus one in its rollout process.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_pipeline.py --minutes 3 --json out.json
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_pipeline.py --minutes 1 --seeds 3 --no-trl
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_pipeline.py --minutes 1 --seeds 3
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_pipeline.py --wide --minutes 1
 """
 
@@ -32,9 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from bench_grpo import GROUP, PROMPTS, Alternate, trl_missing, trl_trainer
-
 from benchmarks.results import BenchmarkRun, Table
+from benchmarks.trl_grpo import CLIP, GROUP, LR, MAX_TOKENS, PROMPTS, TEMPERATURE
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data.tasks import addition_records
 from core_engine.rl.demo_policy import (
@@ -52,7 +50,7 @@ from core_engine.toy import save_tiny_checkpoint
 VARIANTS = (("sync", "sync", 1), ("sync x2", "sync", 2), ("one_step", "one_step", 2))
 VARIANTS += (("in_flight", "in_flight", 2),)
 STARTUP_S: list[float] = []  # each pipelined `train()` call's rollout process start
-TARGET_SPEEDUP, TARGET_TRL = 1.6, 3.0
+TARGET_SPEEDUP = 1.6
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -65,15 +63,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--seeds",
         type=int,
         default=1,
-        help="runs, seeds --seed, --seed + 1, ...; held-out accuracy is averaged over them "
-        "(TRL runs with the first only)",
+        help="runs, seeds --seed, --seed + 1, ...; held-out accuracy is averaged over them",
     )
-    parser.add_argument("--no-trl", action="store_true", help="leave TRL out")
     parser.add_argument(
         "--wide",
         action="store_true",
         help="throughput only, on a random 512-wide 6-layer model (compute-bound, ~20M "
-        "parameters) instead of the demo policy; no accuracy, no TRL",
+        "parameters) instead of the demo policy; no accuracy",
     )
     parser.add_argument("--json", type=Path, help="write the results here")
     return parser.parse_args(argv)
@@ -89,7 +85,10 @@ class Timed:
         args: argparse.Namespace,
         root: Path,
         policy: Path,
+        drop_zero_variance_groups: bool = True,
     ):
+        """`drop_zero_variance_groups=False` trains every group (the objective TRL's "dapo"
+        computes, `benchmarks/trl_grpo.py`)."""
         self.name, mode, self.threads = variant
         config = GRPOConfig(
             model=str(policy),
@@ -98,17 +97,17 @@ class Timed:
             steps=1_000_000,
             batch_size=PROMPTS,
             group_size=GROUP,
-            lr=3e-4,
-            temperature=1.0,
-            clip_eps=0.2,
+            lr=LR,
+            temperature=TEMPERATURE,
+            clip_eps=CLIP,
             kl_coef=0.0,
-            max_tokens=6,
+            max_tokens=MAX_TOKENS,
             seed=args.seed,
             resume=False,
             pipeline=mode,
             max_policy_lag=0 if mode == "sync" else 1,
             # a random model's groups mostly agree: train on them anyway (same compute)
-            drop_zero_variance_groups=not args.wide,
+            drop_zero_variance_groups=drop_zero_variance_groups and not args.wide,
         )
         self.eval_every = 10**9 if args.wide else args.eval_every
         self.trainer = GRPOTrainer(config, records, TrainerHooks(should_stop=self._between))
@@ -150,50 +149,13 @@ class Timed:
         return 60 * self.trainer.version / max(self.seconds, 1e-9)
 
 
-class TRLTurns:
-    """TRL's training run, handing the rotation a turn after each of its slices."""
-
-    def __init__(self, records: list[dict], args: argparse.Namespace, root: Path) -> None:
-        args.warmup, args.steps = 0, 1_000_000
-        self.trainer = trl_trainer(SHIPPED_POLICY, records, args, root)
-        self.slice_s = args.slice
-        self.steps = 0
-        self.seconds = 0.0
-        self._in_slice = 0.0
-
-    def steps_per_min(self) -> float:
-        return 60 * self.steps / max(self.seconds, 1e-9)
-
-
-def rotate(ours: list[Timed], trl: TRLTurns | None, args: argparse.Namespace) -> None:
+def rotate(ours: list[Timed], args: argparse.Namespace) -> None:
+    """Turns of `--slice` seconds, one trainer after another, until each has `--minutes`."""
     budget = args.minutes * 60
-
-    def our_turns() -> None:
+    while any(t.seconds < budget for t in ours):
         for trainer in ours:
             if trainer.seconds < budget:
                 trainer.run_slice(args.slice)
-
-    if trl is None:
-        while any(t.seconds < budget for t in ours):
-            our_turns()
-        return
-    clock = Alternate(lambda: None)
-
-    def after_trl_step() -> None:
-        trl.steps += 1
-        trl.seconds += clock.step_s[-1]
-        trl._in_slice += clock.step_s[-1]
-        if trl._in_slice >= args.slice or trl.seconds >= budget:
-            trl._in_slice = 0.0
-            our_turns()
-            if trl.seconds >= budget and all(t.seconds >= budget for t in ours):
-                trl.trainer.control.should_training_stop = True
-
-    clock.between = after_trl_step
-    trl.trainer.add_callback(clock)
-    trl.trainer.train()
-    while any(t.seconds < budget for t in ours):
-        our_turns()
 
 
 def accuracy_at(points: list[dict], minutes: float | None = None, version: int | None = None):
@@ -203,7 +165,7 @@ def accuracy_at(points: list[dict], minutes: float | None = None, version: int |
     return before[-1]["accuracy"] if before else None
 
 
-def report(ours: list[Timed], trl: TRLTurns | None) -> dict[str, Any]:
+def report(ours: list[Timed]) -> dict[str, Any]:
     sync = ours[0]
     results: dict[str, Any] = {"modes": {}}
     common_version = min(t.points[-1]["version"] if t.points else 0 for t in ours)
@@ -228,23 +190,6 @@ def report(ours: list[Timed], trl: TRLTurns | None) -> dict[str, Any]:
             f"{t.name:<10}{row['steps']:>7}{row['minutes']:>9.2f}{row['steps_per_min']:>11.1f}"
             f"{row['speedup_over_sync']:>8.2f}{100 * (row['accuracy_at_equal_steps'] or 0):>10.1f}"
             f"{100 * (row['accuracy_at_equal_time'] or 0):>13.1f}"
-        )
-    if trl is not None:
-        results["trl"] = {
-            "steps": trl.steps,
-            "minutes": trl.seconds / 60,
-            "steps_per_min": trl.steps_per_min(),
-        }
-        print(
-            f"{'trl':<10}{trl.steps:>7}{trl.seconds / 60:>9.2f}{trl.steps_per_min():>11.1f}"
-            f"{trl.steps_per_min() / sync.steps_per_min:>8.2f}"
-        )
-        for t in ours:
-            results["modes"][t.name]["ratio_over_trl"] = t.steps_per_min / trl.steps_per_min()
-        print(
-            "over TRL: "
-            + ", ".join(f"{t.name} {t.steps_per_min / trl.steps_per_min():.2f}x" for t in ours)
-            + f" (goal >= {TARGET_TRL}x)"
         )
     print(
         "over sync: "
@@ -272,23 +217,16 @@ def _timed_start(start: Any) -> Any:
     return timed
 
 
-def run_seed(args: argparse.Namespace, records: list[dict], with_trl: bool) -> dict[str, Any]:
-    """One rotation of every trainer (and TRL when asked), from one seed; its report."""
+def run_seed(args: argparse.Namespace, records: list[dict]) -> dict[str, Any]:
+    """One rotation of every trainer, from one seed; its report."""
     print(f"seed {args.seed}")
     with tempfile.TemporaryDirectory() as tmp:
         policy = wide_policy(Path(tmp) / "wide") if args.wide else SHIPPED_POLICY
         ours = [Timed(variant, records, args, Path(tmp), policy) for variant in VARIANTS]
-        trl = None
-        if not with_trl:
-            pass
-        elif (reason := trl_missing()) is None:
-            trl = TRLTurns(records, args, Path(tmp))
-        else:
-            print(f"TRL left out: {reason}")
-        rotate(ours, trl, args)
+        rotate(ours, args)
         for t in ours:
             t.trainer.stats()
-        return report(ours, trl)
+        return report(ours)
 
 
 def summarise_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -349,16 +287,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     run = BenchmarkRun("bench_pipeline")
     sources.PrefetchSource.open = _timed_start(sources.PrefetchSource.open)
-    print(
-        f"threads: sync 1 or 2, TRL 1, pipelined 1 + 1; {args.minutes} min, turns of {args.slice} s"
-    )
+    print(f"threads: sync 1 or 2, pipelined 1 + 1; {args.minutes} min, turns of {args.slice} s")
     records = addition_records(5000, seed=1)
     held_out = {r["input"] for r in heldout_records()}
     records = [r for r in records if r["input"] not in held_out]
     runs = []
     for seed in range(args.seed, args.seed + args.seeds):
-        with_trl = not (args.wide or args.no_trl) and not runs
-        runs.append(run_seed(argparse.Namespace(**{**vars(args), "seed": seed}), records, with_trl))
+        runs.append(run_seed(argparse.Namespace(**{**vars(args), "seed": seed}), records))
     results: dict[str, Any] = {"runs": runs}
     if len(runs) > 1:
         results["mean_over_seeds"] = summarise_seeds(runs)
@@ -367,14 +302,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"rollout process start (once per job, left out): {start_s:.1f} s median")
     if args.json:
         first = args.seed
-        tables = [
-            modes_table(
-                f"seed {first + i}"
-                + (f"; TRL {r['trl']['steps_per_min']:.1f} steps/min" if "trl" in r else ""),
-                r["modes"],
-            )
-            for i, r in enumerate(runs)
-        ]
+        tables = [modes_table(f"seed {first + i}", r["modes"]) for i, r in enumerate(runs)]
         if "mean_over_seeds" in results:
             title = f"mean of seeds {first}-{first + len(runs) - 1}"
             tables.append(modes_table(title, results["mean_over_seeds"]))

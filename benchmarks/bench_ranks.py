@@ -20,12 +20,23 @@ times, so the machine's load is shared alike; the median round is reported.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_ranks.py --steps 40 --rounds 3
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_ranks.py --lora --wide
+
+`--memory`: peak memory per rank instead, at 1, 2 and 4 ranks (full weights, FSDP2, with a KL
+reference and a checkpoint per version), beside the per-rank floor `training_footprint`
+estimates. Each job runs in a fresh process (rank 0; the others its spawned children), so each
+peak RSS (`ru_maxrss`: the process's high-water mark, all it ever mapped, the interpreter and
+torch included) is that job's alone.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_ranks.py --memory --wide
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -72,7 +83,73 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--wide", action="store_true", help="a random 512-wide 6-layer model (~20M parameters)"
     )
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--memory", action="store_true", help="peak memory per rank at 1, 2, 4")
+    parser.add_argument("--memory-of", type=int, help=argparse.SUPPRESS)  # one job, this process
+    parser.add_argument("--policy", type=Path, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
+
+
+MEMORY_DEVICES = (1, 2, 4)
+
+
+def memory_config(policy: Path, out: Path, devices: int, steps: int) -> GRPOConfig:
+    return GRPOConfig(
+        model=str(policy),
+        output_dir=str(out),
+        task="addition",
+        steps=steps,
+        batch_size=4,
+        group_size=4,
+        max_tokens=6,
+        kl_coef=0.05,
+        drop_zero_variance_groups=False,
+        checkpoint_every=1,
+        keep_last=1,
+        devices=devices,
+    )
+
+
+def peak_memory(policy: Path, devices: int, steps: int) -> dict[str, float]:
+    """One `devices`-rank job in this process: peak RSS of rank 0 (this process) and of the
+    largest other rank (the children, reaped), in MiB, and the footprint's per-rank floor."""
+    from transformers import AutoConfig
+
+    from core_engine.rl.footprint.estimate import training_footprint
+
+    with tempfile.TemporaryDirectory() as out:
+        config = memory_config(policy, Path(out), devices, steps)
+        records = addition_records(200, seed=0)
+        if devices == 1:
+            GRPOTrainer(config, records).train()
+        else:
+            with job_ranks(config, records) as info:
+                GRPOTrainer(config, records, ranks=info).train()
+    hf_config = AutoConfig.from_pretrained(policy)
+    floor = training_footprint(config, hf_config, torch.device("cpu"), devices).total_bytes
+    others = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss if devices > 1 else 0
+    return {
+        "rank0_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "other_ranks_peak_mib": others / 1024,
+        "footprint_mib": floor / 2**20,
+    }
+
+
+def memory_table(policy: Path, steps: int) -> dict[int, dict[str, float]]:
+    """`peak_memory` at each of `MEMORY_DEVICES`, each in a fresh process."""
+    results = {}
+    for devices in MEMORY_DEVICES:
+        command = [sys.executable, __file__, "--memory-of", str(devices), "--policy", str(policy)]
+        done = subprocess.run(
+            [*command, "--steps", str(steps)], capture_output=True, text=True, check=True
+        )
+        results[devices] = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"\n{'ranks':>5s} {'rank 0 peak':>12s} {'others peak':>12s} {'footprint':>10s} (MiB)")
+    for devices, row in results.items():
+        print(
+            f"{devices:5d} {row['rank0_peak_mib']:12.0f} {row['other_ranks_peak_mib']:12.0f} "
+            f"{row['footprint_mib']:10.0f}"
+        )
+    return results
 
 
 def run(policy: Path, out: Path, variant: tuple, args: argparse.Namespace) -> float:
@@ -120,6 +197,16 @@ def run(policy: Path, out: Path, variant: tuple, args: argparse.Namespace) -> fl
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.memory_of:
+        print(json.dumps(peak_memory(args.policy, args.memory_of, args.steps)))
+        return
+    if args.memory:
+        with tempfile.TemporaryDirectory() as tmp:
+            policy = wide_policy(Path(tmp)) if args.wide else SHIPPED_POLICY
+            results = memory_table(policy, min(args.steps, 3))
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1))
+        return
     run_record = BenchmarkRun("bench_ranks")
     # LoRA replicates whatever `sharding` says: its replicated variants would repeat the others
     variants = [v for v in VARIANTS if not (args.lora and v[4] == "replicate")]

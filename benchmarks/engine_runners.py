@@ -27,7 +27,7 @@ FIRST_TOKEN_ID = 3  # prompts avoid the tiny config's pad/bos/eos ids
 class Workload:
     """`num_prompts x group` requests; prompt = shared prefix + distinct random tokens."""
 
-    kind: str  # uniform | rl | prefix | coldprefix | long
+    kind: str  # uniform | rl | prefix | coldprefix | long | step
     num_prompts: int
     prompt_len: int
     max_new: int
@@ -326,6 +326,14 @@ PREFIX = ("ours", "ours-cold", "hf-generate")
 COLD_PREFIX = ("ours-updated", "hf-generate")  # a weight update before every run
 LONG = ("ours", "hf-generate", "naive-recompute")
 PAGED = ("paged",)
+STEP = ("ours", "hf-generate")
+
+
+def step_workload(num_prompts: int, prompt_len: int, max_new: int) -> Workload:
+    """The cost of one decode step: a large sampled batch, a few new tokens (the demo's)."""
+    return Workload(
+        "step", num_prompts, prompt_len, max_new, greedy=False, engines=STEP, strategies=PAGED
+    )
 
 
 def presets(model: str, quick: bool) -> dict[str, list[Workload]]:
@@ -339,6 +347,7 @@ def presets(model: str, quick: bool) -> dict[str, list[Workload]]:
             "prefix": [Workload("prefix", 4, 40, 4, shared_prefix=32, engines=PREFIX)],
             "coldprefix": [Workload("coldprefix", 4, 40, 4, shared_prefix=32, engines=COLD_PREFIX)],
             "long": [Workload("long", 1, 64, 4, engines=LONG)],
+            "step": [step_workload(32, 16, 4)],
         }
     if model == "tiny":
         return {
@@ -350,6 +359,7 @@ def presets(model: str, quick: bool) -> dict[str, list[Workload]]:
                 Workload("coldprefix", 32, 544, 32, shared_prefix=512, engines=COLD_PREFIX)
             ],
             "long": [Workload("long", b, 512, 8, engines=LONG) for b in (1, 4)],
+            "step": [step_workload(128, 32, 8)],
         }
     return {
         "gate": [Workload("uniform", 8, 32, 8)],
@@ -376,6 +386,7 @@ def presets(model: str, quick: bool) -> dict[str, list[Workload]]:
             )
         ],
         "long": [Workload("long", 1, 512, 8, engines=LONG, strategies=PAGED, repeats=1)],
+        "step": [step_workload(8, 64, 16)],
     }
 
 

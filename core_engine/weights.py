@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+WEIGHTS_FILE = "model.safetensors"
 ADAPTER_KEY_PREFIX = "base_model.model."  # PEFT's saved keys: the PeftModel wrapper's path
 
 
@@ -70,7 +71,7 @@ def save_weights(model: nn.Module | Mapping[str, torch.Tensor], directory: Path)
     ``directory/model.safetensors``, which `load_model` and Hugging Face read back."""
     given = canonical_weights(model) if isinstance(model, nn.Module) else model
     weights = {k: v.detach().contiguous() for k, v in given.items()}
-    save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
+    save_file(weights, directory / WEIGHTS_FILE, metadata={"format": "pt"})
 
 
 def model_checksum(model: nn.Module) -> str:

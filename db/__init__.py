@@ -27,6 +27,7 @@ from db.errors import (
     VersionConflict,
     VersionNotFound,
 )
+from db.loss_flags import LossFlag
 from db.migrate import downgrade, upgrade
 from db.records import (
     METRIC_TYPES,
@@ -68,6 +69,7 @@ __all__ = [
     "JobKind",
     "JobNotFound",
     "JobStatus",
+    "LossFlag",
     "NotFound",
     "PolicyMetrics",
     "PolicyVersionInfo",

@@ -227,7 +227,8 @@ class Sample(Base):
     response_length: Mapped[int]
     cached_prompt_tokens: Mapped[int]
     seed: Mapped[int | None] = mapped_column(BigInteger)
-    # max |trainer - behaviour| log-prob over the tokens of a trained sample (None: not trained)
+    # max |trainer - behaviour| log-prob over the trained tokens of a trained sample (all its
+    # tokens when stored without a loss record); None: not trained
     logprob_gap_max: Mapped[float | None]
     prompt_text: Mapped[str] = mapped_column(Text)
     response_text: Mapped[str] = mapped_column(Text)
@@ -251,6 +252,10 @@ class Sample(Base):
     behaviour_logprobs: Mapped[list[float]] = mapped_column(Float32Array)
     temperature_logprobs: Mapped[list[float] | None] = mapped_column(Float32Array)
     trainer_logprobs: Mapped[list[float] | None] = mapped_column(Float32Array)
+    # what the loss did per token of a trained sample (`SampleRecord`; flags: `LossFlag` bits)
+    loss_ratios: Mapped[list[float] | None] = mapped_column(Float32Array)
+    loss_weights: Mapped[list[float] | None] = mapped_column(Float32Array)
+    loss_flags: Mapped[list[int] | None] = mapped_column(Int32Array)
 
     batch: Mapped[RolloutBatch] = relationship(back_populates="samples")
 

@@ -78,6 +78,8 @@ class SampleRecord:
     never trained), and ``episode_finish`` (``done``, ``max_turns``, ``context_exceeded``,
     ``tool_parse_error``, ``env_error``, ``env_timeout`` or ``error``). ``rank``: the rank of
     the job's ranks (one per device) that generated it, 0 for one device; None: not recorded.
+    A trained sample's loss record, per token, all three or none: ``loss_ratios`` (the ratio
+    used), ``loss_weights`` (behaviour weight: 1 uncorrected), ``loss_flags`` (`LossFlag`).
     """
 
     prompt_index: int
@@ -104,6 +106,9 @@ class SampleRecord:
     segments: Sequence[Mapping[str, Any]] | None = None
     episode_finish: str | None = None
     rank: int | None = None
+    loss_ratios: Sequence[float] | None = None
+    loss_weights: Sequence[float] | None = None
+    loss_flags: Sequence[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -130,8 +135,8 @@ class SampleFilter:
 
     ``text`` is a case-insensitive substring of the prompt or the response; ``batch_id``
     keeps the samples of one rollout batch of the job; ``min_logprob_gap`` keeps trained
-    samples with a token whose |trainer - behaviour| log-prob (|log importance ratio|) is at
-    least that; ``component`` with ``min_component`` keeps samples whose score for that reward
+    samples with a trained token whose |trainer - behaviour| log-prob (|log ratio|) is at least
+    that; ``component`` with ``min_component`` keeps samples whose score for that reward
     of the job's list (`reward_components`) is at least that.
     """
 
@@ -204,8 +209,7 @@ class BatchInfo:
 
 @dataclass(frozen=True)
 class StepInfo:
-    """What `Repository.record_step` stored: the step's batches (in the order given) and
-    the policy version it produced, if any."""
+    """What `Repository.record_step` stored: its batches (in order), the version made if any."""
 
     batches: list[BatchInfo]
     version: PolicyVersionInfo | None
@@ -229,6 +233,7 @@ class SampleSummary:
     error_code: str | None
     reward: float | None
     advantage: float | None
+    prompt_messages: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -265,6 +270,10 @@ class SampleDetail:
     turns: int | None = None
     tool_errors: int | None = None
     rank: int | None = None  # the rank that generated it (`SampleRecord`); None: not recorded
+    # the loss record (`SampleRecord`); None: not trained, or stored before it was recorded
+    loss_ratios: list[float] | None = None
+    loss_weights: list[float] | None = None
+    loss_flags: list[int] | None = None
 
     @property
     def sampled_tokens(self) -> list[bool]:

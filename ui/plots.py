@@ -24,6 +24,7 @@ class PlotSpec:
     smooth: bool = True
     sparse: bool = False  # measured on some versions only: drawn through the known points
     optional: bool = False  # only some jobs have it: hidden, not "no data yet", without data
+    y_format: str = Y_FORMAT  # d3's format of the y axis' ticks
 
     def names(self) -> list[str]:
         """The series as drawn: raw and EMA of each smoothed series, else the series."""
@@ -54,10 +55,25 @@ PLOTS = (
     ),
     PlotSpec("length", "Response length", "tokens", ("mean response tokens",)),
     PlotSpec("kl", "KL to the reference", "KL", ("KL",)),
-    PlotSpec("mismatch", "Train/infer log-prob mismatch", "max |Δ log-prob|", ("mismatch",)),
+    PlotSpec(
+        "mismatch",
+        "Train/infer log-prob mismatch",
+        "max |Δ log-prob|",
+        ("mismatch",),
+        y_format=".1e",  # values near 1e-6: ".3~g" would read 0.000002
+    ),
     PlotSpec("batches", "Rollout batches", "batches", ("accepted", "rejected"), smooth=False),
-    # a series per reward of the job's list, found in its metrics (`with_components`)
-    PlotSpec("reward-components", "Reward components", "mean score", (), smooth=False, sparse=True),
+    # a series per reward of the job's list, found in its metrics (`with_components`); a job
+    # of one reward has none: the plot is hidden, not "no data yet"
+    PlotSpec(
+        "reward-components",
+        "Reward components",
+        "mean score",
+        (),
+        smooth=False,
+        sparse=True,
+        optional=True,
+    ),
     # a pipelined job's (or one trained on lagged samples): `EXTRA_METRICS`
     PlotSpec(
         "policy-lag",

@@ -204,22 +204,24 @@ def _print_progress(meta: dict[str, Any]) -> None:
 
 
 def run_train(path: Path) -> int:
-    """Create a train job for ``path`` and run it in this process."""
+    """Create a train job for ``path`` and run it in this process; a config that `submit`
+    would refuse is refused alike (1 and why), storing no job."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from db import migrate
     from workers.app import repository
-    from workers.job_files import check_output_dir
     from workers.jobs import run_job
     from workers.settings import Settings
-    from workers.specs import check_trackers_installed, validate
+    from workers.specs import SpecError
+    from workers.submission import create_checked_job
 
     config = read_config(path)
-    total_steps = validate("train", config)
-    check_trackers_installed(config)
     migrate.upgrade()
     repo, settings = repository(), Settings.from_env()
-    check_output_dir(config, settings, repo)
-    job = repo.create_job("train", config, total_steps=total_steps)
+    try:
+        job = create_checked_job(repo, "train", config)
+    except SpecError as exc:
+        print(f"refused: {exc}")
+        return 1
     print(f"job {job.id}", flush=True)
     outcome = run_job(repo, job.id, settings, progress=_print_progress)
     print(f"job {job.id} {outcome.status}" + (f": {outcome.error}" if outcome.error else ""))
@@ -244,8 +246,11 @@ def run_queue_command(args: argparse.Namespace) -> int:
         if args.command == "submit":
             print(submission.submit_job(args.kind, read_config(args.config)).id)
         elif args.command == "jobs":
-            for job in repository().list_jobs(limit=args.limit):
+            jobs = repository().list_jobs(limit=args.limit)
+            for job in jobs:
                 print(_line(job))
+            if not jobs:
+                print("no jobs yet: `rlwb submit JOB_FILE` queues one (or Launch in the UI)")
         elif args.command == "resume":
             print(_line(submission.resume_job(args.job_id)))
         else:
@@ -277,7 +282,7 @@ def run_audit(job_id: int, samples: int) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from db import MAX_PAGE_SIZE, NotFound, StorageError
     from workers.app import repository
-    from workers.engines import weights_kept
+    from workers.kept_weights import weights_kept
     from workers.scoring import AUDIT_TOLERANCE, MAX_AUDIT_SAMPLES, audit_samples
     from workers.settings import Settings
 

@@ -13,6 +13,7 @@ from core_engine.engine import load_engine, meta_model, resolve_device, weight_b
 from core_engine.scheduler import EngineConfig, InferenceScheduler
 from core_engine.weights import model_checksum
 from db import PolicyVersionInfo, Repository, VersionNotFound
+from workers.kept_weights import weights_kept
 from workers.settings import Settings
 
 MAX_BATCH_SIZE = 64
@@ -28,12 +29,6 @@ class ChecksumMismatch(ValueError):
 
 class EngineMemoryError(ValueError):
     """An engine that cannot run in the worker's engine memory, even alone."""
-
-
-def weights_kept(info: PolicyVersionInfo) -> bool:
-    """Whether the version's checkpoint directory is still on disk (retention deletes old
-    ones, `core_engine.rl.trainer.checkpoint.prune_checkpoints`)."""
-    return info.checkpoint_path is not None and Path(info.checkpoint_path).is_dir()
 
 
 def saved_version(repo: Repository, job_id: int, version: int) -> PolicyVersionInfo:

@@ -185,7 +185,7 @@ def heldout_eval(
         records, heldout = split_heldout(records, settings.fraction, config.seed)
     else:
         seen = {(r["instruction"], r["input"]) for r in records}
-        drawn = prompt_records(config.task, None, 2 * settings.prompts, HELDOUT_SEED)
+        drawn = prompt_records(config.task, None, 2 * settings.prompts, HELDOUT_SEED, columns)
         unseen = [r for r in drawn if (r["instruction"], r["input"]) not in seen]
         heldout = unseen + [r for r in drawn if r not in unseen]
     params = SamplingParams(

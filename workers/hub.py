@@ -68,7 +68,8 @@ def check_hub_model(model: str) -> Path | None:
             f"model: {model} is a Hugging Face Hub id and is not in this machine's Hugging "
             f"Face cache ({HF_HUB_CACHE}), and HF_HUB_OFFLINE is set, so nothing is "
             f"downloaded: download it where there is a network (`hf download {model}`, into "
-            "the same cache), or unset HF_HUB_OFFLINE"
+            "the same cache), or let the worker download it: start it with HF_HUB_OFFLINE=0 "
+            "(`make up` sets HF_HUB_OFFLINE=1: `make up HF_HUB_OFFLINE=0`)"
         )
     return cached
 

@@ -105,6 +105,12 @@ def model_roots(default: Path | None = None) -> tuple[Path, ...]:
     return roots or (default or data_dir(),)
 
 
+def _outside(problem: str, roots: Sequence[Path]) -> SpecError:
+    listed = ", ".join(str(root) for root in dict.fromkeys(roots))
+    add = "set RLWB_MODEL_ROOTS (colon-separated) before starting the workbench, or copy it there"
+    return SpecError(f"{problem}; allowed: {listed}; to allow another directory, {add}")
+
+
 def check_kv_budget(config: dict[str, Any], model_dir: Path) -> None:
     """`SpecError` when an explicit ``kv_cache_bytes`` is below the least one request can
     need: one prompt token plus ``max_tokens``, at 2 bytes per value (the engine's smallest
@@ -138,7 +144,7 @@ def check_model(model: str, roots: Sequence[Path]) -> Path | None:
         return hub.check_hub_model(model)
     allowed = (*roots, SHIPPED_MODELS)
     if not is_under(Path(model), allowed):
-        raise SpecError(f"model: {model} is not under a model root (RLWB_MODEL_ROOTS)")
+        raise _outside(f"model: {model} is not under a model root", roots)
     try:
         return checkpoint_dir(model, allowed)
     except UnsafeFileError as exc:
@@ -169,7 +175,7 @@ def check_data_file(data: str, roots: Sequence[Path], key: str = "data") -> None
     dataset directory of at most that, under ``roots`` (the model roots and the data
     directory); nothing is read."""
     if not is_under(Path(data), roots):
-        raise SpecError(f"{key}: {data} is not under a model root or the data directory")
+        raise _outside(f"{key}: {data} is not under a model root or the data directory", roots)
     try:
         if Path(data).is_dir():
             dataset_dir(data, MAX_DATA_BYTES, roots)
@@ -195,7 +201,7 @@ def check_data_records(config: dict[str, Any]) -> None:
                 split_heldout(records, heldout.fraction, seed)
             check_prompt_room(config, records, config["data"])
         elif isinstance(config.get("task"), str):
-            records = prompt_records(config["task"], None, seed=seed)
+            records = prompt_records(config["task"], None, seed=seed, columns=columns)
             check_prompt_room(config, records, f"task {config['task']}")
         if heldout.data is not None:
             check_prompt_room(config, load_records(heldout.data, columns), heldout.data)

@@ -4,9 +4,18 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from core_engine.rl.objective.loss import SampleLossRecord
 from core_engine.rl.rollout import RawRollout
 from core_engine.rl.trainer.records import StepRecord
-from db import METRIC_TYPES, BatchRecord, BatchStatus, FinishReason, PolicyMetrics, SampleRecord
+from db import (
+    METRIC_TYPES,
+    BatchRecord,
+    BatchStatus,
+    FinishReason,
+    LossFlag,
+    PolicyMetrics,
+    SampleRecord,
+)
 
 # The trainer's key of each recorded metric (`db.METRIC_TYPES`' floats) where the names differ.
 _TRAINER_KEYS = {"train_infer_mismatch": "mismatch_max", "tokens_per_second": "tokens_per_s"}
@@ -27,14 +36,17 @@ def sample_records(
     advantages: Sequence[float] | None = None,
     prompt_offset: int = 0,
     trainer_logprobs: Sequence[Sequence[float] | None] | None = None,
+    loss_records: Sequence[SampleLossRecord | None] | None = None,
 ) -> list[SampleRecord]:
     """One record per sample: prompt ``prompt_offset + i // G``, sample ``i % G`` of its group;
-    ``trainer_logprobs`` (per sample, None where not trained) as the trainer scored them; the
-    rank that generated it (``rollout.ranks``; none listed: one rank, 0)."""
+    ``trainer_logprobs`` and ``loss_records`` (per sample, None where not trained) as the
+    trainer scored them and what its loss did; the rank that generated it (``rollout.ranks``;
+    none listed: one rank, 0)."""
     records = []
     for i in range(rollout.num_samples):
         group = rollout.group_of(i)
         error = rollout.errors[i]
+        loss = _loss_columns(None if loss_records is None else loss_records[i])
         records.append(
             SampleRecord(
                 prompt_index=prompt_offset + group,
@@ -61,9 +73,22 @@ def sample_records(
                 segments=rollout.segments[i] if rollout.segments else None,
                 episode_finish=rollout.episode_finishes[i] if rollout.episode_finishes else None,
                 rank=rollout.ranks[i] if rollout.ranks else 0,
+                **loss,
             )
         )
     return records
+
+
+def _loss_columns(record: SampleLossRecord | None) -> dict[str, list | None]:
+    """A sample's loss record as `SampleRecord`'s three arrays (None: not trained)."""
+    if record is None:
+        return {"loss_ratios": None, "loss_weights": None, "loss_flags": None}
+    bits = zip(record.trained, record.corrected, record.clipped, strict=True)
+    return {
+        "loss_ratios": record.ratios,
+        "loss_weights": record.weights,
+        "loss_flags": [LossFlag.of(*token) for token in bits],
+    }
 
 
 def _components(rollout: RawRollout, sample: int) -> dict[str, float] | None:
@@ -122,6 +147,7 @@ def trainer_batches(job_id: int, version: int, step: StepRecord) -> list[BatchRe
         getattr(step.rollout, "rewards", None) or None,
         step.advantages,
         trainer_logprobs=step.trainer_logprobs,
+        loss_records=step.loss_records,
     )
     if step.version is None:
         reasons = list(step.reasons) or ["rejected"]

@@ -5,11 +5,15 @@ chosen. Imports no torch."""
 from pathlib import Path
 from typing import Any
 
-from core_engine.assets import CALCULATOR_POLICY, SHIPPED_POLICY
+from core_engine.assets import (
+    CALCULATOR_MODEL,
+    CALCULATOR_POLICY,
+    DEMO_MODEL,
+    SHIPPED_POLICIES,
+    SHIPPED_POLICY,
+)
 
-DEMO_MODEL = "demo"  # 3-digit addition (`core_engine.rl.demo_policy`)
-CALCULATOR_MODEL = "calculator-demo"  # word problems with the calculator tool
-SHIPPED_MODEL_NAMES = (DEMO_MODEL, CALCULATOR_MODEL)
+SHIPPED_MODEL_NAMES = tuple(SHIPPED_POLICIES)
 # What Launch fills in when a shipped policy is chosen: the task, environment and lengths it
 # was built for, and a run long enough to see it learn on a CPU (docs/benchmarks.md).
 MODEL_PRESETS: dict[str, dict[str, Any]] = {

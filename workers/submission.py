@@ -45,21 +45,29 @@ def validate_job(kind: JobKind | str, config: dict[str, Any]) -> int | None:
 
 
 def submit_job(kind: JobKind | str, config: dict[str, Any]) -> JobInfo:
-    """Validate ``config`` (see `workers.specs`; raises `SpecError`), TRL's names for ours and
-    its relative paths made absolute here (`our_names`, `absolute_paths`), store a queued job
-    and send its task to the ``gpu`` queue."""
+    """Store ``config`` as a queued job (`create_checked_job`) and send its task to the
+    ``gpu`` queue."""
     from workers.app import repository
+
+    repo = repository()
+    return _queued(repo, create_checked_job(repo, kind, config))
+
+
+def create_checked_job(repo: Any, kind: JobKind | str, config: dict[str, Any]) -> JobInfo:
+    """Validate ``config`` (see `workers.specs`; raises `SpecError`, storing nothing), TRL's
+    names for ours and its relative paths made absolute here (`our_names`,
+    `absolute_paths`), and store it as a queued job: the one pre-flight of ``rlwb submit``,
+    ``rlwb train`` and the UI."""
 
     if isinstance(config, dict):
         config = absolute_paths(our_names(config) if JobKind(kind) is JobKind.TRAIN else config)
     total_steps = validate_job(kind, config)
     settings = Settings.from_env()
     check_paths(config, settings)
-    repo = repository()
     check_output_dir(config, settings, repo)
     if JobKind(kind) is JobKind.TRAIN:
         check_data_records(config)
-    return _queued(repo, repo.create_job(kind, config, total_steps=total_steps))
+    return repo.create_job(kind, config, total_steps=total_steps)
 
 
 def cancel_job(job_id: int) -> JobInfo:

@@ -17,13 +17,19 @@ job row (`Repository.record_base_checksum`); the trainer refuses to resume on an
 """
 
 import shutil
+import threading
 from contextlib import ExitStack, closing
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from core_engine.atomic_dir import Writer, recover
+from core_engine.rl.config import GRPOConfig
+from core_engine.rl.data.files import Columns
 from core_engine.rl.data.tasks import prompt_records
-from core_engine.rl.ranks.launch import RankFailedError, job_ranks
+from core_engine.rl.ranks import RankInfo
+from core_engine.rl.ranks.launch import RankFailedError, supervised_ranks
 from core_engine.rl.rewards.reward_model import with_reward_models
 from core_engine.rl.template_sandbox import RenderCancelled
 from core_engine.rl.trainer.checkpoint import (
@@ -36,12 +42,18 @@ from core_engine.rl.trainer.grpo import GRPOTrainer, TrainingError
 from core_engine.rl.trainer.records import StepRecord, StopReason, TrainerHooks
 from core_engine.weights import model_checksum
 from db import JobInfo, PolicyMetrics, PolicyVersionRecord, Repository
-from workers.control import JobControl, Outcome
+from workers.control import SHUTTING_DOWN, JobControl, Outcome, ProgressFn
 from workers.evaluation import HeldoutEval, heldout_eval
 from workers.job_files import job_output_dir, resolve_model
 from workers.records import policy_metrics, trainer_batches
 from workers.settings import Settings
-from workers.specs import data_columns, heldout_settings, report_to, train_config
+from workers.specs import (
+    HeldoutSettings,
+    data_columns,
+    heldout_settings,
+    report_to,
+    train_config,
+)
 from workers.study_trials import Pruning, job_pruning, job_study
 from workers.trackers import Trackers, tracked_run
 
@@ -189,7 +201,8 @@ def run_training(
     repo: Repository, job: JobInfo, settings: Settings, control: JobControl
 ) -> Outcome:
     """Run (or resume) a train job until its steps are done, it is stopped, it stalls (no
-    reward variance left to learn from), its study's pruner stops it, or it fails."""
+    reward variance left to learn from), its study's pruner stops it, or it fails. A job on
+    several devices runs as child processes of this one, all its ranks (`train_on_ranks`)."""
 
     def phase(text: str) -> None:  # before the steps: a Hub model's download, a 7B load
         control.report(job.step, job.total_steps, phase=text)
@@ -204,14 +217,75 @@ def run_training(
     reconcile(repo, job.id, config.output_dir, control.fence)
     columns = data_columns(job.config)
     records = prompt_records(config.task, config.data, seed=config.seed, columns=columns)
-    heldout = heldout_settings(job.config)
-    evaluation = None
-    if heldout.every:
-        records, evaluation = heldout_eval(config, heldout, columns, records)
+    job_run = JobRun(job, settings.data_dir, config, records, heldout_settings(job.config), columns)
+    if config.devices == 1:
+        return train(repo, control, job_run, None)
+    return train_on_ranks(control, job_run)
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """What a train job's rank 0 needs to run it (sent to its process on several devices)."""
+
+    job: JobInfo
+    data_dir: Path
+    config: GRPOConfig
+    records: list[dict[str, str]]  # before the held-out ones are set apart
+    heldout: HeldoutSettings
+    columns: Columns
+
+    def training_records(self) -> tuple[list[dict[str, str]], HeldoutEval | None]:
+        """The records trained on, and the held-out evaluation when the job has one."""
+        if not self.heldout.every:
+            return self.records, None
+        return heldout_eval(self.config, self.heldout, self.columns, self.records)
+
+
+def train_on_ranks(control: JobControl, job_run: JobRun) -> Outcome:
+    """The job's ranks as child processes of this worker (`ranks.launch.supervised_ranks`):
+    rank 0 records (`lead_rank`), this process passes its progress on and its stop (a warm
+    shutdown) to it, and a rank that fails, dies or hangs fails the job, naming it."""
+    records, evaluation = job_run.training_records()
+    if evaluation is not None:
+        evaluation.close()  # rank 0's own evaluates
+    progress = control.progress or (lambda ping: None)
+    try:
+        return supervised_ranks(
+            job_run.config,
+            records,
+            lead_rank,
+            (control.fence, job_run),
+            progress,
+            SHUTTING_DOWN.is_set,
+        )
+    except RankFailedError as exc:
+        return Outcome("failed", f"training stopped: {exc}")
+
+
+def lead_rank(
+    info: RankInfo, send: ProgressFn, stopping: Any, fence: int, job_run: JobRun
+) -> Outcome:
+    """Rank 0 of a job, in its own process: the job's database (as the worker's environment
+    names it) and attempt, progress sent to the worker, the worker's shutdown obeyed."""
+    from workers.app import repository
+
+    def forward_shutdown() -> None:
+        stopping.wait()
+        SHUTTING_DOWN.set()
+
+    threading.Thread(target=forward_shutdown, daemon=True).start()
+    control = JobControl(repository(), job_run.job.id, fence, send)
+    return train(control.repo, control, job_run, info)
+
+
+def train(
+    repo: Repository, control: JobControl, job_run: JobRun, ranks: RankInfo | None
+) -> Outcome:
+    """The job's trainer (rank 0's on several devices), its steps recorded."""
+    job, config = job_run.job, job_run.config
+    records, evaluation = job_run.training_records()
     study = job_study(repo, job)
-    run = tracked_run(
-        job, Path(config.output_dir), settings.data_dir, study.name if study else None
-    )
+    run = tracked_run(job, Path(config.output_dir), job_run.data_dir, study.name if study else None)
     try:
         with closing(Trackers(report_to(job.config), run)) as trackers, ExitStack() as stack:
             if evaluation is not None:
@@ -219,7 +293,6 @@ def run_training(
             pruning = job_pruning(repo, job)
             recorder = Recorder(repo, job.id, control, config.steps, evaluation, trackers, pruning)
             writer = checkpoint_writer(repo, control)
-            ranks = None if config.devices == 1 else stack.enter_context(job_ranks(config, records))
             trainer = recorder.trainer = GRPOTrainer(
                 config, records, TrainerHooks(recorder.on_step, recorder.should_stop, writer), ranks
             )
@@ -227,7 +300,7 @@ def run_training(
                 repo.record_base_checksum(job.id, trainer.base_checksum, fence=control.fence)
             if trainer.version == 0 and repo.latest_version(job.id) is None:
                 metrics = PolicyMetrics(extra=recorder.heldout_metrics(0))
-                start = model if config.lora is None else str(trainer.save())  # LoRA: an adapter
+                start = config.model if config.lora is None else str(trainer.save())  # LoRA
                 checksum = model_checksum(trainer.whole_model)
                 repo.record_policy_version(
                     PolicyVersionRecord(job.id, 0, None, start, checksum, metrics),
@@ -236,7 +309,7 @@ def run_training(
                 trackers.log(metrics, 0)
             control.report(trainer.step_index, config.steps, version=trainer.version)  # phase over
             reason = trainer.train()
-    except (TrainingError, RankFailedError) as exc:
+    except TrainingError as exc:
         return Outcome("failed", f"training stopped: {exc}")
     except RenderCancelled:  # a cancel while the prompts were rendered, before any step
         return control.stopped()

@@ -166,7 +166,10 @@ class PagedStrategy(AllocationStrategy):
         self.ref_count = [0] * num_pages
         self.free_pages: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_pages))
         self.prefix = PrefixCache()
-        self._offsets = torch.arange(page_size, device=req_pool.table.device)
+        # every page's slots, [num_pages, page_size]: a page's row is a view, no tensor built
+        self._page_slots = torch.arange(num_pages * page_size, device=req_pool.table.device).view(
+            num_pages, page_size
+        )
 
     @property
     def num_slots(self) -> int:
@@ -304,13 +307,12 @@ class PagedStrategy(AllocationStrategy):
         self._map_pages(state, pages)
 
     def _map_pages(self, state: TaskCacheState, pages: list[int]) -> None:
-        """Append `pages` to the task's pages and point its table row at their slots (one
-        tensor write for all of them)."""
-        if not pages:
-            return
-        start = len(state.pages) * self.page_size
-        end = min(start + len(pages) * self.page_size, self.req_pool.max_seq_len)
-        first_slots = torch.tensor(pages, device=self._offsets.device) * self.page_size
-        slots = (first_slots[:, None] + self._offsets).flatten()
-        self.req_pool.table[state.req_slot, start:end] = slots[: end - start]
-        state.pages.extend(pages)
+        """Append `pages` to the task's pages and point its table row at their slots (a
+        page-sized view copied per page: no tensor is built, this runs at every page a decode
+        crosses)."""
+        row = self.req_pool.table[state.req_slot]
+        for page in pages:
+            start = len(state.pages) * self.page_size
+            end = min(start + self.page_size, self.req_pool.max_seq_len)
+            row[start:end] = self._page_slots[page, : end - start]
+            state.pages.append(page)

@@ -7,6 +7,7 @@ never imports them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +33,36 @@ class AttentionMetadata:
     @property
     def is_decode(self) -> bool:
         return self.decode_mask is not None
+
+    @cached_property
+    def prefill_groups(self) -> list[PrefillGroup]:
+        """The sequences grouped by (query length, context length), in first-seen order:
+        each group's attention is one batched call (computed once per forward, not per layer)."""
+        members: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
+        start = 0
+        for i, (n, ctx) in enumerate(zip(self.query_lens, self.context_lens, strict=True)):
+            rows, starts = members.setdefault((n, ctx), ([], []))
+            rows.append(i)
+            starts.append(start)
+            start += n
+        device = self.slot_mapping.device
+        groups = []
+        for (n, ctx), (rows, starts) in members.items():
+            first = torch.tensor(starts, device=device)
+            tokens = (first[:, None] + torch.arange(n, device=device)).reshape(-1)
+            groups.append(PrefillGroup(n, ctx, torch.tensor(rows, device=device), tokens))
+        return groups
+
+
+@dataclass(frozen=True)
+class PrefillGroup:
+    """Prefill sequences of one query length and one context length: their indices in the
+    batch (`rows`) and their packed token positions (`tokens`, sequence after sequence)."""
+
+    query_len: int
+    context_len: int
+    rows: torch.Tensor
+    tokens: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -108,27 +139,58 @@ def paged_attention(
             q.unsqueeze(2), keys, values, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True
         )
         return out.squeeze(2)
-    outputs = []
-    start = 0
-    for i, (n, ctx) in enumerate(zip(meta.query_lens, meta.context_lens, strict=True)):
-        qi = q[start : start + n].transpose(0, 1).unsqueeze(0)
-        if ctx == n:  # nothing cached: attend to the fresh K/V directly
-            ki = k[start : start + n].transpose(0, 1).unsqueeze(0)
-            vi = v[start : start + n].transpose(0, 1).unsqueeze(0)
-            oi = F.scaled_dot_product_attention(
-                qi, ki, vi, is_causal=True, scale=scale, enable_gqa=True
-            )
-        else:
-            index = meta.gather_index[i, :ctx]
-            ki = gather_slots(k_cache, index).transpose(0, 1).unsqueeze(0)
-            vi = gather_slots(v_cache, index).transpose(0, 1).unsqueeze(0)
-            mask = torch.ones(n, ctx, dtype=torch.bool, device=q.device).tril(diagonal=ctx - n)
-            oi = F.scaled_dot_product_attention(
-                qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=True
-            )
-        outputs.append(oi.squeeze(0).transpose(0, 1))
-        start += n
-    return torch.cat(outputs, dim=0)
+    groups = meta.prefill_groups
+    if len(groups) == 1:  # the whole batch, in order: no token is gathered or scattered
+        return _prefill_group(q, k, v, k_cache, v_cache, meta.gather_index, groups[0], scale)
+    out = torch.empty_like(q)
+    for group in groups:
+        attended = _prefill_group(
+            *(t.index_select(0, group.tokens) for t in (q, k, v)),
+            k_cache,
+            v_cache,
+            meta.gather_index,
+            group,
+            scale,
+        )
+        out.index_copy_(0, group.tokens, attended)
+    return out
+
+
+def _prefill_group(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    gather_index: torch.Tensor,
+    group: PrefillGroup,
+    scale: float,
+) -> torch.Tensor:
+    """One batched attention call for a prefill group's tokens (q, k, v: its sequences one
+    after another) -> [tokens, H, D]."""
+    n, ctx, batch = group.query_len, group.context_len, len(group.rows)
+
+    def per_sequence(t: torch.Tensor) -> torch.Tensor:  # [tokens, H, D] -> [B, H, n, D]
+        return t.view(batch, n, *t.shape[1:]).transpose(1, 2)
+
+    if ctx == n:  # nothing cached: attend to the fresh K/V directly
+        attended = F.scaled_dot_product_attention(
+            per_sequence(q),
+            per_sequence(k),
+            per_sequence(v),
+            is_causal=True,
+            scale=scale,
+            enable_gqa=True,
+        )
+    else:
+        index = gather_index.index_select(0, group.rows)[:, :ctx]
+        keys = gather_slots(k_cache, index).transpose(1, 2)  # [B, KVH, ctx, D]
+        values = gather_slots(v_cache, index).transpose(1, 2)
+        mask = torch.ones(n, ctx, dtype=torch.bool, device=q.device).tril(diagonal=ctx - n)
+        attended = F.scaled_dot_product_attention(
+            per_sequence(q), keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+        )
+    return attended.transpose(1, 2).reshape(batch * n, *q.shape[1:])
 
 
 def cascade_decode(

@@ -1,6 +1,6 @@
 """Serve a local checkpoint over the OpenAI API.
 
-python -m core_engine.network --model PATH [--host 127.0.0.1] [--port 8000]
+python -m core_engine.network --model PATH|demo|calculator-demo [--host 127.0.0.1] [--port 8000]
     [--api-key KEY] [--allow-unauthenticated-public]
     [--kv-strategy paged|contiguous] [--max-batch-size N] [--max-seq-len N]
     [--kv-cache-bytes N] [--gpu-memory-utilization F]
@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
+from core_engine.assets import shipped_checkpoint
 from core_engine.engine import DTYPES, load_engine
 from core_engine.network.app import create_app
 from core_engine.network.limits import ServerLimits
@@ -32,7 +33,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m core_engine.network", description=__doc__.partition("\n")[0]
     )
-    parser.add_argument("--model", required=True, help="local Hugging Face checkpoint directory")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="local Hugging Face checkpoint directory, or a shipped policy: demo, calculator-demo",
+    )
     parser.add_argument("--served-model-name", help="the API's model id (default: --model)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
@@ -94,7 +99,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         kv_cache_bytes=args.kv_cache_bytes,
         gpu_memory_utilization=args.gpu_memory_utilization,
     )
-    engine = load_engine(args.model, config, device=args.device, dtype=args.dtype)
+    model = shipped_checkpoint(args.model)
+    engine = load_engine(model, config, device=args.device, dtype=args.dtype)
     app = create_app(
         engine,
         args.served_model_name or args.model,

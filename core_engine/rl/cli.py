@@ -5,6 +5,9 @@ A job with `devices = N` runs as N ranks: started here on one machine (this proc
 ``torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500
 -m core_engine.rl train job.toml`` with `devices = 16`): the ranks then join the group its
 environment variables describe. Rank 0 prints and writes the checkpoints.
+
+``model`` may name a shipped policy (``"demo"``, ``"calculator-demo"``); ``output_dir`` is
+optional: by default the folder ``<job file name>-checkpoints`` beside the job file.
 """
 
 from __future__ import annotations
@@ -14,15 +17,16 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tqdm import tqdm
+from core_engine.assets import shipped_checkpoint
 
-from core_engine.rl.config import GRPOConfig, torch_device_type
-from core_engine.rl.data.tasks import prompt_records
-from core_engine.rl.ranks import RankInfo, RankSetupError, rank_group
-from core_engine.rl.ranks.launch import RankFailedError, job_ranks
-from core_engine.rl.trainer.grpo import GRPOTrainer, TrainingError
-from core_engine.rl.trainer.records import StepRecord, TrainerHooks
+if TYPE_CHECKING:  # the trainer's modules load torch: imported once the arguments are parsed
+    from core_engine.rl.config import GRPOConfig
+    from core_engine.rl.ranks import RankInfo
+    from core_engine.rl.trainer.records import StepRecord
 
 
 def _line(record: StepRecord, version: int) -> str:
@@ -44,7 +48,19 @@ def main(argv: list[str] | None = None) -> int:
     train = sub.add_parser("train", help="run a GRPO training job from a JSON/TOML config")
     train.add_argument("config", help="path to a .json or .toml GRPOConfig file")
     args = parser.parse_args(argv)
-    config = GRPOConfig.from_file(args.config)
+    from tqdm import tqdm
+
+    from core_engine.rl.config import GRPOConfig
+    from core_engine.rl.data.tasks import prompt_records
+    from core_engine.rl.ranks import RankSetupError
+    from core_engine.rl.ranks.launch import RankFailedError
+    from core_engine.rl.trainer.grpo import GRPOTrainer, TrainingError
+    from core_engine.rl.trainer.records import TrainerHooks
+
+    job_file = Path(args.config)
+    default_output = job_file.with_name(f"{job_file.stem}-checkpoints")
+    config = GRPOConfig.from_file(job_file, defaults={"output_dir": str(default_output)})
+    config = replace(config, model=shipped_checkpoint(config.model))
     records = prompt_records(config.task, config.data, seed=config.seed)
     bar = tqdm(total=config.steps, desc="GRPO", unit="step")
     trainer: GRPOTrainer | None = None
@@ -74,11 +90,16 @@ def main(argv: list[str] | None = None) -> int:
 def job_ranks_of(config: GRPOConfig, records: list[dict[str, str]]) -> Iterator[RankInfo | None]:
     """This process's rank: None for one device; under torchrun (``WORLD_SIZE`` set) the rank
     its environment names; else rank 0, the others started here (`ranks.launch.job_ranks`)."""
+    from core_engine.rl.config import torch_device_type
+    from core_engine.rl.ranks import RankSetupError, rank_group
+    from core_engine.rl.ranks.group import collective_timeout
+    from core_engine.rl.ranks.launch import job_ranks
+
     if "WORLD_SIZE" in os.environ:
         world = int(os.environ["WORLD_SIZE"])
         if world != config.devices:
             raise RankSetupError(f"torchrun started {world} ranks for devices = {config.devices}")
-        with rank_group(torch_device_type(config.device)) as info:
+        with rank_group(torch_device_type(config.device), collective_timeout(config)) as info:
             yield info
     elif config.devices == 1:
         yield None

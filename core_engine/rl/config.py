@@ -148,6 +148,9 @@ class GRPOConfig:
     # state) or "replicate" (each rank all of them, gradients summed by one all-reduce: DDP's
     # layout, fewer collectives for a policy one device holds); LoRA always replicates
     sharding: str = "fsdp2"
+    # how long a rank waits in one collective before the job fails (None: the worker's
+    # ``RLWB_RANK_TIMEOUT``, default 600 s; `core_engine.rl.ranks.group`)
+    collective_timeout_s: float | None = None
     engine_dtype: str = "auto"  # float32 | bfloat16 | float16 | auto (bf16 on CUDA, else fp32)
     # The importance correction (`core_engine.rl.objective.loss`): "truncate" (TIS, as TRL) or
     # "mask" (AReaL's decoupled PPO) of pi_prox / pi_behaviour at `importance_cap`, on tokens
@@ -326,11 +329,12 @@ class GRPOConfig:
         return cls(**values)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> GRPOConfig:
+    def from_file(cls, path: str | Path, defaults: dict[str, Any] | None = None) -> GRPOConfig:
+        """A TOML (``.toml``) or JSON job file's config, ``defaults`` for the keys it omits."""
         path = Path(path)
         text = read_text(path, MAX_TEXT_BYTES)
         values = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-        return cls.from_dict(values)
+        return cls.from_dict({**(defaults or {}), **values})
 
 
 def _renamed(values: dict[str, Any]) -> dict[str, Any]:

@@ -52,25 +52,27 @@ class Executor:
             ).capture()
 
     def prepare_prefill(self, tasks: Sequence[Task]):
-        """Pack every task's uncomputed tokens (no padding) and say where their K/V go."""
-        ids, positions, slots, query_lens, context_lens, rows = [], [], [], [], [], []
+        """Pack every task's uncomputed tokens (no padding) and say where their K/V go: the
+        positions and table rows are listed in Python and indexed once (no tensor per task)."""
+        ids, positions, token_rows, query_lens, context_lens, rows = [], [], [], [], [], []
         for task in tasks:
             start, end = task.num_computed_tokens, task.num_tokens
             row = self.cache.req_slot(task.task_id)
             ids.extend(task.all_ids[start:end])
-            positions.append(torch.arange(start, end))
-            slots.append(self.table[row, start:end])
+            positions.extend(range(start, end))
+            token_rows.extend([row] * (end - start))
             query_lens.append(end - start)
             context_lens.append(end)
             rows.append(row)
+        position_tensor = self._tensor(positions)
         meta = AttentionMetadata(
-            slot_mapping=torch.cat(slots),
+            slot_mapping=self.table[self._tensor(token_rows), position_tensor],
             query_lens=query_lens,
             context_lens=context_lens,
             gather_index=self.table[rows, : max(context_lens)],
         )
         logits_indices = torch.tensor(query_lens, device=self.device).cumsum(0) - 1
-        return self._tensor(ids), torch.cat(positions).to(self.device), meta, logits_indices
+        return self._tensor(ids), position_tensor, meta, logits_indices
 
     def prepare_decode(self, tasks: Sequence[Task]):
         """One new token per task at position `num_tokens - 1`."""

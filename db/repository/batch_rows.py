@@ -9,6 +9,7 @@ from typing import Any
 from db.arrays import encode_float32, encode_int32
 from db.enums import BatchStatus, EpisodeFinish, FinishReason, coerce
 from db.errors import InvalidValue
+from db.loss_flags import LossFlag
 from db.records import BatchRecord, SampleRecord
 from db.repository.base import check_finite, check_json, check_non_negative, check_text
 
@@ -34,13 +35,36 @@ def _check_array(
 
 
 def logprob_gap_max(sample: SampleRecord) -> float | None:
-    """The largest |trainer - behaviour| log-prob of a trained sample (its behaviour: the
-    temperature-only log-probs the trainer's ratio uses, if stored), else None."""
+    """The largest |trainer - behaviour| log-prob over a trained sample's trained tokens (all
+    its tokens without a loss record; its behaviour: the temperature-only log-probs the
+    trainer's ratio uses, if stored), else None."""
     if not sample.trainer_logprobs:
         return None
     behaviour = sample.temperature_logprobs or sample.behaviour_logprobs
-    gap = max(abs(t - b) for t, b in zip(sample.trainer_logprobs, behaviour, strict=True))
-    return gap if math.isfinite(gap) else None
+    trained = [True] * len(behaviour)
+    if sample.loss_flags is not None:
+        trained = [bool(flags & LossFlag.TRAINED) for flags in sample.loss_flags]
+    pairs = zip(sample.trainer_logprobs, behaviour, trained, strict=True)
+    gap = max((abs(t - b) for t, b, kept in pairs if kept), default=None)
+    return gap if gap is not None and math.isfinite(gap) else None
+
+
+def _check_loss_record(sample: SampleRecord, where: str, length: int) -> None:
+    """A trained sample's loss record: all three arrays or none, one entry per response token,
+    flags made of `LossFlag` bits."""
+    arrays = (sample.loss_ratios, sample.loss_weights, sample.loss_flags)
+    if all(values is None for values in arrays):
+        return
+    if any(values is None for values in arrays):
+        raise InvalidValue(f"{where}: loss_ratios, loss_weights and loss_flags go together")
+    if sample.trainer_logprobs is None:
+        raise InvalidValue(f"{where}.loss_flags: a loss record needs the trainer_logprobs")
+    _check_array(sample.loss_ratios, encode_float32, f"{where}.loss_ratios", length)
+    _check_array(sample.loss_weights, encode_float32, f"{where}.loss_weights", length)
+    _check_array(sample.loss_flags, encode_int32, f"{where}.loss_flags", length)
+    every = int(LossFlag.TRAINED | LossFlag.CORRECTED | LossFlag.CLIPPED)
+    if not all(_is_count(flags) and flags & ~every == 0 for flags in sample.loss_flags):
+        raise InvalidValue(f"{where}.loss_flags: expected LossFlag bits, 0..{every}")
 
 
 def _is_count(value: Any) -> bool:
@@ -192,6 +216,7 @@ def _sample_row(sample: SampleRecord, batch: BatchRecord, where: str) -> dict[st
         )
     if sample.trainer_logprobs is not None:
         _check_array(sample.trainer_logprobs, encode_float32, f"{where}.trainer_logprobs", length)
+    _check_loss_record(sample, where, length)
     if sample.prompt_messages is not None:
         check_json(sample.prompt_messages, f"{where}.prompt_messages")
     return {
@@ -222,6 +247,9 @@ def _sample_row(sample: SampleRecord, batch: BatchRecord, where: str) -> dict[st
         "behaviour_logprobs": sample.behaviour_logprobs,
         "temperature_logprobs": sample.temperature_logprobs,
         "trainer_logprobs": sample.trainer_logprobs,
+        "loss_ratios": sample.loss_ratios,
+        "loss_weights": sample.loss_weights,
+        "loss_flags": sample.loss_flags,
         "logprob_gap_max": logprob_gap_max(sample),
     }
 

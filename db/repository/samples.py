@@ -31,6 +31,7 @@ _SUMMARY_COLUMNS = (
     Sample.error_code,
     Sample.reward,
     Sample.advantage,
+    Sample.prompt_messages,
 )
 
 
@@ -254,6 +255,9 @@ class SamplesMixin(RepositoryBase):
                 turns=sample.turns,
                 tool_errors=sample.tool_errors,
                 rank=sample.rank,
+                loss_ratios=sample.loss_ratios,
+                loss_weights=sample.loss_weights,
+                loss_flags=sample.loss_flags,
             )
 
     def random_sample_ids(self, job_id: int, count: int, versions: Collection[int]) -> list[int]:

@@ -47,34 +47,38 @@ def layer_parameters_from_shape(name: str, biases: bool) -> int:
 
 
 @pytest.mark.parametrize("devices", [2, 4, 8])
-def test_fsdp2_divides_weights_gradients_and_moments_by_n_but_not_the_reference(devices):
-    """Each rank loads the KL reference whole (`kl_reference`), so the floor counts it whole."""
+def test_fsdp2_divides_weights_gradients_moments_and_reference_by_n(devices):
+    """Each rank loads its shard of the KL reference as of the policy (`ranks.state`)."""
     config = shape_config("Qwen2.5-7B")
     job = GRPOConfig(**JOB, kl_coef=0.1)
     one = training_footprint(job, config, CUDA)
     many = training_footprint(job, config, CUDA, devices)
     assert one.trainer_bytes == 16 * SEVEN_B and one.reference_bytes == 4 * SEVEN_B
     assert many.trainer_bytes * devices == one.trainer_bytes  # to the byte
-    assert many.reference_bytes == one.reference_bytes == 4 * SEVEN_B
+    assert many.reference_bytes * devices == one.reference_bytes
     assert many.engine_copy_bytes == one.engine_copy_bytes == 2 * SEVEN_B  # each rank's engine
     assert many.parameters == SEVEN_B and many.devices == devices
-    whole = (4 + 2) * SEVEN_B  # the reference and the engine's bf16 copy
-    assert many.total_bytes == 16 * SEVEN_B // devices + whole + many.gathered_bytes
+    assert many.total_bytes == (16 + 4) * SEVEN_B // devices + 2 * SEVEN_B + many.gathered_bytes
     assert f"(1/{devices} shard)" in many.describe()
     assert f"per device over {devices}" in many.describe()
 
 
 @pytest.mark.parametrize(("name", "biases"), [("Qwen2.5-7B", True), ("Llama-3.1-8B", False)])
-def test_the_gathered_layer_is_one_decoder_layer_in_the_compute_dtype(name, biases):
+def test_gathered_are_one_decoder_layer_and_the_roots_in_the_compute_dtype(name, biases):
+    """FSDP2 gathers one decoder layer at a time, and keeps the root (embedding, final norm,
+    untied LM head) gathered through the step: the policy's, and the KL reference's."""
     config, job = shape_config(name), GRPOConfig(**JOB)
     layer = layer_parameters_from_shape(name, biases)
     assert layer == (233_057_792 if biases else 218_112_000)
+    root = 2 * config.vocab_size * config.hidden_size + config.hidden_size
     assert training_footprint(job, config, CUDA).gathered_bytes == 0  # one process: no FSDP2
     for devices in (2, 8):
-        assert training_footprint(job, config, CUDA, devices).gathered_bytes == 2 * layer
+        assert training_footprint(job, config, CUDA, devices).gathered_bytes == 2 * (layer + root)
+    with_kl = GRPOConfig(**JOB, kl_coef=0.1)
+    assert training_footprint(with_kl, config, CUDA, 2).gathered_bytes == 2 * (layer + 2 * root)
     cpu_job = GRPOConfig(**{**JOB, "device": "cpu"})
     cpu = training_footprint(cpu_job, config, torch.device("cpu"), 2)
-    assert cpu.gathered_bytes == 4 * layer  # fp32 without mixed precision
+    assert cpu.gathered_bytes == 4 * (layer + root)  # fp32 without mixed precision
 
 
 def test_lora_replicates_its_base_and_adapter_on_every_device():

@@ -173,14 +173,11 @@ def test_tokens_after_an_in_flight_update_are_corrected_until_a_recompute():
     assert [token_lags(rollout, i, 4) for i in range(2)] == [[1, 1, 0, 0, 0, 0, 0]] * 2
 
 
-@pytest.mark.parametrize("mode", ["truncate", "mask"])
-def test_the_in_flight_objective_is_areals_decoupled_loss_on_a_spanning_sample(mode):
-    """A batch whose samples span an update (versions 3 then 4, the trainer at 4), trained
-    through `train_samples` and `accumulate_gradients` with the tokens in several micro-batches:
-    its loss equals a float64 computation in which every token from a sample's first older one
-    on (until its recompute) takes AReaL's decoupled loss (pi_prox the trainer's, the behaviour
-    weight under `mode`), and the others the synchronous one; the K/V-mixture gap is the mean
-    |pi_prox - mu| over the version-4 tokens that read version-3 K/V."""
+def spanning_update(mode):
+    """A batch whose samples span an update (versions 3 then 4, the trainer at 4; sample 2 is
+    version 4's alone, sample 4 recomputed for its last token), trained through
+    `train_samples` and `accumulate_gradients` in several micro-batches: (rollout, behaviour
+    log-probs, advantages, `UpdateResult`)."""
     model = make_pair("qwen2", seed=5, vocab_size=4096, tie_word_embeddings=False)[0]
     base = [dataclasses.replace(s, prompt=samples()[0].prompt) for s in samples(count=6)]
     with torch.no_grad():
@@ -195,24 +192,45 @@ def test_the_in_flight_objective_is_areals_decoupled_loss_on_a_spanning_sample(m
     resumed = [[] for _ in base]
     resumed[4] = [lengths[4] - 1]  # recomputed by version 4 for its last token
     rollout = in_flight_rollout(base, behaviour, spans, resumed, 4)
-    rows = list(range(len(base)))
     advantages = [s.advantage for s in base]
-    batch = train_samples(rollout, rows, advantages, {}, trainer_version=4)
+    batch = train_samples(rollout, list(range(len(base))), advantages, {}, trainer_version=4)
     result = accumulate_gradients(
         model, batch, settings(kl_coef=0.0, max_tokens=20, importance=Importance(mode, CAP))
     )
     assert result.micro_batches > 1
+    return rollout, behaviour, advantages, result
+
+
+def spanning_tokens(trainer, behaviour):
+    """`spanning_update`'s tokens, float64 [N, T]: pi_prox (the trainer's log-probs), mu, the
+    mask, and the tokens to correct (from a spanning sample's first token to its end or its
+    recompute)."""
+    lengths = [len(row) for row in behaviour]
     width = max(lengths)
 
     def padded(rows):
         return torch.tensor([[*r, *[0.0] * (width - len(r))] for r in rows], dtype=torch.float64)
 
-    prox, mu = padded(result.logprobs), padded(behaviour)
     mask = padded([[1.0] * n for n in lengths]).bool()
     corrected = torch.zeros_like(mask)
-    for i, n in enumerate(lengths):  # the spanning samples, to the end or their recompute
+    for i, n in enumerate(lengths):
         if i != 2:
             corrected[i, : n - 1 if i == 4 else n] = True
+    return padded(trainer), padded(behaviour), mask, corrected
+
+
+@pytest.mark.parametrize("mode", ["truncate", "mask"])
+def test_the_in_flight_objective_is_areals_decoupled_loss_on_a_spanning_sample(mode):
+    """A batch whose samples span an update (versions 3 then 4, the trainer at 4), trained
+    through `train_samples` and `accumulate_gradients` with the tokens in several micro-batches:
+    its loss equals a float64 computation in which every token from a sample's first older one
+    on (until its recompute) takes AReaL's decoupled loss (pi_prox the trainer's, the behaviour
+    weight under `mode`), and the others the synchronous one; the K/V-mixture gap is the mean
+    |pi_prox - mu| over the version-4 tokens that read version-3 K/V."""
+    rollout, behaviour, advantages, result = spanning_update(mode)
+    lengths = [len(row) for row in behaviour]
+    rows = list(range(len(lengths)))
+    prox, mu, mask, corrected = spanning_tokens(result.logprobs, behaviour)
     adv = torch.tensor(advantages, dtype=torch.float64)[:, None]
     count = int(mask.sum())
     if mode == "mask":
@@ -231,6 +249,34 @@ def test_the_in_flight_objective_is_areals_decoupled_loss_on_a_spanning_sample(m
     assert metrics["kv_mixture_tokens"] == int(mixed.sum())
     assert metrics["kv_mixture_gap_mean"] == pytest.approx(float(gap.mean()), rel=1e-6)
     assert metrics["kv_mixture_gap_max"] == pytest.approx(float(gap.max()), rel=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["truncate", "mask"])
+def test_the_loss_records_what_it_did_to_each_token_of_a_spanning_batch(mode):
+    """The per-sample `TokenRecord`s of `spanning_update` equal a float64 computation: the
+    tokens from a spanning sample's first older one on are corrected, with ratio pi_theta /
+    pi_prox (1 at the update's forward) and weight min(w, cap) (truncate) or w, 0 over the cap
+    (mask), w = pi_prox / mu; the others have ratio pi_theta / mu and weight 1; clipped where
+    PPO's clip is active; trained: every response token."""
+    _, behaviour, advantages, result = spanning_update(mode)
+    prox, mu, mask, corrected = spanning_tokens(result.logprobs, behaviour)
+    adv = torch.tensor(advantages, dtype=torch.float64)[:, None]
+    ratio = torch.where(corrected, torch.ones_like(prox), torch.exp(prox - mu))
+    w = torch.exp(prox - mu)
+    capped = w.clamp(max=CAP) if mode == "truncate" else torch.where(w <= CAP, w, 0.0)
+    weight = torch.where(corrected, capped, torch.ones_like(w))
+    low = (ratio < 1 - EPS) & (adv < 0)
+    high = (ratio > 1 + EPS) & (adv > 0)
+    clipped = (low | high) & mask
+    records = result.token_records
+    assert [len(r.ratios) for r in records] == [len(row) for row in behaviour]
+    for i, (record, n) in enumerate(zip(records, map(len, behaviour), strict=True)):
+        assert record.ratios == pytest.approx(ratio[i, :n].tolist(), rel=1e-5)
+        assert record.weights == pytest.approx(weight[i, :n].tolist(), rel=1e-5)
+        assert record.corrected == corrected[i, :n].tolist()
+        assert record.clipped == clipped[i, :n].tolist()
+        assert record.trained == [True] * n
+    assert clipped.any() and (corrected & (w > CAP)).any()  # the case is not vacuous
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,9 @@ spawned child) against the same job in one process.
 
 Data-parallel rollouts sample each prompt with the seeds the one-process batch gives it, so
 both runs see the same batches; the two-rank step equals the one-process step (fp32, within
-1e-6), full weights (FSDP2, and replicated) and LoRA. Each version's checkpoint is the
-trainer's full state gathered, and the engine serves exactly it (its checksum). Checkpoints
+1e-6), full weights (FSDP2, and replicated) and LoRA. Each version's checkpoint holds the
+trainer's weights whole and, sharded, its optimizer state in one file per rank, and the engine
+serves exactly those weights (its checksum). Checkpoints
 resume on the same number of ranks bit for bit, and on another (resharding) as the one-process
 run continues. A rank killed mid-job fails it with the rank named; a cancel stops every rank.
 """
@@ -30,18 +31,24 @@ import torch
 from safetensors.torch import load_file
 
 from core_engine.adapters import ADAPTER_FILE
+from core_engine.model import load_model
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data.tasks import prompt_records
 from core_engine.rl.ranks import is_sharded
 from core_engine.rl.ranks.channel import RankChannel
 from core_engine.rl.ranks.launch import RankFailedError, job_ranks
+from core_engine.rl.ranks.state import is_sharded_checkpoint, load_optimizer_shards
 from core_engine.rl.rollout.sources import ThreadProducer
 from core_engine.rl.trainer.checkpoint import (
+    OPTIMIZER_FILE,
+    SHARDED_OPTIMIZER,
     checkpoint_dir,
     read_optimizer_state,
     read_pending_rollout,
+    read_trainer_state,
 )
 from core_engine.rl.trainer.grpo import GRPOTrainer
+from core_engine.rl.trainer.optimizer import build_optimizer
 from core_engine.rl.trainer.records import StopReason, TrainerHooks
 from core_engine.toy import save_tiny_checkpoint
 from core_engine.weights import model_checksum, weights_checksum
@@ -111,7 +118,17 @@ def _assert_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -
 
 
 def _optimizer_tensors(out: Path, version: int) -> dict:
-    state = read_optimizer_state(checkpoint_dir(out, version))["state"]
+    """A checkpoint's optimizer tensors, whole: read by one process (a sharded run's, resharded
+    from its ranks' shards as a one-process resume reads them)."""
+    directory = checkpoint_dir(out, version)
+    if not is_sharded_checkpoint(directory):
+        state = read_optimizer_state(directory)["state"]
+        return {(i, k): v for i, fields in state.items() for k, v in fields.items()}
+    model = load_model(directory, torch.float32, "cpu")
+    optimizer = build_optimizer(model.parameters(), 1e-4, 0.0, "float32")
+    groups = read_trainer_state(directory)["optimizer"]["param_groups"]
+    load_optimizer_shards(optimizer, directory, groups)
+    state = optimizer.state_dict()["state"]
     return {(i, k): v for i, fields in state.items() for k, v in fields.items()}
 
 
@@ -232,8 +249,15 @@ def test_an_in_flight_update_lands_mid_sequence_on_two_ranks(llama, tmp_path, mo
 
 
 def test_a_checkpoint_resumes_on_the_same_and_on_another_number_of_ranks(llama, tmp_path):
+    """Each rank writes its own shard of the optimizer state (DCP, safetensors), and the
+    weights are consolidated into one Hugging Face file; resumed on 2 ranks the run continues
+    bit for bit, on 1 (resharded) as the one-process run does, and back."""
     _train(_config(llama, tmp_path / "straight", 2, 4))
     _train(_config(llama, tmp_path / "half", 2, 2))
+    saved = checkpoint_dir(tmp_path / "half", 2)
+    assert not (saved / OPTIMIZER_FILE).exists()  # nothing gathered to rank 0
+    assert len(list((saved / SHARDED_OPTIMIZER).glob("shard-*.safetensors"))) == 2
+    assert sorted(p.name for p in saved.glob("*.safetensors")) == ["model.safetensors"]
     for devices, name in ((2, "same"), (1, "fewer")):
         shutil.copytree(tmp_path / "half", tmp_path / name)
         _train(_config(llama, tmp_path / name, devices, 4))

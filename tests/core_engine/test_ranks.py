@@ -11,6 +11,7 @@ fail within the group's timeout. A job asking for more devices than a worker has
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import multiprocessing
 import os
@@ -316,3 +317,103 @@ def test_more_devices_than_a_worker_has_are_refused_at_submission(monkeypatch):
         validate_job("train", {**JOB, "devices": cuda["devices"]})
     monkeypatch.delitem(sys.modules, "torch")
     assert machine_devices("cuda") is None  # the UI: left to the worker's re-check
+
+
+def _load_shard_on_rank(rank: int, checkpoint: str, out: str) -> None:
+    """Rank `rank` loads the sharded policy; it writes the bytes its reader copied out of the
+    checkpoint, the bytes of its parameters' storage and its rows of each weight."""
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    from core_engine.rl.ranks.state import load_sharded_model
+
+    read = []
+    real_read = HuggingFaceStorageReader._process_read_request
+
+    def counted(self, f, req, planner):
+        read.append(math.prod(req.lengths) * 4)  # fp32
+        return real_read(self, f, req, planner)
+
+    HuggingFaceStorageReader._process_read_request = counted
+    with rank_group("cpu", STEP_TIMEOUT):
+        model = load_sharded_model(checkpoint, torch.device("cpu"))
+    storages = {p.to_local().untyped_storage().data_ptr(): p.to_local() for p in model.parameters()}
+    held = sum(t.untyped_storage().nbytes() for t in storages.values())
+    local = {n: p.to_local().detach().clone() for n, p in model.named_parameters()}
+    torch.save({"read": sum(read), "held": held, "local": local}, Path(out) / f"{rank}.pt")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: the LM head tied to the embedding
+def test_each_rank_reads_and_holds_only_its_shard(tmp_path, arch):
+    """Built on the meta device and sharded first, a rank's policy gets storage for its rows
+    alone (FSDP2 pads each to torch.chunk's largest), and reads exactly those rows."""
+    checkpoint = str(save_tiny_checkpoint(tmp_path / "model", arch=arch, vocab_size=64))
+    assert _run_ranks(_load_shard_on_rank, checkpoint, str(tmp_path)) == [0, 0]
+    full = load_model(checkpoint, torch.float32, "cpu")
+    weights = {n: p.detach() for n, p in full.named_parameters()}  # tied: once
+    padded = sum(w.chunk(WORLD)[0].numel() * 4 for w in weights.values())
+    for rank in range(WORLD):
+        got = torch.load(tmp_path / f"{rank}.pt")
+        mine = {n: w.chunk(WORLD)[rank] for n, w in weights.items()}
+        assert got["read"] == sum(w.numel() * 4 for w in mine.values())  # its rows, once each
+        assert got["held"] == padded  # 1/N of the model, not all of it
+        assert got["local"].keys() == mine.keys()
+        for name, rows in mine.items():
+            assert torch.equal(got["local"][name], rows), name
+
+
+def _held(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors` (an FSDP2 parameter's: its shard)."""
+    local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors if t is not None]
+    return sum(
+        {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in local}.values()
+    )
+
+
+def _footprint_on_rank(rank: int, checkpoint: str, out: str) -> None:
+    """Rank `rank` builds the trainer's policy as `GRPOTrainer` does, steps once, and writes
+    the bytes its tensors hold: weights, gradients, AdamW moments, the KL reference, the
+    engine's copy."""
+    from core_engine.rl.config import GRPOConfig
+    from core_engine.rl.trainer.policy import trained_policy
+
+    config = GRPOConfig(checkpoint, output_dir=out, task="always7", devices=WORLD, kl_coef=0.05)
+    with rank_group("cpu", STEP_TIMEOUT) as info:
+        policy = trained_policy(config, None, info.device, on_ranks=True)
+        model, optimizer = policy.model, policy.optimizer
+        share = rank_share(_batch(model.config.vocab_size), GROUP_SIZE, rank, info.world_size)
+        distributed_backward(model, share, SETTINGS, policy.reference)
+        optimizer.step()
+        moments = [v for s in optimizer.state.values() for v in s.values() if v.dim()]  # no step
+        held = {
+            "trainer": _held(
+                [*model.parameters(), *(p.grad for p in model.parameters()), *moments]
+            ),
+            "reference": _held(policy.reference.parameters()),
+            "engine": _held(policy.whole_model.parameters()),
+        }
+    (Path(out) / f"{rank}.json").write_text(json.dumps(held))
+
+
+def test_the_footprint_is_what_a_sharded_rank_holds(llama, tmp_path):
+    """What `training_footprint` counts for one of two FSDP2 ranks is what rank 0 (the one
+    with the most rows) holds after a step, its tensors' storage counted; rank 1 holds no more."""
+    from transformers import AutoConfig
+
+    from core_engine.rl.config import GRPOConfig
+    from core_engine.rl.footprint.estimate import training_footprint
+
+    assert _run_ranks(_footprint_on_rank, llama, str(tmp_path)) == [0, 0]
+    config = GRPOConfig(
+        llama, output_dir=str(tmp_path), task="always7", devices=WORLD, kl_coef=0.05
+    )
+    footprint = training_footprint(
+        config, AutoConfig.from_pretrained(llama), torch.device("cpu"), WORLD
+    )
+    counted = {
+        "trainer": footprint.trainer_bytes,
+        "reference": footprint.reference_bytes,
+        "engine": footprint.engine_copy_bytes,
+    }
+    held = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(WORLD)]
+    assert held[0] == counted
+    assert all(held[1][part] <= counted[part] for part in counted)

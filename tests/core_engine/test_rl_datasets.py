@@ -132,6 +132,19 @@ def test_system_prompt_reaches_the_checkpoints_chat_template(tmp_path):
     assert load_records(tmp_path / "own.jsonl", Columns(system="Be brief.")) == [own]
 
 
+@pytest.mark.parametrize("task", sorted(BUILTIN_TASKS))
+def test_a_built_in_tasks_prompts_get_the_jobs_system_prompt(task):
+    plain = prompt_records(task, None, count=4, seed=3)
+    records = prompt_records(task, None, count=4, seed=3, columns=Columns(system="Be brief."))
+    for record, original in zip(records, plain, strict=True):
+        messages = RolloutGenerator._instruction_to_messages(record["instruction"], record["input"])
+        assert messages == [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": original["input"]},
+        ]
+        assert record["output"] == original["output"]
+
+
 def test_heldout_split_is_seeded_and_refuses_an_empty_training_set():
     records = [{"instruction": "", "input": str(i), "output": "7"} for i in range(10)]
     train, held = split_heldout(records, 0.3, seed=1)

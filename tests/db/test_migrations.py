@@ -23,7 +23,7 @@ from db.errors import InvalidValue
 from db.migrate import heads
 from db.models import Base
 from db.repository.studies import StudyJobRecord
-from tests.db.helpers import make_batch, make_sample, running_job
+from tests.db.helpers import make_batch, make_sample, running_job, sample_columns
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TABLES = {
@@ -216,6 +216,44 @@ def test_0012_adds_studies_and_pruned_and_its_downgrade_keeps_the_jobs(
     assert kept.config == made.config and kept.study_id is None
     assert [v.version for v in repo.list_versions(job.id)] == [0]
     assert repo.create_job("train", {}).id > deleted.id  # the id counter is kept
+    repo.close()
+
+
+def test_0013_adds_the_loss_record_and_its_downgrade_keeps_the_samples(
+    empty_database_url: URL,
+) -> None:
+    upgrade(empty_database_url)
+    repo = Repository.from_url(empty_database_url)
+    job = running_job(repo)
+    trained = [-0.25, -0.5, -0.75, -1.0]
+    record = {
+        "loss_ratios": [1.0, 1.25, 0.5, 1.0],
+        "loss_weights": [1.0, 0.5, 0.0, 1.0],
+        "loss_flags": [1, 1 | 2, 1 | 2 | 4, 0],
+    }
+    sample = make_sample(trainer_logprobs=trained, **record)
+    batch = repo.record_batch(make_batch(job.id, [sample]))
+    sample_id = repo.list_samples(SampleFilter(job_id=job.id)).items[0].id
+    stored = repo.get_sample(sample_id)
+    assert {name: getattr(stored, name) for name in record} == record
+    for wrong, match in (
+        ({**record, "loss_ratios": [1.0] * 3}, "loss_ratios: 3 values for 4 response tokens"),
+        ({**record, "loss_flags": [8, 0, 0, 0]}, "loss_flags: expected LossFlag bits"),
+        ({"loss_ratios": record["loss_ratios"]}, "go together"),
+    ):
+        with pytest.raises(InvalidValue, match=match):
+            repo.record_batch(make_batch(job.id, [make_sample(trainer_logprobs=trained, **wrong)]))
+    repo.close()
+
+    downgrade(empty_database_url, "0012")
+    assert not set(record) & sample_columns(empty_database_url)
+
+    upgrade(empty_database_url)
+    assert _differences(empty_database_url) == []
+    repo = Repository.from_url(empty_database_url)
+    kept = repo.get_sample(sample_id)
+    assert kept.batch_id == batch.id and kept.trainer_logprobs == trained
+    assert kept.loss_flags is None and kept.loss_ratios is None
     repo.close()
 
 

@@ -116,6 +116,23 @@ def test_compare_opens_on_the_newest_job_with_samples(services, world, job):
     repo.delete_job(empty.id)
 
 
+def test_compare_opens_on_a_job_with_two_versions_sampled_not_a_newer_one_with_one(
+    services, world, job
+):
+    from db import BatchRecord, PolicyVersionRecord
+    from tests.ui.helpers import _sample
+
+    repo, model_dir = world["repo"], world["model"]
+    one = repo.create_job("train", {"model": str(model_dir), "task": "always7"}, total_steps=1)
+    repo.mark_running(one.id)
+    repo.record_policy_version(PolicyVersionRecord(one.id, 0))
+    samples = [_sample(model_dir, 0, 0, group) for group in range(2)]
+    repo.record_batch(BatchRecord(one.id, 0, 0, "accepted", samples))
+    assert newest_job_with_samples(services) == job.id  # versions 0..3 sampled
+    repo.mark_succeeded(one.id)
+    repo.delete_job(one.id)
+
+
 def test_compare_defaults_to_versions_with_samples_and_finds_the_held_out_pairs(services, world):
     from db import BatchRecord, PolicyVersionRecord
     from tests.ui.helpers import _sample

@@ -14,7 +14,7 @@ from ui.handlers.jobs import (
     resume_job,
 )
 from ui.handlers.queue import queue_view
-from ui.plots import PLOTS, ema, has_data, plot_frame
+from ui.plots import PLOTS, ema, has_data, plot_frame, shown
 from ui.render import inert
 
 
@@ -48,6 +48,36 @@ def test_a_job_page_plots_every_series_over_every_version(services, job):
     assert rejected["value"].tolist() == [0, 1, 0, 0]
     assert not has_data(plots["heldout"])  # no held-out accuracy recorded: "no data yet"
     assert hidden == {"kl"}  # the job has no KL coefficient: KL could only be flat
+
+
+def test_the_version_still_generating_is_not_drawn_as_zero_accepted(services, job):
+    metrics = services.repository.version_metrics(job.id)
+    generating = dataclasses.replace(
+        metrics[-1], version=4, recorded=None, num_accepted_batches=0, num_rejected_batches=0
+    )
+    frames = jobs_module.version_frames([*metrics, generating])
+    batches = frames[[spec.key for spec in PLOTS].index("batches")]
+    newest = batches[batches["version"] == 4]
+    assert newest["value"].isna().all() and len(newest) == 2
+    assert batches[batches["version"] == 3]["value"].tolist() == [1, 0]
+
+
+def test_the_mismatch_axis_tells_millionths_apart():
+    import gradio as gr
+
+    from ui.tabs.jobs import _plot
+
+    spec = next(spec for spec in PLOTS if spec.key == "mismatch")
+    with gr.Blocks():
+        plot, _ = _plot(spec)
+    ticks = [format(value, plot.y_axis_format) for value in (2e-6, 4e-6, 6e-6, 8e-6)]
+    assert [float(tick) for tick in ticks] == [2e-6, 4e-6, 6e-6, 8e-6]
+
+
+def test_a_single_reward_job_shows_no_reward_components_plot_nor_note(services, job):
+    _, _, frames, hidden = job_page(services, job.id)
+    index = [spec.key for spec in PLOTS].index("reward-components")
+    assert shown(PLOTS[index], frames[index], hidden) == (False, False)
 
 
 def test_a_sparse_plot_joins_its_known_points():

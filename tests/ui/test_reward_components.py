@@ -40,7 +40,7 @@ def test_the_reward_components_are_plotted_per_version(services, mixed, job):
     assert sorted(set(frame["series"])) == ["format", "numeric_match"]
     match = frame[frame["series"] == "numeric_match"]
     assert match["version"].tolist() == [0, 1] and match["value"].tolist() == [0.0, 0.5]
-    assert not has_data(_frames(services, job.id)["reward-components"])  # one reward: no data yet
+    assert not has_data(_frames(services, job.id)["reward-components"])  # one reward: hidden
 
 
 def test_a_sample_shows_its_weighted_components(services, mixed):

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 from markdown_it import MarkdownIt
 
-from db import BatchRecord, SampleFilter
+from db import BatchRecord, PolicyVersionRecord, SampleFilter
 from tests.ui.helpers import GROUP, PROMPTS, TRICKY, _sample
 from ui.handlers import samples as samples_module
 from ui.handlers.audit import audit_view
@@ -71,6 +71,48 @@ def test_newest_first(services, world, job):
     table, _, _ = search(services, job.id, newest_first=True)
     assert table["sample"].tolist() == sorted(all_ids(world), reverse=True)[:50]
     assert table["version"].tolist()[0] == 3
+
+
+def test_samples_say_whether_their_versions_weights_are_kept(services, world, tmp_path):
+    repo, model_dir = world["repo"], world["model"]
+    job = repo.create_job("train", {"model": str(model_dir), "task": "always7"}, total_steps=2)
+    repo.mark_running(job.id)
+    kept, pruned = tmp_path / "version-00001", tmp_path / "version-00000"
+    kept.mkdir()  # version 0's folder was never made (pruned); version 2 saved nothing
+    for version, folder in enumerate((pruned, kept, None)):
+        path = None if folder is None else str(folder)
+        repo.record_policy_version(PolicyVersionRecord(job.id, version, None, path))
+        samples = [_sample(model_dir, version, 0, group) for group in range(2)]
+        repo.record_batch(BatchRecord(job.id, version, version, "accepted", samples))
+    table, _, _ = search(services, job.id)
+    marks = dict(zip(table["version"], table["weights"], strict=True))
+    assert marks == {0: "not kept", 1: "kept", 2: "not kept"}
+
+
+def test_the_prompt_column_shows_the_users_problem_not_the_system_prompt(services, world):
+    repo, model_dir = world["repo"], world["model"]
+    job = repo.create_job("train", {"model": str(model_dir), "task": "always7"}, total_steps=1)
+    repo.mark_running(job.id)
+    repo.record_policy_version(PolicyVersionRecord(job.id, 0))
+    system = "You are a careful solver. Use the calculator tool for every step. " * 3
+    problems = ["Tom has 3 apples and buys 4 more.", "A train goes 60 km in 2 hours."]
+    samples = [
+        _sample(
+            model_dir,
+            0,
+            index,
+            0,
+            prompt_text=f"<|system|>{system}<|user|>{problem}<|assistant|>",
+            prompt_messages=[
+                {"role": "system", "content": system},
+                {"role": "user", "content": problem},
+            ],
+        )
+        for index, problem in enumerate(problems)
+    ]
+    repo.record_batch(BatchRecord(job.id, 0, 0, "accepted", samples))
+    table, _, _ = search(services, job.id)
+    assert table["prompt"].tolist() == problems
 
 
 def test_a_text_search_that_stops_at_its_bound_says_so(services, world, job, monkeypatch):

@@ -63,6 +63,27 @@ def test_train_runs_a_job_here_and_records_it(env, repo, tiny_model, tmp_path, c
     assert job.status is JobStatus.SUCCEEDED and job.current_version == 2
 
 
+def test_train_refuses_what_submit_refuses_and_stores_no_job(
+    env, repo, tmp_path, capsys, monkeypatch
+):
+    outside = tmp_path / "elsewhere.jsonl"
+    outside.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    config = {k: v for k, v in train_config("demo").items() if k != "task"}
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps({**config, "data": str(outside)}))
+    monkeypatch.setenv("RLWB_MODEL_ROOTS", str(env))  # the data directory alone
+
+    assert cli.main(["train", str(path)]) == 1
+
+    assert "refused: data: " in capsys.readouterr().out
+    assert repo.list_jobs() == []
+
+
+def test_jobs_says_when_there_are_none(env, capsys):
+    assert cli.main(["jobs"]) == 0
+    assert capsys.readouterr().out.startswith("no jobs yet")
+
+
 def test_jobs_piped_into_head_ends_quietly(env, repo):
     """``rlwb jobs | head -1``: head leaves after one line while the listing (over a pipe's
     64 KiB) is still being written; the command ends without a traceback."""

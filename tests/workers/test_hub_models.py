@@ -22,7 +22,9 @@ HUB_ID = "tiny-org/tiny-llama"
 REFUSED = (
     "model: {model} is a Hugging Face Hub id and is not in this machine's Hugging Face cache "
     "({cache}), and HF_HUB_OFFLINE is set, so nothing is downloaded: download it where there "
-    "is a network (`hf download {model}`, into the same cache), or unset HF_HUB_OFFLINE"
+    "is a network (`hf download {model}`, into the same cache), or let the worker download "
+    "it: start it with HF_HUB_OFFLINE=0 (`make up` sets HF_HUB_OFFLINE=1: "
+    "`make up HF_HUB_OFFLINE=0`)"
 )
 
 
@@ -62,7 +64,7 @@ def test_offline_a_hub_model_not_in_the_cache_is_refused_at_submission(tmp_path)
     assert done.returncode == 1, done.stderr
     cache = tmp_path / "hf" / "hub"
     assert done.stdout == "refused: " + REFUSED.format(model=model, cache=cache) + "\n"
-    assert _rlwb(tmp_path, "jobs").stdout == ""  # nothing was queued
+    assert _rlwb(tmp_path, "jobs").stdout.startswith("no jobs yet")  # nothing was queued
 
 
 def test_offline_the_worker_refuses_a_queued_hub_model_not_in_its_cache(

@@ -45,6 +45,22 @@ def test_files_outside_the_roots_are_refused_by_the_api(env, repo, tiny_model, c
     assert repo.list_jobs() == []
 
 
+def test_a_refused_data_file_names_the_allowed_roots_and_how_to_add_one(
+    env, settings, tmp_path, monkeypatch
+):
+    outside = tmp_path / "elsewhere" / "prompts.jsonl"
+    outside.parent.mkdir()
+    outside.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    monkeypatch.setenv("RLWB_MODEL_ROOTS", f"{tmp_path / 'models'}:{tmp_path / 'more'}")
+    config = {k: v for k, v in train_config("demo").items() if k != "task"}
+    with pytest.raises(SpecError) as refused:
+        api.submit_job("train", {**config, "data": str(outside)})
+    message = str(refused.value)
+    for root in (tmp_path / "models", tmp_path / "more", settings.data_dir):
+        assert str(root) in message
+    assert "set RLWB_MODEL_ROOTS" in message
+
+
 def test_the_worker_checks_again(repo, settings, tiny_model, monkeypatch):
     """A job row written past the API (or before the operator narrowed the roots)."""
     job = repo.create_job("train", train_config(tiny_model, max_tokens=64), total_steps=3)

@@ -32,11 +32,18 @@ Comparison = tuple[pd.DataFrame, str, str, str, int | None]
 
 
 def newest_job_with_samples(services: Services) -> int | None:
-    """The job Compare opens on: the newest of the pickers' jobs that has samples."""
-    for job in services.repository.list_jobs(limit=JOB_LIMIT):
-        if services.repository.list_samples(SampleFilter(job.id), limit=1).items:
-            return job.id
-    return None
+    """The job Compare opens on: the newest of the pickers' jobs with samples of two
+    versions or more (something to compare), else the newest with samples."""
+    with_samples = [
+        job.id
+        for job in services.repository.list_jobs(limit=JOB_LIMIT)
+        if services.repository.list_samples(SampleFilter(job.id), limit=1).items
+    ]
+    for job_id in with_samples:
+        sampled = [m for m in services.repository.version_metrics(job_id) if m.num_samples]
+        if len(sampled) >= 2:
+            return job_id
+    return with_samples[0] if with_samples else None
 
 
 def version_choices(services: Services, job_id: float | str | None) -> list[int]:

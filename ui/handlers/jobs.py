@@ -131,6 +131,9 @@ def resume_job(services: Services, job_id: float | str | None) -> str:
 def _version_values(m: VersionMetrics) -> dict[str, float | int | None]:
     recorded = m.recorded.metrics if m.recorded else None
     extra = recorded.extra if recorded else {}
+    # a version none of whose batches is decided yet (the one still generating) is not drawn
+    # as 0 accepted
+    decided = bool(m.num_accepted_batches or m.num_rejected_batches)
     return {
         "reward mean": recorded.reward_mean if recorded else m.sample_reward_mean,
         "held-out accuracy": extra.get(HELDOUT_METRIC),
@@ -138,8 +141,8 @@ def _version_values(m: VersionMetrics) -> dict[str, float | int | None]:
         "mean response tokens": m.mean_response_length,
         "KL": recorded.kl if recorded else None,
         "mismatch": recorded.train_infer_mismatch if recorded else None,
-        "accepted": m.num_accepted_batches,
-        "rejected": m.num_rejected_batches,
+        "accepted": m.num_accepted_batches if decided else None,
+        "rejected": m.num_rejected_batches if decided else None,
         **{COMPONENT_PREFIX + name: value for name, value in components(extra).items()},
         **extra_values(extra),
     }

@@ -20,7 +20,6 @@ from db import (
     NotFound,
     SampleDetail,
     SampleFilter,
-    SampleSummary,
 )
 from ui.devices import job_devices
 from ui.diagnostics import DEFAULT_CLIP_EPS, diagnostics_html
@@ -28,7 +27,8 @@ from ui.episodes import episode_html
 from ui.handlers.common import parse_id, parse_number
 from ui.handlers.jobs import batches_table, latest_batches
 from ui.handlers.reward_form import reward_weights
-from ui.render import fmt, inert, sample_html
+from ui.render import inert, sample_html
+from ui.sample_rows import kept_versions, samples_frame
 from ui.services import Services
 from ui.token_versions import LOGPROB, VERSION, version_response, versions_html
 from ui.tokens import token_texts
@@ -38,51 +38,7 @@ ANY = "any"
 FINISH_CHOICES = [ANY, *(reason.value for reason in FinishReason)]
 STATUS_CHOICES = [ANY, *(status.value for status in BatchStatus)]
 EPISODE_FINISH_CHOICES = [ANY, *(finish.value for finish in EpisodeFinish)]
-SNIPPET = 80
-SAMPLE_COLUMNS = [
-    "sample",
-    "version",
-    "batch",
-    "batch status",
-    "prompt #",
-    "group",
-    "prompt",
-    "response",
-    "tokens",
-    "finish",
-    "error",
-    "reward",
-    "advantage",
-]
-
 Page = tuple[pd.DataFrame, dict[str, Any], str]
-
-
-def _snippet(text: str) -> str:
-    text = text.replace("\n", "⏎ ")
-    return text if len(text) <= SNIPPET else text[: SNIPPET - 1] + "…"
-
-
-def samples_frame(items: list[SampleSummary]) -> pd.DataFrame:
-    rows = [
-        [
-            s.id,
-            s.policy_version,
-            s.batch_id,
-            s.batch_status.value,
-            s.prompt_index,
-            s.group_index,
-            _snippet(s.prompt_text),
-            _snippet(s.response_text),
-            s.response_length,
-            s.finish_reason.value,
-            s.error_code or "",
-            fmt(s.reward),
-            fmt(s.advantage),
-        ]
-        for s in items
-    ]
-    return pd.DataFrame(rows, columns=SAMPLE_COLUMNS)
 
 
 def sample_filter(
@@ -159,7 +115,7 @@ def _render(services: Services, state: dict[str, Any]) -> Page:
     if page.next_cursor is not None:
         cursors.append(page.next_cursor)
     state = {**state, "cursors": cursors}
-    frame = samples_frame(page.items)
+    frame = samples_frame(page.items, kept_versions(services, page.items))
     where_text = "more on the next page" if page.next_cursor else "last page"
     if page.searched is not None:
         where_text = (

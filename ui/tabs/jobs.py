@@ -17,7 +17,7 @@ from ui.handlers.jobs import (
     jobs_table,
     resume_job,
 )
-from ui.plots import PLOTS, X_FORMAT, Y_FORMAT, PlotSpec, shown
+from ui.plots import PLOTS, X_FORMAT, PlotSpec, shown
 from ui.services import Services
 from ui.tabs.common import first_cell
 
@@ -46,7 +46,7 @@ def _plot(spec: PlotSpec) -> tuple[gr.LinePlot, gr.Markdown]:
         y_title=spec.y_title,
         color_map=spec.colours() or None,  # reward components: colours chosen by the plot
         x_axis_format=X_FORMAT,
-        y_axis_format=Y_FORMAT,
+        y_axis_format=spec.y_format,
         height=260,
         visible=False,
         elem_id=f"plot-{spec.key}",

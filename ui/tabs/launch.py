@@ -91,7 +91,8 @@ def build(services: Services) -> dict[str, gr.components.Component]:
             allow_custom_value=True,  # API callers may name any checkpoint under a root
             label="Model",
             info="a built-in policy (choosing one fills in its task), a checkpoint under "
-            "RLWB_MODEL_ROOTS, or a Hugging Face Hub id (the worker downloads it)",
+            "RLWB_MODEL_ROOTS, or a Hugging Face Hub id (the worker downloads it unless "
+            "HF_HUB_OFFLINE=1, as `make up` sets it)",
             elem_id="launch-model",
             scale=3,
         )
@@ -135,8 +136,9 @@ def build(services: Services) -> dict[str, gr.components.Component]:
             value=TASK_DEFAULT_REWARD,
             allow_custom_value=True,
             label="Reward",
-            info="exact_match, numeric_match, regex:<RE2 pattern> (1.0 when the pattern "
-            "matches the whole response, stripped) or a worker-registered name",
+            info="exact_match, numeric_match, math (the answer checked with math-verify), "
+            "format (<think>...</think><answer>...</answer>), regex:<RE2 pattern> (1.0 when "
+            "the pattern matches the whole response, stripped) or a worker-registered name",
             elem_id="launch-reward",
             scale=1,
         )
@@ -149,8 +151,9 @@ def build(services: Services) -> dict[str, gr.components.Component]:
             environment_choices(),
             value=SINGLE_TURN,
             label="Environment",
-            info="multi-turn episodes against an operator-registered environment, which "
-            "scores them (no reward)",
+            info="single turn: one response per prompt, scored by the reward; an "
+            "operator-registered environment: multi-turn episodes that it scores itself, "
+            "so the reward is not used",
             elem_id="launch-environment",
         )
         with gr.Group(visible=False) as episode_group, gr.Row():

@@ -17,10 +17,10 @@ from ui.handlers.samples import (
     open_sample,
     rejected_batches,
     sample_detail,
-    samples_frame,
     search_samples,
     turn_page,
 )
+from ui.sample_rows import samples_frame
 from ui.services import Services
 from ui.tabs.common import first_cell, job_picker, refresh_jobs
 from ui.token_versions import COLOUR_CHOICES, LOGPROB

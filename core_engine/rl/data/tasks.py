@@ -6,7 +6,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from core_engine.rl.data.files import Columns, load_records
+from core_engine.rl.data.files import Columns, load_records, with_system
 from core_engine.rl.data.word_problems import word_problem_records
 from core_engine.rl.episodes.environments import guess_number_records
 
@@ -67,12 +67,14 @@ def prompt_records(
     columns: Columns | None = None,
 ) -> list[dict[str, str]]:
     """Prompt records of a built-in task (``count`` of them, seeded) or of a data file or
-    saved dataset (all, mapped by ``columns``): training and evaluation sets alike."""
+    saved dataset (all, mapped by ``columns``): training and evaluation sets alike. The
+    system prompt of ``columns`` is given to a task's records as to a file's."""
+    columns = columns or Columns()
     if data is not None:
-        return load_records(data, columns or Columns())
+        return load_records(data, columns)
     if task not in BUILTIN_TASKS:
         raise ValueError(f"unknown task {task!r}; built-in tasks: {sorted(BUILTIN_TASKS)}")
-    return BUILTIN_TASKS[task].make_records(count, seed)
+    return [with_system(r, columns.system) for r in BUILTIN_TASKS[task].make_records(count, seed)]
 
 
 def default_reward(task: str | None) -> str:

@@ -3,17 +3,20 @@ weights are loaded.
 
 The floor: the trainer's fp32 weights, gradients and AdamW's two moments (16 bytes per
 parameter, 12 with bfloat16 moments), a KL reference model (4 bytes per parameter), the
-engine's own copy when it computes in a lower precision, and the engine's KV pool when it is
+engine's own copy when it computes in a lower precision or the trainer's weights are sharded,
+and the engine's KV pool when it is
 kept during the training phase. A LoRA job instead holds its frozen base once, in the engine's
 dtype (the engine serves it; its KL reference is a module tree over the same base tensors, no
 copy), plus 16 (12) bytes per adapter parameter, counted as fp32.
-Over N devices (ranks), each device's share: with full weights FSDP2 shards the trainer's weights,
-gradients and moments into N parts, and all-gathers one decoder layer at a time in its compute dtype
-(bf16 on CUDA); forward and backward prefetch may hold a second one, counted on top like the
-activations. Each rank's engine keeps its own full copy and KV pool, and each rank its own whole
-fp32 KL reference (`trainer.policy.kl_reference`: never sharded). A LoRA job replicates its frozen
-base and its adapter on every rank, and `sharding = "replicate"` all of a full-weight job: nothing
-of them shrinks with N.
+Over N devices (ranks), each device's share: with full weights FSDP2 shards the trainer's
+weights, gradients and moments (and the frozen KL reference) into N parts, and all-gathers one
+decoder layer at a time in its compute dtype (bf16 on CUDA), with the root (embedding, final
+norm, LM head) gathered through the step (the KL reference's too); forward and backward
+prefetch may hold a second layer, counted on top like the activations. Each rank loads only
+its shards (`core_engine.rl.ranks.state`): no whole fp32 copy ever exists on a rank. Each
+rank's engine keeps its own full copy (in its dtype, fp32 too) and KV pool. A LoRA job
+replicates its frozen base and its adapter on every rank, and `sharding = "replicate"` all of a
+full-weight job: nothing of them shrinks with N.
 A reward model of the job's reward list (`core_engine.rl.rewards.reward_model`) is held on
 every device that scores, in the dtype it scores in: once per process that scores (two when a
 child process generates).
@@ -60,7 +63,7 @@ class Footprint:
     adapter_parameters: int = 0  # LoRA: the trained parameters
     base_bytes: int = 0  # LoRA: the frozen base, shared by the trainer and the engine
     devices: int = 1  # ranks of the job; every byte count here is one device's
-    gathered_bytes: int = 0  # FSDP2: one decoder layer's parameters all-gathered in flight
+    gathered_bytes: int = 0  # FSDP2: one decoder layer's and the root's parameters gathered
     reward_model_bytes: int = 0  # the job's reward models, as they score
 
     @property
@@ -85,9 +88,9 @@ class Footprint:
                 "parameters) + gradients + AdamW",
             ]
         if self.reference_bytes:
-            parts.append(f"{self.reference_bytes / GIB:.2f} GiB KL reference")
+            parts.append(f"{self.reference_bytes / GIB:.2f} GiB KL reference{shard}")
         if self.gathered_bytes:
-            parts.append(f"{self.gathered_bytes / GIB:.2f} GiB one layer gathered")
+            parts.append(f"{self.gathered_bytes / GIB:.2f} GiB one layer and the roots gathered")
         if self.engine_copy_bytes:
             parts.append(f"{self.engine_copy_bytes / GIB:.2f} GiB engine copy")
         if self.kv_bytes:
@@ -127,6 +130,11 @@ def layer_parameters(model: CausalLM) -> int:
     return numel(model.model.layers[0])
 
 
+def root_parameters(model: CausalLM) -> int:
+    """Parameters outside the decoder layers (embedding, final norm, LM head: FSDP2's root)."""
+    return numel(model) - sum(numel(layer) for layer in model.model.layers)
+
+
 def fsdp_compute_dtype(device: torch.device) -> torch.dtype:
     """The dtype FSDP2 gathers a layer in: bf16 mixed precision on CUDA, fp32 elsewhere (the
     engine's "auto")."""
@@ -154,7 +162,9 @@ def training_footprint(
     model = meta_model(hf_config)
     parameters = numel(model)
     engine_dtype = resolve_dtype(config.engine_dtype, device)
-    engine_copy = 0 if engine_dtype == torch.float32 else parameters * engine_dtype.itemsize
+    sharded = devices > 1 and config.shards_weights
+    shares_policy = engine_dtype == torch.float32 and not sharded  # serves the trainer's own
+    engine_copy = 0 if shares_policy else parameters * engine_dtype.itemsize
     kv = 0
     keeps_kv = not config.release_kv_during_training or config.pipeline != "sync"
     if keeps_kv and device.type == "cpu":  # CUDA: sized from free; pipelined: it generates
@@ -174,15 +184,15 @@ def training_footprint(
             devices=devices,
             reward_model_bytes=reward_model_bytes(config, device),
         )
-    sharded = devices > 1 and config.shards_weights
     shard = shard_parameters(model, devices if sharded else 1)
     gathered = 0
-    if sharded:
-        gathered = layer_parameters(model) * fsdp_compute_dtype(device).itemsize
+    if sharded:  # a root stays gathered through the step, the KL reference's too (`ranks.step`)
+        in_flight = layer_parameters(model) + root_parameters(model) * (2 if config.kl_coef else 1)
+        gathered = in_flight * fsdp_compute_dtype(device).itemsize
     return Footprint(
         parameters=parameters,
         trainer_bytes=per_trained * shard,
-        reference_bytes=4 * parameters if config.kl_coef else 0,  # whole on every rank
+        reference_bytes=4 * shard if config.kl_coef else 0,  # sharded as the policy
         engine_copy_bytes=engine_copy,
         kv_bytes=kv,
         devices=devices,

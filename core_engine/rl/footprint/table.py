@@ -140,9 +140,9 @@ def markdown_table(rows: list[TableRow]) -> str:
 
 def devices_table(rows: list[DevicesRow]) -> str:
     """Per-device GiB; a full cell splits into the sharded trainer state, the engine's own bf16
-    copy and the layer FSDP2 gathers."""
+    copy and what FSDP2 gathers (a layer and the root)."""
     heads = " | ".join(
-        f"{name} full (sharded + engine copy + layer) | {name} LoRA" for name in SHARDED_SHAPES
+        f"{name} full (sharded + engine copy + gathered) | {name} LoRA" for name in SHARDED_SHAPES
     )
     lines = [f"| devices | {heads} |", "|---" * (1 + 2 * len(SHARDED_SHAPES)) + "|"]
     for row in rows:

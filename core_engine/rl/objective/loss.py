@@ -36,6 +36,7 @@ combines what it hands over, in this order, whatever the objective:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -65,19 +66,54 @@ class Importance:
 
 
 @dataclass(frozen=True)
+class TokenRecord:
+    """What the loss did to each token, [N, T] without gradient: the ratio it used, the
+    behaviour weight it applied (1 where uncorrected, 0 where the token dropped out), whether
+    the token was corrected, clipped (any of the policy loss's flags, on a trained token) and
+    trained (the mask, times the 80/20 mask with `top_entropy_quantile` < 1)."""
+
+    ratio: torch.Tensor
+    weight: torch.Tensor
+    corrected: torch.Tensor
+    clipped: torch.Tensor
+    trained: torch.Tensor
+
+    def samples(self, lengths: Sequence[int]) -> list[SampleLossRecord]:
+        """One record per row, trimmed to its response's `lengths`."""
+        columns = (self.ratio, self.weight, self.trained, self.corrected, self.clipped)
+        rows = zip(*(column.tolist() for column in columns), strict=True)
+        return [
+            SampleLossRecord(*(values[:length] for values in row))
+            for row, length in zip(rows, lengths, strict=True)
+        ]
+
+
+@dataclass(frozen=True)
+class SampleLossRecord:
+    """One sample's `TokenRecord`, one entry per response token."""
+
+    ratios: list[float]
+    weights: list[float]
+    trained: list[bool]
+    corrected: list[bool]
+    clipped: list[bool]
+
+
+@dataclass(frozen=True)
 class LossOutput:
     """The loss and its statistics. With `StepTotals` shared by the micro-batches of a step,
     `loss`, `kl` and the fractions add up over micro-batches to the whole step's values (the
     fractions and `kl` are token means over the step's trained tokens); `importance` holds
     sums over corrected tokens (`importance_sums`' keys); `fractions` the policy loss's
     named token shares (TRL's `clip_ratio/low_mean`, ...; shares of tokens at every ratio
-    level, where TRL's are of sequences at "sequence")."""
+    level, where TRL's are of sequences at "sequence"); `tokens` what it did per token."""
 
     loss: torch.Tensor
     kl: float
     clip_fraction: float  # tokens where the clip is active (TRL's clip_ratio/region_mean)
     ratio_outside_fraction: float  # tokens whose ratio left [1 - low, 1 + high], clipped or not
     ratio_max: float
+    tokens: TokenRecord
     importance: dict[str, float] = field(default_factory=dict)
     fractions: dict[str, float] = field(default_factory=dict)
 
@@ -183,8 +219,10 @@ def policy_loss(
     ratio = torch.exp(log_ratio)
     adv = advantages[:, None]
     per_token, flags = POLICY_LOSSES[objective.policy_loss](ratio, logp, adv, clip_eps, objective)
+    applied = torch.ones_like(weight)
     if fix.weights is not None:
-        per_token = per_token * torch.where(fix.corrected, fix.weights, torch.ones_like(weight))
+        applied = torch.where(fix.corrected, fix.weights, applied)
+        per_token = per_token * applied
     if objective.top_entropy:
         per_token = per_token * acting
     aggregate = AGGREGATIONS[objective.loss_type]
@@ -202,12 +240,18 @@ def policy_loss(
     ratio = ratio.detach()
     high = objective.clip_high(clip_eps)
     outside = ((ratio - 1) > high) | ((1 - ratio) > clip_eps)
+    trained = acting.bool()
+    flagged = torch.zeros_like(mask)
+    for flag in flags.values():
+        flagged = flagged | flag
+    record = TokenRecord(ratio, applied, fix.corrected, flagged & trained, trained)
     return LossOutput(
         loss=loss,
         kl=float(kl.detach()),
         clip_fraction=float((clip_active(ratio, adv, clip_eps, high) & mask).sum()) / tokens,
         ratio_outside_fraction=float((outside & mask).sum()) / tokens,
         ratio_max=float(ratio[mask].max()) if mask.any() else 1.0,
+        tokens=record,
         importance=fix.sums,
         fractions={name: float((flag & mask).sum()) / tokens for name, flag in flags.items()},
     )

@@ -21,7 +21,12 @@ from torch.nn.utils.rnn import pad_sequence
 from core_engine.model import CausalLM
 from core_engine.rl.objective.aggregation import StepTotals
 from core_engine.rl.objective.logprobs import packed_response_scores
-from core_engine.rl.objective.loss import Importance, entropy_threshold, policy_loss
+from core_engine.rl.objective.loss import (
+    Importance,
+    SampleLossRecord,
+    entropy_threshold,
+    policy_loss,
+)
 from core_engine.rl.objective.settings import Objective
 
 
@@ -75,6 +80,8 @@ class UpdateResult:
     trained_tokens: int = 0
     # the policy loss's named token shares over the step (`LossOutput.fractions`)
     fractions: dict[str, float] = field(default_factory=dict)
+    # what the loss did to each sample's tokens, in the order of `logprobs`
+    token_records: list[SampleLossRecord] = field(default_factory=list)
 
     def importance_metrics(self) -> dict[str, float]:
         """On-policy corrected tokens' mean weight and over-cap share (`tis_*`); lagged
@@ -119,6 +126,7 @@ def combine_updates(parts: Sequence[UpdateResult]) -> UpdateResult:
         entropy=entropy / trained if trained else None,
         trained_tokens=trained,
         fractions=fractions,
+        token_records=[record for part in parts for record in part.token_records],
     )
 
 
@@ -196,6 +204,7 @@ def accumulate_gradients(
     importance: dict[str, float] = {}
     fractions: dict[str, float] = {}
     logprobs: list[list[float]] = [[] for _ in samples]
+    records: list[SampleLossRecord | None] = [None] * len(samples)
     entropy_sum, trained = 0.0, 0
     for indices in micro_batches:
         part = [samples[i] for i in indices]
@@ -245,6 +254,9 @@ def accumulate_gradients(
         ratio_max = max(ratio_max, out.ratio_max)
         merge_importance(importance, out.importance)
         add_fractions(fractions, out.fractions)
+        lengths = [len(s.response) for s in part]
+        for i, record in zip(indices, out.tokens.samples(lengths), strict=True):
+            records[i] = record
     return UpdateResult(
         **sums,
         ratio_max=ratio_max,
@@ -254,6 +266,7 @@ def accumulate_gradients(
         entropy=entropy_sum / trained if trained else None,
         trained_tokens=trained,
         fractions=fractions,
+        token_records=[record for record in records if record is not None],
     )
 
 

@@ -5,8 +5,16 @@ torchrun (or the worker, for one node) starts one process per device and sets ``
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``; multi-node jobs rendezvous
 the same way through ``torchrun --nnodes``. The backend follows the device: ``nccl`` on CUDA
 (one device per rank, ``cuda:LOCAL_RANK``), ``gloo`` on CPU. A rank that dies or stops
-answering makes the others' next collective raise within the timeout (``RLWB_RANK_TIMEOUT``,
-`rank_timeout`) instead of hanging (DESIGN.md, invariant 8).
+answering makes the others' next collective raise within the timeout instead of hanging
+(DESIGN.md, invariant 8): the job's ``collective_timeout_s``, else the worker's
+``RLWB_RANK_TIMEOUT``, else 600 s (`collective_timeout`, `rank_timeout`).
+
+NCCL's error handling is set explicitly (`NCCL_ENVIRONMENT`, unless the operator set it):
+``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` makes a rank whose collective fails or outlives the
+timeout abort its communicator and end its own process, so a rank never hangs on a dead peer;
+the ranks are child processes of the worker (`launch.supervised_ranks`), which sees the exit
+and fails the job naming the rank, and keeps running. ``TORCH_NCCL_BLOCKING_WAIT=0`` leaves the
+watchdog thread, not the training thread, to detect the timeout.
 
 Rank 0 serves the group's store (c10d's ``TCPStore``, which has no authentication) on
 ``MASTER_ADDR`` only, never on every interface: a one-machine job's is ``127.0.0.1``. A
@@ -22,13 +30,18 @@ import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 
-# The longest a rank waits in one collective: above the slowest rank's step, also the share
-# one rank computes while the others wait at the gradient reduction.
+from core_engine.rl.config import GRPOConfig
+
+# The longest a rank waits in one collective by default: above the slowest rank's step, also
+# the share one rank computes while the others wait at the gradient reduction.
 DEFAULT_TIMEOUT = timedelta(minutes=10)
+NCCL_ENVIRONMENT = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_BLOCKING_WAIT": "0"}
+T = TypeVar("T")
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -70,6 +83,13 @@ def rank_from_environment(environ: Mapping[str, str], device_type: str) -> RankI
     return RankInfo(rank, world, local, device)
 
 
+def collective_timeout(config: GRPOConfig) -> timedelta:
+    """The job's collective timeout: its ``collective_timeout_s``, else `rank_timeout`."""
+    if config.collective_timeout_s is not None:
+        return timedelta(seconds=config.collective_timeout_s)
+    return rank_timeout()
+
+
 def init_ranks(
     device_type: str,
     timeout: timedelta | None = None,
@@ -84,6 +104,8 @@ def init_ranks(
     serve = info.rank == 0 and environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
     store = group_store(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), info, serve, timeout)
     if device_type == "cuda":
+        for name, value in NCCL_ENVIRONMENT.items():
+            os.environ.setdefault(name, value)
         torch.cuda.set_device(info.device)
     dist.init_process_group(
         "nccl" if device_type == "cuda" else "gloo",
@@ -139,6 +161,11 @@ def rank_group(
 
 def rank0_decides(flag: bool) -> bool:
     """Rank 0's `flag` on every rank (a stop every rank takes at the same step)."""
-    decided = [flag]
-    dist.broadcast_object_list(decided, src=0)
-    return bool(decided[0])
+    return bool(from_rank0(flag))
+
+
+def from_rank0(value: T) -> T:
+    """Rank 0's `value` on every rank (e.g. the directory it stages a checkpoint in)."""
+    sent = [value]
+    dist.broadcast_object_list(sent, src=0)
+    return sent[0]

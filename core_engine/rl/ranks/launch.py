@@ -1,12 +1,17 @@
-"""A job on N devices of one machine: the caller is rank 0, ranks 1..N-1 are child processes.
+"""A job on N devices of one machine, its ranks started here.
 
-`job_ranks(config, records)` starts the children (spawned: each loads its own torch and
-model), waits until each is about to join, joins the process group itself and yields rank 0's
-`RankInfo`; the caller runs its `GRPOTrainer` with it (and its hooks: rank 0 alone records,
-checkpoints and reads the cancel, which every rank obeys at the same step). The children run
-the same trainer without hooks. A child that fails or dies fails the job with its rank named; a
-rank 0 that dies takes its children with it (each watches its parent). Several machines: run
-one process per device with ``torchrun`` (the same environment variables) instead.
+`supervised_ranks(config, records, lead, args)`: every rank a child process of the caller (the
+worker), which supervises them: rank 0 runs `lead(info, send, *args)` (the job's recording
+side: checkpoints, database, the cancel every rank obeys at the same step), the others the same
+trainer without hooks. The caller receives what rank 0 sends (progress) and returns what `lead`
+returned. A rank that fails, dies or hangs ends the job with its rank named, never the caller:
+a collective that waits longer than the job's collective timeout raises on the ranks waiting
+in it, and on CUDA NCCL's watchdog tears a rank down (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``,
+`group.init_ranks`), a child's exit the supervisor reports.
+
+`job_ranks(config, records)` (the command line): the caller is rank 0, ranks 1..N-1 children.
+Each child watches its parent and ends with it. Several machines: run one process per device
+with ``torchrun`` (the same environment variables) instead.
 """
 
 from __future__ import annotations
@@ -20,17 +25,21 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
 from core_engine.rl.config import GRPOConfig, torch_device_type
-from core_engine.rl.ranks.group import RankInfo, rank_group, rank_timeout
+from core_engine.rl.ranks.group import RankInfo, collective_timeout, rank_group
 
 READY_POLL_S = 0.2
 PARENT_POLL_S = 0.5
 DEATH_NOTICE_S = 2.0  # how long a failed collective waits to learn which rank died
 EXIT_GRACE_S = 30.0  # how long a finished rank 0 waits for the others to exit
+
+
+# What a supervised job's rank 0 sends its supervisor: a progress ping, its result, its error.
+PROGRESS, RESULT, ERROR = "progress", "result", "error"
 
 
 class RankFailedError(RuntimeError):
@@ -60,8 +69,12 @@ def run_rank(
     environ: dict[str, str],
     ready: Any,
     timeout: timedelta,
+    lead: Callable[..., Any] | None = None,
+    args: tuple = (),
+    messages: Any = None,
 ) -> None:
-    """A child rank: join the group, train without hooks, leave; exit 0, or 1 on an error."""
+    """A child rank: join the group, train (rank 0 of a supervised job: `lead`, whose result
+    it sends last), leave; exit 0, or 1 on an error (sent too)."""
     parent = os.getppid()
 
     def watch_parent() -> None:
@@ -76,16 +89,23 @@ def run_rank(
         ready.set()
         device_type = torch_device_type(config.device)
         with rank_group(device_type, timeout, environ) as info:
-            GRPOTrainer(config, records, ranks=info).train()
-    except BaseException:
+            if lead is None:
+                GRPOTrainer(config, records, ranks=info).train()
+            else:
+                messages.send(
+                    (RESULT, lead(info, lambda ping: messages.send((PROGRESS, ping)), *args))
+                )
+    except BaseException as exc:
         print(f"rank {environ['RANK']}: {traceback.format_exc()}", file=sys.stderr, flush=True)
+        if messages is not None:
+            messages.send((ERROR, f"{type(exc).__name__}: {exc}"))
         os._exit(1)
     sys.stdout.flush()
     os._exit(0)  # no interpreter teardown: torch's native threads may abort it (SIGABRT)
 
 
 class RankProcesses:
-    """Ranks 1..N-1 as child processes."""
+    """Ranks 1..N-1 as child processes, or all N when rank 0 runs a `lead` (a supervised job)."""
 
     def __init__(
         self,
@@ -93,17 +113,31 @@ class RankProcesses:
         records: Sequence[dict[str, str]],
         port: int,
         timeout: timedelta,
+        lead: Callable[..., Any] | None = None,
+        args: tuple = (),
     ) -> None:
         context = multiprocessing.get_context("spawn")
-        self.ready = [context.Event() for _ in range(config.devices - 1)]
+        self.ranks = list(range(0 if lead else 1, config.devices))
+        self.ready = [context.Event() for _ in self.ranks]
+        # rank 0's messages: a pipe, each message one synchronous write (a queue's feeder thread
+        # would lose the last one to the child's `os._exit`)
+        self.messages, sender = context.Pipe(duplex=False) if lead else (None, None)
+        self.stopping = context.Event()  # set by the supervisor: rank 0 stops at the next step
         self.processes = [
             context.Process(
                 target=run_rank,
-                args=(config, list(records), rank_environment(r, config.devices, port), e, timeout),
-                name=f"rank-{r}",
+                args=(
+                    config,
+                    list(records),
+                    rank_environment(rank, config.devices, port),
+                    ready,
+                    timeout,
+                    *((lead, (self.stopping, *args), sender) if rank == 0 else ()),
+                ),
+                name=f"rank-{rank}",
                 daemon=True,
             )
-            for r, e in zip(range(1, config.devices), self.ready, strict=True)
+            for rank, ready in zip(self.ranks, self.ready, strict=True)
         ]
 
     def start(self) -> None:
@@ -114,14 +148,23 @@ class RankProcesses:
             self.raise_if_failed()
             time.sleep(READY_POLL_S)
 
-    def failed(self) -> str | None:
-        """The first child that ended with an error, as "rank r ... (exit code c)"."""
-        for rank, process in enumerate(self.processes, start=1):
-            code = process.exitcode
-            if code is not None and code != 0:
-                how = f"was killed (signal {-code})" if code < 0 else f"failed (exit code {code})"
-                return f"rank {rank} {how}"
-        return None
+    def failed(self, error: str | None = None) -> str | None:
+        """The child that ended with an error, as "rank r ... (exit code c)": one killed by a
+        signal first (the others' collectives failed after it), with rank 0's `error`, and the
+        ranks still running when it failed (a rank that stopped answering is one of them)."""
+        codes = {rank: p.exitcode for rank, p in zip(self.ranks, self.processes, strict=True)}
+        ended = {rank: code for rank, code in codes.items() if code not in (None, 0)}
+        if not ended:
+            return None
+        rank = min(ended, key=lambda r: (ended[r] > 0, r))  # a signal first
+        code = ended[rank]
+        how = f"was killed (signal {-code})" if code < 0 else f"failed (exit code {code})"
+        problem = f"rank {rank} {how}"
+        if rank == 0 and error:
+            problem += f": {error}"
+        if running := [r for r, c in codes.items() if c is None]:
+            problem += f"; still running: {', '.join(f'rank {r}' for r in running)}"
+        return problem
 
     def raise_if_failed(self) -> None:
         if (problem := self.failed()) is not None:
@@ -135,6 +178,37 @@ class RankProcesses:
             if process.sentinel in ended:  # exiting: its exit code follows its closed pipes
                 process.join(seconds)
 
+    def supervise(self, on_progress: Callable[[Any], None], stop: Callable[[], bool]) -> Any:
+        """Rank 0's result, passing on its progress and `stop` (asked between messages);
+        `RankFailedError` naming the rank as soon as one fails (after `DEATH_NOTICE_S`, for
+        the others' exits to follow theirs), or when rank 0 ends without a result."""
+        error = None
+        while True:
+            if stop():
+                self.stopping.set()
+            for kind, value in self.received(READY_POLL_S):
+                if kind == RESULT:
+                    return value
+                if kind == PROGRESS:
+                    on_progress(value)
+                else:
+                    error = value
+            if any(p.exitcode not in (None, 0) for p in self.processes):
+                time.sleep(DEATH_NOTICE_S)
+                errors = [value for kind, value in self.received(0.0) if kind == ERROR]
+                raise RankFailedError(self.failed(errors[-1] if errors else error))
+            if self.processes[0].exitcode == 0:
+                raise RankFailedError("rank 0 ended without a result")
+
+    def received(self, seconds: float) -> Iterator[tuple[str, Any]]:
+        """Rank 0's messages that arrive within `seconds`, then any already sent (none once
+        its end of the pipe is closed)."""
+        try:
+            while self.messages.poll(seconds):
+                yield self.messages.recv()
+        except (EOFError, OSError):  # rank 0 ended
+            return
+
     def finish(self, ok: bool) -> None:
         """Wait for the children to end (`ok`: rank 0 finished), else end them now."""
         deadline = time.monotonic() + (EXIT_GRACE_S if ok else 0.0)
@@ -145,14 +219,39 @@ class RankProcesses:
                 process.join()
 
 
+def supervised_ranks(
+    config: GRPOConfig,
+    records: Sequence[dict[str, str]],
+    lead: Callable[..., Any],
+    args: tuple,
+    on_progress: Callable[[Any], None],
+    stop: Callable[[], bool],
+) -> Any:
+    """All `config.devices` ranks of a job as children (module docstring); returns what rank 0's
+    `lead(info, send, stopping, *args)` returned: `send` passes a progress ping to
+    `on_progress` here, `stopping` is set once `stop()` said so. `RankFailedError` names a
+    rank that failed, died or stopped answering; every child is ended before this returns."""
+    ranks = RankProcesses(config, records, free_port(), collective_timeout(config), lead, args)
+    ok = False
+    try:
+        ranks.start()
+        result = ranks.supervise(on_progress, stop)
+        ok = True
+    finally:
+        ranks.finish(ok)
+    ranks.raise_if_failed()
+    return result
+
+
 @contextlib.contextmanager
 def job_ranks(
     config: GRPOConfig, records: Sequence[dict[str, str]], timeout: timedelta | None = None
 ) -> Iterator[RankInfo]:
     """Rank 0 of a `config.devices`-rank job in this process, the others in children, for the
     duration (the group's store on 127.0.0.1: `rank_environment`); an error in a collective is
-    reported as the failed rank's when one failed. `timeout`: `rank_timeout` by default."""
-    timeout = timeout or rank_timeout()
+    reported as the failed rank's when one failed. `timeout`: the job's by default
+    (`group.collective_timeout`)."""
+    timeout = timeout or collective_timeout(config)
     port = free_port()
     children = RankProcesses(config, records, port, timeout)
     ok = False

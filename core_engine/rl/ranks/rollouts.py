@@ -67,6 +67,11 @@ def join_rollouts(shares: Sequence[RolloutResult]) -> RolloutResult:
         parts = [getattr(share, name) for share in shares]
         if name == "reward_components":
             values[name] = {key: [s for part in parts for s in part[key]] for key in parts[0]}
+        elif name == "filtered_groups":  # a share's group indices, counted in the batch
+            values[name], first = {}, 0
+            for share in shares:
+                values[name].update({first + g: why for g, why in share.filtered_groups.items()})
+                first += share.num_samples // share.group_size
         else:
             values[name] = [item for part in parts for item in part]
     values["ranks"] = [r for r, share in enumerate(shares) for _ in range(share.num_samples)]

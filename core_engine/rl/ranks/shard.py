@@ -38,15 +38,15 @@ def distribute_policy(model: CausalLM, shard: bool) -> CausalLM:
     """`model` (already loaded on this rank's device, with its adapter if any) laid out over
     the process group's ranks: every weight sharded, or the trainable ones replicated."""
     if shard:
-        return shard_full_weights(model)
+        return shard_full_weights(model, model.lm_head.weight.device)
     replicate_trainable(model)
     return model
 
 
-def shard_full_weights(model: CausalLM) -> CausalLM:
+def shard_full_weights(model: CausalLM, device: torch.device) -> CausalLM:
     """FSDP2 over every rank of the group, in place: per decoder layer, then the root;
-    gradients summed across ranks, not averaged."""
-    device = model.lm_head.weight.device
+    gradients summed across ranks, not averaged. `model` may be on the meta device (its
+    shards are then allocated on `device` by `to_empty`)."""
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     precision = MixedPrecisionPolicy()
     if device.type == "cuda":

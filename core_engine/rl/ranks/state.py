@@ -1,77 +1,112 @@
-"""A sharded trainer's checkpoint state, through `torch.distributed.checkpoint.state_dict`.
+"""A sharded trainer's state, read and written by `torch.distributed.checkpoint` (DCP) in
+safetensors, each rank its own shard: never a whole copy of the weights or of the optimizer
+state on one rank.
 
-A job's checkpoints keep one format whatever its number of ranks (`trainer.checkpoint`: the
-model as a Hugging Face directory, the optimizer state keyed by parameter index), so any
-version can be served, exported, audited, and resumed on any number of ranks. With FSDP2 the
-full state is gathered to rank 0 (on its CPU) to be written (`full_state`), and on resume each
-rank keeps its shard of the full state it reads (`load_optimizer_shards`): a resume on another
-number of ranks reshards. With LoRA nothing is sharded: every rank holds the same adapter and
-optimizer state, and rank 0 writes them as a one-process run does.
+Loading (`load_sharded_model`): the policy (and the KL reference) is built on the meta device,
+sharded by FSDP2, and only then given storage: each rank's 1/N. DCP's Hugging Face reader then
+copies into it exactly the rows this rank holds (safetensors slices of the checkpoint's files),
+from the model directory at start or from a version's directory on resume.
+
+Saving (`save_sharded_state`, a collective): every rank writes its shard of the weights, and
+DCP's consolidation (on rank 0, one tensor at a time through the files, no gather) turns them
+into the version's ``model.safetensors``, which any number of ranks (or one process, or
+`transformers`) loads. The optimizer tensors stay sharded, one file per rank under
+``optimizer/`` (keyed as `trainer.checkpoint` keys them: parameter index, field); DCP reshards
+them on a resume on another number of ranks (`load_optimizer_shards`), also from a one-process
+checkpoint's single ``optimizer.safetensors``. Its scalars (the parameter groups) stay in
+``trainer_state.json``. Several machines: the output directory must be shared by all ranks.
 """
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
-)
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
+from transformers import AutoConfig
 
-from core_engine.weights import canonical_weights
+from core_engine.model import CausalLM, ModelConfig
+from core_engine.rl.ranks.group import from_rank0
+from core_engine.rl.ranks.shard import shard_full_weights
+from core_engine.rl.trainer.checkpoint import SHARDED_OPTIMIZER, split_optimizer_state
+from core_engine.weights import WEIGHTS_FILE, canonical_weights
 
-GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True)
+# DCP's Hugging Face writer: the weight shards it consolidates, its single file and index
+CONSOLIDATED_FROM = "sharded"
+CONSOLIDATED_FILE = "model-00001-of-00001.safetensors"
+CONSOLIDATED_INDEX = "model.safetensors.index.json"
 
 
-def full_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer
-) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The FSDP2 `model`'s full weights and `optimizer`'s full state (keyed by parameter index,
-    as `optimizer.state_dict()`), on rank 0's CPU; empty on the other ranks. A collective."""
-    weights = get_model_state_dict(model, options=GATHERED)
-    state = get_optimizer_state_dict(model, optimizer, options=GATHERED)
-    if not weights:
-        return {}, {}
-    saved = canonical_weights(model)  # a tied weight once
-    return {name: weights[name] for name in saved}, _by_index(state)
+def load_sharded_model(directory: str | Path, device: torch.device) -> CausalLM:
+    """The fp32 model of the Hugging Face `directory`, sharded by FSDP2 over the process
+    group's ranks, each rank allocating and reading only its shard. A collective."""
+    hf_config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    with torch.device("meta"):
+        model = CausalLM(ModelConfig.from_hf(hf_config))
+    shard_full_weights(model, device)
+    model.to_empty(device=device)
+    model.reset_rope()  # buffers are not in the checkpoint
+    dcp.load(canonical_weights(model), storage_reader=HuggingFaceStorageReader(str(directory)))
+    return model.eval()
+
+
+def save_sharded_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, staging: Path | None
+) -> None:
+    """Every rank's shard of `model`'s weights, consolidated into ``model.safetensors``, and of
+    `optimizer`'s tensors (`trainer.checkpoint`'s keys) under ``optimizer/``, in rank 0's
+    `staging` directory (None on the other ranks). A collective."""
+    directory = from_rank0(staging)
+    writer = HuggingFaceStorageWriter(
+        str(directory), save_distributed=True, enable_consolidation=True
+    )
+    dcp.save(canonical_weights(model), storage_writer=writer)  # returns once consolidated
+    if dist.get_rank() == 0:  # one file, named as `save_weights` names it
+        shutil.rmtree(directory / CONSOLIDATED_FROM)
+        (directory / CONSOLIDATED_INDEX).unlink()
+        (directory / CONSOLIDATED_FILE).rename(directory / WEIGHTS_FILE)
+    tensors, _ = split_optimizer_state(optimizer.state_dict())
+    writer = HuggingFaceStorageWriter(str(directory / SHARDED_OPTIMIZER), save_distributed=True)
+    dcp.save(tensors, storage_writer=writer)
 
 
 def load_optimizer_shards(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    optimizer: torch.optim.Optimizer, directory: Path, param_groups: list[dict[str, Any]]
 ) -> None:
-    """Each rank keeps its shard of the full optimizer `state` (keyed by parameter index, every
-    rank holding all of it), whatever number of ranks wrote it."""
-    name_of = {id(param): name for name, param in model.named_parameters()}
-    names = [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
-    keyed = _by_name(state, names)
-    set_optimizer_state_dict(
-        model, optimizer, keyed, options=StateDictOptions(full_state_dict=True)
-    )
+    """`optimizer`'s state from the checkpoint `directory`, each rank reading its shard of
+    every tensor (whatever number of ranks wrote it: its ``optimizer/`` shards, or one
+    process's ``optimizer.safetensors``); `param_groups`: the saved scalars."""
+    initialise_state(optimizer)
+    tensors = {}
+    for index, param in enumerate(p for g in optimizer.param_groups for p in g["params"]):
+        for field, value in optimizer.state[param].items():
+            tensors[f"{index}.{field}"] = value
+    sharded = directory / SHARDED_OPTIMIZER
+    source = sharded if sharded.is_dir() else directory
+    reader = HuggingFaceStorageReader(str(source))
+    dcp.load(tensors, storage_reader=reader, no_dist=not dist.is_initialized())
+    for group, saved in zip(optimizer.param_groups, param_groups, strict=True):
+        group.update({key: value for key, value in saved.items() if key != "params"})
 
 
-def _by_index(state: dict[str, Any]) -> dict[str, Any]:
-    """`get_optimizer_state_dict`'s parameter names -> their index in the optimizer's groups."""
-    index = {name: i for i, name in enumerate(_names(state["param_groups"]))}
-    return {
-        "state": {index[name]: values for name, values in state["state"].items()},
-        "param_groups": _renumbered(state["param_groups"], iter(range(len(index)))),
-    }
+def initialise_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give every parameter its (sharded) optimizer state, as its first step would: one step on
+    zero gradients at learning rate 0, which leaves the parameters exactly as they are."""
+    rates = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+        for param in group["params"]:
+            param.grad = torch.zeros_like(param)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    for group, rate in zip(optimizer.param_groups, rates, strict=True):
+        group["lr"] = rate
 
 
-def _by_name(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
-    """An index-keyed optimizer state -> keyed by `names` (the parameters' in index order)."""
-    return {
-        "state": {names[int(i)]: values for i, values in state["state"].items()},
-        "param_groups": _renumbered(state["param_groups"], iter(names)),
-    }
-
-
-def _names(groups: list[dict[str, Any]]) -> list[str]:
-    return [name for group in groups for name in group["params"]]
-
-
-def _renumbered(groups: list[dict[str, Any]], keys: Any) -> list[dict[str, Any]]:
-    return [{**group, "params": [next(keys) for _ in group["params"]]} for group in groups]
+def is_sharded_checkpoint(directory: Path) -> bool:
+    """Whether `directory`'s optimizer state was written in shards (by a sharded run)."""
+    return (directory / SHARDED_OPTIMIZER).is_dir()

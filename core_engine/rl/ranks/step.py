@@ -64,6 +64,8 @@ def distributed_backward(
     if sharded:
         for _ in range(rounds - mine):
             accumulate_gradients(model, [PADDING], settings, reference, totals)
+        if reference is not None and is_sharded(reference):  # its root: gathered until now
+            reference.reshard()
     else:
         reduce_replicated_gradients(model)
     everyone: list[UpdateResult | None] = [None] * dist.get_world_size()

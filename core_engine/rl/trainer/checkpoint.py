@@ -4,7 +4,8 @@
 `transformers`); a LoRA run's holds its PEFT adapter instead of model.safetensors
 (adapter_config.json naming the base + adapter_model.safetensors, `core_engine.adapters`;
 config.json is the base's). Then `trainer_state.json` (version, step, optimizer scalars, a LoRA
-run's base checksum), `optimizer.safetensors` (optimizer tensors) and, when the version was saved
+run's base checksum), `optimizer.safetensors` (optimizer tensors; a sharded run's are in
+`optimizer/`, one file per rank: `core_engine.rl.ranks.state`) and, when the version was saved
 between two updates of one rollout batch, `pending_rollout.json` (the rollout the next update
 reuses). Never pickle.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +42,9 @@ COPIED_FILES = (
 
 
 OPTIMIZER_FILE = "optimizer.safetensors"
+SHARDED_OPTIMIZER = "optimizer"  # a sharded run's: one file per rank (`ranks.state`)
 PENDING_ROLLOUT = "pending_rollout.json"
-TRAINING_STATE = ("trainer_state.json", OPTIMIZER_FILE, PENDING_ROLLOUT)  # not the policy's
+TRAINING_STATE = ("trainer_state.json", OPTIMIZER_FILE, SHARDED_OPTIMIZER, PENDING_ROLLOUT)
 
 
 def checkpoint_dir(root: str | Path, version: int) -> Path:
@@ -73,15 +76,17 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
     pending_rollout: dict[str, Any] | None = None,
     writer: Writer | None = None,
-    gathered: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None,
+    sharded: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write version `version` atomically (`core_engine.atomic_dir`, as ``writer``); `extra`
-    joins the JSON trainer state. `gathered`: the full weights and optimizer state of a
-    sharded `model` (`core_engine.rl.ranks.state.full_state`), written instead of its own."""
+    joins the JSON trainer state. `sharded`: a sharded `model`'s weights and optimizer tensors
+    written by every rank into the staging directory (`core_engine.rl.ranks.state`), instead of
+    by this process."""
     final = checkpoint_dir(root, version)
     with atomic_dir(final, writer) as tmp:
-        if gathered is not None:
-            save_weights(gathered[0], tmp)
+        tensors, scalars = split_optimizer_state(optimizer.state_dict())
+        if sharded is not None:
+            sharded(tmp)
         elif adapter_weights(model):
             save_adapter(model, tmp, Path(source_dir).resolve())
         else:
@@ -89,9 +94,8 @@ def save_checkpoint(
         for name in COPIED_FILES:
             if (Path(source_dir) / name).exists():
                 shutil.copy(Path(source_dir) / name, tmp / name)
-        optimizer_state = optimizer.state_dict() if gathered is None else gathered[1]
-        tensors, scalars = _split_optimizer_state(optimizer_state)
-        save_file(tensors, tmp / OPTIMIZER_FILE)
+        if sharded is None:
+            save_file(tensors, tmp / OPTIMIZER_FILE)
         state = {"version": version, "step": step, "optimizer": scalars, **(extra or {})}
         if pending_rollout is not None:
             (tmp / PENDING_ROLLOUT).write_text(json.dumps(pending_rollout))
@@ -114,6 +118,7 @@ def prune_checkpoints(
         if rank == 0:
             continue
         (path / OPTIMIZER_FILE).unlink(missing_ok=True)
+        shutil.rmtree(path / SHARDED_OPTIMIZER, ignore_errors=True)
         (path / PENDING_ROLLOUT).unlink(missing_ok=True)
         every = keep_every and version % keep_every <= span
         kept = rank < keep_last or every or not keep_last
@@ -152,7 +157,8 @@ def read_optimizer_state(path: str | Path) -> dict[str, Any]:
     return {"state": state, "param_groups": scalars["param_groups"]}
 
 
-def _split_optimizer_state(state_dict: dict) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def split_optimizer_state(state_dict: dict) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """`optimizer.state_dict()` as its tensors, keyed "index.field", and its JSON scalars."""
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, Any] = {"state": {}, "param_groups": state_dict["param_groups"]}
     for index, fields in state_dict["state"].items():

@@ -12,6 +12,7 @@ and resumed from its checkpoint continues exactly as if it had not stopped.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ from core_engine.rl.objective.update import (
     training_mode,
 )
 from core_engine.rl.ranks import RankInfo, is_sharded, rank0_decides, rank_share
-from core_engine.rl.ranks.state import full_state
+from core_engine.rl.ranks.state import save_sharded_state
 from core_engine.rl.ranks.step import clip_gradients, distributed_backward
 from core_engine.rl.rewards import RewardError
 from core_engine.rl.rollout import RolloutResult, check_policy_lag
@@ -174,6 +175,7 @@ class GRPOTrainer:
         self._consecutive_failures = self._consecutive_filtered = 0
         self.rejected_since_version = 0
         trained = dict(zip(rows, update.logprobs, strict=True))
+        records = dict(zip(rows, update.token_records, strict=True))
         record = StepRecord(
             step=self.step_index - 1,
             rollout=rollout,
@@ -182,6 +184,7 @@ class GRPOTrainer:
             rejected_groups=rejected,
             advantages=flat_advantages,
             trainer_logprobs=[trained.get(i) for i in range(rollout.num_samples)],
+            loss_records=[records.get(i) for i in range(rollout.num_samples)],
             metrics={**metrics, **timings},
         )
         self._emit(record)
@@ -292,8 +295,12 @@ class GRPOTrainer:
             "filtered": self._consecutive_filtered,
             "since_version": self.rejected_since_version,
         }
-        gathered = full_state(self.model, self.optimizer) if is_sharded(self.model) else None
+        sharded = None  # FSDP2: every rank writes its shards (`ranks.state`)
+        if is_sharded(self.model):
+            sharded = functools.partial(save_sharded_state, self.model, self.optimizer)
         if not self.writes_files:
+            if sharded is not None:
+                sharded(None)  # into rank 0's staging directory
             return checkpoint_dir(self.output_dir, self.version)
         return save_checkpoint(
             self.output_dir,
@@ -305,7 +312,7 @@ class GRPOTrainer:
             state,
             pending,
             self.hooks.checkpoint_writer,
-            gathered,
+            sharded,
         )
 
     @property

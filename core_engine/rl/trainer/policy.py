@@ -28,14 +28,14 @@ from core_engine.rl.objective.loss import Importance
 from core_engine.rl.objective.settings import Objective
 from core_engine.rl.objective.update import UpdateSettings
 from core_engine.rl.ranks import distribute_policy, is_sharded
-from core_engine.rl.ranks.state import load_optimizer_shards
+from core_engine.rl.ranks.state import (
+    is_sharded_checkpoint,
+    load_optimizer_shards,
+    load_sharded_model,
+)
 from core_engine.rl.rewards.mix import RewardMix
 from core_engine.rl.rollout import RolloutGenerator, RolloutRunner
-from core_engine.rl.trainer.checkpoint import (
-    load_optimizer_state,
-    read_optimizer_state,
-    read_trainer_state,
-)
+from core_engine.rl.trainer.checkpoint import load_optimizer_state, read_trainer_state
 from core_engine.rl.trainer.optimizer import build_optimizer
 from core_engine.rl.trainer.schedule import lr_schedule
 from core_engine.scheduler import EngineConfig, InferenceScheduler
@@ -64,16 +64,26 @@ def trained_policy(
 ) -> TrainedPolicy:
     """The policy and its optimizer, from `config.model` or the checkpoint `resume` (its
     optimizer state and learning-rate schedule's step too); `on_ranks`: laid out over the
-    job's ranks (`place_on_ranks`)."""
-    model, checksum = load_policy(config, resume, device)
-    reference = kl_reference(config, model, device)
-    whole = place_on_ranks(config, model, resume, device) if on_ranks else model
+    job's ranks (`ranks.shard`), with full weights sharded each rank loading its shard alone
+    (`ranks.state`)."""
+    if on_ranks and config.shards_weights:
+        model, checksum = load_sharded_model(resume or config.model, device), None
+        reference = None
+        if config.kl_coef:
+            reference = load_sharded_model(config.model, device).requires_grad_(False)
+        engine_dtype = resolve_dtype(config.engine_dtype, device)
+        whole = load_model(resume or config.model, engine_dtype, device).eval()  # the engine's
+    else:
+        model, checksum = load_policy(config, resume, device)
+        reference = kl_reference(config, model, device)
+        whole = distribute_policy(model, shard=False) if on_ranks else model
     trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter
     optimizer = build_optimizer(
         trainable, config.lr, config.weight_decay, config.optimizer_state_dtype
     )
-    if resume and is_sharded(model):  # each rank keeps its shard of the state
-        load_optimizer_shards(model, optimizer, read_optimizer_state(resume))
+    if resume and (is_sharded(model) or is_sharded_checkpoint(resume)):  # each its shard
+        groups = read_trainer_state(resume)["optimizer"]["param_groups"]
+        load_optimizer_shards(optimizer, resume, groups)
     elif resume:
         load_optimizer_state(optimizer, resume)
     lr_schedule(config, optimizer, read_trainer_state(resume)["step"] if resume else 0)
@@ -103,25 +113,11 @@ def load_policy(
     return model.eval(), checksum  # PEFT's new modules start in training mode
 
 
-def place_on_ranks(
-    config: GRPOConfig, model: CausalLM, resume: Path | None, device: torch.device
-) -> CausalLM:
-    """`model` laid out over the job's ranks (`ranks.distribute_policy`); returns the model
-    that holds all of the policy's weights in this process, for the engine: replicated (LoRA,
-    `sharding = "replicate"`) the policy itself, as in one process; else a copy in the
-    engine's dtype beside the trainer's FSDP2 shard."""
-    if not config.shards_weights:
-        return distribute_policy(model, shard=False)
-    whole = load_model(resume or config.model, resolve_dtype(config.engine_dtype, device), device)
-    distribute_policy(model, shard=True)
-    return whole.eval()
-
-
 def kl_reference(config: GRPOConfig, model: CausalLM, device: torch.device) -> CausalLM | None:
     """The KL anchor, the starting policy (also when resuming): with LoRA a module tree of its
     own over the policy's frozen base tensors (`base_view`: B starts at zero, so the base is
     the starting policy; the served modules are never switched); else a second fp32 copy of
-    `config.model`."""
+    `config.model` (on sharded ranks, sharded as the policy: `trained_policy`)."""
     if not config.kl_coef:
         return None
     if config.lora is not None:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from core_engine.atomic_dir import Writer
+from core_engine.rl.objective.loss import SampleLossRecord
 from core_engine.rl.rollout import RawRollout
 
 
@@ -43,6 +44,7 @@ class StepRecord:
     rejected_groups: dict[int, str] = field(default_factory=dict)
     advantages: list[float] | None = None
     trainer_logprobs: list[list[float] | None] | None = None  # per sample; None: not trained
+    loss_records: list[SampleLossRecord | None] | None = None  # per sample; None: not trained
     metrics: dict[str, float] = field(default_factory=dict)
 
     @property

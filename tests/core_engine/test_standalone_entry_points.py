@@ -1,0 +1,31 @@
+"""The engine's own entry points as the docs use them (docs/jobs.md, docs/engine.md): the
+shipped policies by name, and the trainer alone without ``output_dir``."""
+
+import json
+
+import core_engine.network.__main__ as server
+from core_engine.assets import CALCULATOR_POLICY, SHIPPED_POLICY
+from core_engine.rl import cli
+
+
+def test_the_trainer_alone_takes_demo_and_defaults_its_output_dir(tmp_path, capsys):
+    job_file = tmp_path / "job.json"
+    job = {"model": "demo", "task": "addition", "steps": 1, "batch_size": 2, "group_size": 2}
+    job_file.write_text(json.dumps({**job, "max_tokens": 4}))
+
+    assert cli.main(["train", str(job_file)]) == 0
+
+    output = tmp_path / "job-checkpoints"
+    assert f"checkpoints in {output}" in capsys.readouterr().out
+    assert any((path / "config.json").is_file() for path in output.iterdir())
+
+
+def test_the_server_serves_a_shipped_policy_by_name(monkeypatch):
+    loaded, served = [], []
+    monkeypatch.setattr(server, "load_engine", lambda model, *a, **k: loaded.append(model))
+    monkeypatch.setattr(server, "create_app", lambda engine, name, **k: name)
+    monkeypatch.setattr(server.uvicorn, "run", lambda app, **k: served.append(app))
+    server.main(["--model", "demo"])
+    server.main(["--model", "calculator-demo"])
+    assert loaded == [str(SHIPPED_POLICY), str(CALCULATOR_POLICY)]
+    assert served == ["demo", "calculator-demo"]  # the API's model id is the name given
