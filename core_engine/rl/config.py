@@ -322,8 +322,7 @@ class GRPOConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GRPOConfig:
         values = apply_preset(trl_names_as_ours(_renamed(values)))
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
+        unknown = sorted(set(values) - {f.name for f in fields(cls)})
         if unknown:
             raise ValueError(f"unknown config keys: {unknown}")
         return cls(**values)
