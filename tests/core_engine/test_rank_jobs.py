@@ -288,8 +288,11 @@ def test_a_rank_killed_mid_job_fails_it_naming_the_rank(llama, tmp_path):
 
 def test_a_cancel_stops_every_rank_at_the_same_step(llama, tmp_path):
     asked: list[multiprocessing.Process] = []  # rank 1's process, at each question
+    made: list[GRPOTrainer] = []  # asked while loading too (the prompts' render): not counted
 
     def cancel_after_one() -> bool:
+        if not made:
+            return False
         asked.append(_child())
         return len(asked) > 1
 
@@ -297,8 +300,8 @@ def test_a_cancel_stops_every_rank_at_the_same_step(llama, tmp_path):
     batches: list = []
     hooks = TrainerHooks(on_step=batches.append, should_stop=cancel_after_one)
     with job_ranks(config, _records(config), TIMEOUT) as info:
-        trainer = GRPOTrainer(config, _records(config), hooks, info)
-        assert trainer.train() is StopReason.STOPPED
+        made.append(GRPOTrainer(config, _records(config), hooks, info))
+        assert made[0].train() is StopReason.STOPPED
     assert len(batches) == 1  # stopped before the second batch
     assert asked[0].exitcode == 0  # rank 1 stopped there too, and ended on its own
 
