@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from core_engine.rl.parent_watch import exit_with_parent
 from core_engine.rl.registry import limit_address_space
 
 DEFAULT_TIMEOUT_S = 10.0  # per prompt
@@ -31,7 +32,6 @@ DEFAULT_MEMORY_BYTES = 1 << 30  # the child's own ~150 MiB (Python, jinja2), the
 MAX_RENDERED_CHARS = 1 << 21  # a prompt's text: ~500k tokens, past any context served
 START_TIMEOUT_S = 300.0  # the child's imports, on a machine that may be busy
 CANCEL_POLL_S = 0.2
-PARENT_POLL_S = 0.5
 READ_BYTES = 1 << 16
 MAX_ANSWER_BYTES = 6 * MAX_RENDERED_CHARS + 64  # a text at its cap, JSON-escaped (\uXXXX)
 MIB = 1 << 20
@@ -156,14 +156,7 @@ def _serve(memory_bytes: int) -> None:
     """The child: bounded, ``ready``, then one answer per conversation line on stdin; it
     ends itself if its parent dies (a template may never end)."""
     limit_address_space(memory_bytes)
-    parent = os.getppid()
-
-    def watch_parent() -> None:
-        while os.getppid() == parent:
-            time.sleep(PARENT_POLL_S)
-        os._exit(1)
-
-    threading.Thread(target=watch_parent, daemon=True).start()
+    exit_with_parent()
     from transformers.utils.chat_template_utils import (
         _normalize_chat_messages,
         render_jinja_template,

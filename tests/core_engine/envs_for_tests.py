@@ -13,6 +13,8 @@ import time
 HANG_S = 60  # 30x the tests' time limit: a step the sandbox must give up on
 SLEEP_S = 1.0  # a slow step well within the tests' time limit
 EAT_BYTES = 2 << 30  # 2 GiB: far over the child's memory limit in the tests
+# the registration of `Scripted`, as an operator writes it
+SCRIPTED = "scripted=tests.core_engine.envs_for_tests:Scripted"
 
 MALFORMED = {
     "not_a_dict": [],

@@ -14,23 +14,10 @@ import pytest
 
 from core_engine.rl.episodes.env_sandbox import EnvironmentSession
 
-from .test_environments import SCRIPTED, pids, turn
+from .envs_for_tests import SCRIPTED
+from .test_environments import pids, turn
 
 POLL_S, PATIENCE_S = 0.05, 30.0  # a bounded wait for a state, never a timing assertion
-
-
-@pytest.fixture
-def scripted(monkeypatch):
-    monkeypatch.setenv("RLWB_ENVIRONMENTS", SCRIPTED)
-    sessions = []
-
-    def start(**limits) -> EnvironmentSession:
-        sessions.append(EnvironmentSession("scripted", **limits))
-        return sessions[-1]
-
-    yield start
-    for session in sessions:
-        session.close()
 
 
 def running(pid: int) -> bool:

@@ -25,7 +25,6 @@ from core_engine.rl.episodes.environments import (
 )
 from tests.core_engine.envs_for_tests import EAT_BYTES
 
-SCRIPTED = "scripted=tests.core_engine.envs_for_tests:Scripted"
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs"
 
 
@@ -35,21 +34,6 @@ def turn(content: str = "", tool_calls: list | None = None) -> dict:
 
 def call(name: str, **arguments) -> dict:
     return {"name": name, "arguments": arguments}
-
-
-@pytest.fixture
-def scripted(monkeypatch):
-    """A session of the test environment (its reset message is the child's pid)."""
-    monkeypatch.setenv("RLWB_ENVIRONMENTS", SCRIPTED)
-    sessions = []
-
-    def start(**limits) -> EnvironmentSession:
-        sessions.append(EnvironmentSession("scripted", **limits))
-        return sessions[-1]
-
-    yield start
-    for session in sessions:
-        session.close()
 
 
 def pids(results) -> list[int]:

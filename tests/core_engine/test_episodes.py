@@ -23,20 +23,10 @@ from core_engine.toy import save_tiny_checkpoint
 from core_engine.weights import canonical_weights
 from workers.replay import replay_logprobs, segments
 
+from .episode_fakes import Reply
 from .test_policy_versions import perturbed
 
 TOLERANCE = 1e-4
-
-
-@dataclass(frozen=True)
-class Reply:
-    """`env_sandbox.EnvResult`'s shape."""
-
-    messages: list[dict]
-    reward: float | None = None
-    done: bool = False
-    error: str | None = None
-    code: str | None = None
 
 
 @dataclass

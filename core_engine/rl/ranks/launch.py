@@ -22,7 +22,6 @@ import multiprocessing.connection
 import os
 import socket
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -30,10 +29,10 @@ from datetime import timedelta
 from typing import Any
 
 from core_engine.rl.config import GRPOConfig, torch_device_type
+from core_engine.rl.parent_watch import exit_with_parent
 from core_engine.rl.ranks.group import RankInfo, collective_timeout, rank_group
 
 READY_POLL_S = 0.2
-PARENT_POLL_S = 0.5
 DEATH_NOTICE_S = 2.0  # how long a failed collective waits to learn which rank died
 EXIT_GRACE_S = 30.0  # how long a finished rank 0 waits for the others to exit
 
@@ -75,14 +74,7 @@ def run_rank(
 ) -> None:
     """A child rank: join the group, train (rank 0 of a supervised job: `lead`, whose result
     it sends last), leave; exit 0, or 1 on an error (sent too)."""
-    parent = os.getppid()
-
-    def watch_parent() -> None:
-        while os.getppid() == parent:
-            time.sleep(PARENT_POLL_S)
-        os._exit(1)
-
-    threading.Thread(target=watch_parent, daemon=True).start()
+    exit_with_parent()
     try:
         from core_engine.rl.trainer.grpo import GRPOTrainer
 
