@@ -8,7 +8,7 @@ import pandas as pd
 from db import SampleSummary
 from ui.render import fmt
 from ui.services import Services
-from workers.kept_weights import weights_kept
+from workers.api import weights_kept
 
 SNIPPET = 80
 SAMPLE_COLUMNS = [

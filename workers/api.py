@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from core_engine.lora_settings import (
-    ADAPTER_FILE,
     ALL_LINEAR,
     LINEAR_MODULES,
     SAVABLE_MODULES,
@@ -53,6 +52,7 @@ from workers.job_files import (
     model_parameters,
     model_roots,
 )
+from workers.kept_weights import adapter_bytes, weights_kept
 from workers.settings import GPU_QUEUE, TASK_FOR_KIND, UPLOADS_DIR, Settings, worker_device
 from workers.shipped import CALCULATOR_MODEL, DEMO_MODEL, MODEL_PRESETS
 from workers.specs import (
@@ -132,6 +132,7 @@ __all__ = [
     "token_diff",
     "tokenizer_problem",
     "validate_job",
+    "weights_kept",
     "worker_device",
 ]
 
@@ -174,15 +175,6 @@ COMMANDS = {
     "purge queued messages": f"{CELERY} purge -Q {GPU_QUEUE}",
     "revoke a queued task": f"{CELERY} control revoke TASK_ID",
 }
-
-
-def adapter_bytes(checkpoint: str | None) -> int | None:
-    """The size of a LoRA version's adapter (its ``adapter_model.safetensors``); None when
-    the checkpoint holds none (a full-weight version, or weights not kept)."""
-    try:
-        return (Path(checkpoint) / ADAPTER_FILE).stat().st_size if checkpoint else None
-    except OSError:
-        return None
 
 
 def check_reward(spec: RewardSpec) -> None:
