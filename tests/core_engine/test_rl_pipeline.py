@@ -358,7 +358,7 @@ def test_a_stop_while_one_step_waits_at_the_boundary_loses_no_batch(
     overrides = {"pipeline": "one_step", "lora": {"rank": 4}, **PIPELINED}
     straight, straight_prompts, _ = run(checkpoint, tmp_path / "a", 5, **overrides)
     stop = threading.Event()
-    producing, produce = sources.produce_rollout, sources.produce_rollout
+    produce = sources.produce_rollout
     boundary = PrefetchSource.before_update
     holder = {}
 
@@ -385,7 +385,7 @@ def test_a_stop_while_one_step_waits_at_the_boundary_loses_no_batch(
     assert first.train() is StopReason.STOPPED and first.version == 2
     pending = read_pending_rollout(latest_checkpoint(tmp_path / "b" / "run"))
     assert pending["rollout"]["prompts"] == list(straight_prompts[2])
-    monkeypatch.setattr(sources, "produce_rollout", producing)
+    monkeypatch.setattr(sources, "produce_rollout", produce)
     monkeypatch.setattr(PrefetchSource, "before_update", boundary)
     resumed, resumed_prompts, reason = run(checkpoint, tmp_path / "b", 5, **overrides)
     assert reason is StopReason.DONE and resumed.version == 5

@@ -125,10 +125,16 @@ def kv_mixture_metrics(
 ) -> dict[str, float]:
     """|trainer - engine| log-prob over the trained tokens the trainer's own version sampled
     over K/V an older version wrote (`behaviour_lags`): the gap an in-flight update's K/V
-    mixture leaves, measured where the weights are the same (`kv_mixture_gap_*`)."""
+    mixture leaves, measured where the weights are the same (`kv_mixture_gap_*`). Only a
+    sample whose tokens span versions can hold such a token: the others are skipped."""
+    spanning = [
+        (i, logprobs)
+        for i, logprobs in zip(rows, trainer_logprobs, strict=True)
+        if rollout.token_versions and len(rollout.token_versions[i]) > 1
+    ]
     gap = [
         abs(trained - behaviour)
-        for i, logprobs in zip(rows, trainer_logprobs, strict=True)
+        for i, logprobs in spanning
         for trained, behaviour, own, context, sampled in zip(
             logprobs,
             rollout.temp_logprobs[i],
