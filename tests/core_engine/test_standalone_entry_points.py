@@ -36,3 +36,17 @@ def test_the_server_serves_a_shipped_policy_by_name(monkeypatch):
     server.main(["--model", "calculator-demo"])
     assert loaded == [str(SHIPPED_POLICY), str(CALCULATOR_POLICY)]
     assert served == ["demo", "calculator-demo"]  # the API's model id is the name given
+
+
+def test_the_trainer_alone_says_what_is_wrong_with_a_job_file(tmp_path, capsys):
+    """A worker's key (system_prompt) or a wrong task is a line naming the file and the
+    fix, and exit status 2, not a traceback (issue 43)."""
+    job_file = tmp_path / "job.toml"
+    job_file.write_text('model = "demo"\ntask = "addition"\nsystem_prompt = "Be brief."\n')
+    assert cli.main(["train", str(job_file)]) == 2
+    said = capsys.readouterr().err
+    assert said.startswith(f"{job_file}: unknown config keys: ['system_prompt']")
+    assert "`rlwb train JOB_FILE`" in said
+    job_file.write_text('model = "demo"\ntask = "nope"\n')
+    assert cli.main(["train", str(job_file)]) == 2
+    assert "unknown task 'nope'" in capsys.readouterr().err
