@@ -79,6 +79,9 @@ def test_compare_says_why_it_cannot_compare(services, world, job, tmp_path):
     )
     message, launched = launch_compare(services, one.id, 0, None, "always7", 8, 1, 4)
     assert f"job #{one.id} has only version 0" in from_inert(message) and launched is None
+    message, launched = launch_compare(services, job.id, 0, 1, "always7", 8, 1, 4)
+    assert f"job #{job.id} version 1: weights not kept, and the held-out" in from_inert(message)
+    assert launched is None and world["queue"].submitted == []
     for finished in (one, pruned):
         repo.mark_succeeded(finished.id)
     for made in (one, pruned, empty):
@@ -221,7 +224,7 @@ def test_the_held_out_comparison_shows_its_pairs_when_it_finishes(services, worl
     repo.mark_running(train.id)
     for version in (0, 1):  # each version answered a prompt of its own: no pair
         parent = version - 1 if version else None
-        repo.record_policy_version(PolicyVersionRecord(train.id, version, parent))
+        repo.record_policy_version(PolicyVersionRecord(train.id, version, parent, str(model)))
         samples = [_sample(model, version, version, 0)]
         repo.record_batch(BatchRecord(train.id, version, version, "accepted", samples))
     repo.mark_succeeded(train.id)
