@@ -1,7 +1,7 @@
 """Serve a local checkpoint over the OpenAI API.
 
-python -m core_engine.network --model PATH|demo|calculator-demo [--host 127.0.0.1] [--port 8000]
-    [--api-key KEY] [--allow-unauthenticated-public]
+python -m core_engine.network --model PATH|demo|calculator-demo|r1-demo
+    [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--allow-unauthenticated-public]
     [--kv-strategy paged|contiguous] [--max-batch-size N] [--max-seq-len N]
     [--kv-cache-bytes N] [--gpu-memory-utilization F]
     [--served-model-name NAME] [--device cpu|cuda] [--dtype float32|bfloat16|float16]
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from core_engine.assets import shipped_checkpoint
+from core_engine.assets import SHIPPED_POLICIES, shipped_checkpoint
 from core_engine.engine import DTYPES, load_engine
 from core_engine.network.app import create_app
 from core_engine.network.limits import ServerLimits
@@ -36,7 +36,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--model",
         required=True,
-        help="local Hugging Face checkpoint directory, or a shipped policy: demo, calculator-demo",
+        help="local Hugging Face checkpoint directory, or a shipped policy: "
+        + ", ".join(SHIPPED_POLICIES),
     )
     parser.add_argument("--served-model-name", help="the API's model id (default: --model)")
     parser.add_argument("--host", default="127.0.0.1")
