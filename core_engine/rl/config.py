@@ -71,10 +71,10 @@ def torch_device_type(device: str) -> str:
 
 @dataclass(frozen=True)
 class GRPOConfig:
-    # a Hugging Face checkpoint directory (worker-run jobs also take a shipped policy's name,
-    # "demo" or "calculator-demo", or a Hub id)
+    # a Hugging Face checkpoint directory (job files also take a shipped policy's name, "demo",
+    # "calculator-demo" or "r1-demo"; worker-run jobs a Hub id too)
     model: str
-    output_dir: str  # checkpoints, one directory per version (worker-run jobs: optional)
+    output_dir: str  # checkpoints, one directory per version (job files: optional)
     task: str | None = None  # a built-in task name ...
     data: str | None = None  # ... or a data file of records (JSONL, JSON, CSV, Parquet, a dataset)
     # a reward spec or a list of {name, weight} tables (`core_engine.rl.rewards.mix`);

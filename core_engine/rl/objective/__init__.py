@@ -1,3 +1,4 @@
-"""The GRPO objective and its update: advantages and the clipped, importance-corrected policy
-loss as pure tensor functions (`loss`, `clip`), token log-probs by chunked log-softmax
-(`logprobs`), and one optimizer step over token-budgeted micro-batches (`update`)."""
+"""The GRPO objective and its update: named, registered parts (`advantages`, `aggregation`,
+`surrogates`; their names in `choices`) combined into the importance-corrected policy loss
+(`loss`, `clip`), token log-probs by chunked log-softmax (`logprobs`), and one optimizer step
+over token-budgeted micro-batches (`update`)."""
