@@ -223,9 +223,9 @@ def exposure_problem(
     share: bool = False,
     allow_unauthenticated: bool = False,
 ) -> str | None:
-    """Why the UI may not be served as asked, or None: a non-loopback address or a public
-    share link needs a password, unless the operator says that address is private
-    (``allow_unauthenticated``)."""
+    """Why the UI may not be served as asked, or None: a non-loopback address needs a
+    password unless the operator says that address is private (``allow_unauthenticated``); a
+    public share link needs one always."""
     loopback = host in LOOPBACK_NAMES or host.startswith("127.")
     if auth is not None or (not share and (loopback or allow_unauthenticated)):
         return None

@@ -153,3 +153,5 @@ def test_the_command_line_takes_host_port_share_and_auth(monkeypatch):
         assert len(calls) == served
         with pytest.raises(ValueError, match="without a password"):
             launch(host="0.0.0.0" if "--host" in public else "127.0.0.1", share="--share" in public)
+    # a share link is public whatever the operator says of the address: a password, always
+    assert cli.main(["ui", "--share", "--allow-unauthenticated"]) == 2
