@@ -139,11 +139,12 @@ def _unresolved(name: str, task_names: set[str]) -> bool:
 
 
 def test_every_path_module_and_name_the_pages_give_exists():
+    """The pages and the config reference generated into jobs.md."""
     tasks = set(re.findall(r'name="(workers\.\w+)"', (ROOT / "workers" / "tasks.py").read_text()))
     stale, checked = [], 0
-    for page in CURRENT_PAGES:
-        text = page.read_text()
-        where = page.relative_to(ROOT)
+    texts = {str(page.relative_to(ROOT)): page.read_text() for page in CURRENT_PAGES}
+    texts["the generated config reference"] = _hook().config_reference()
+    for where, text in texts.items():
         checked += sum(len(p.findall(text)) for p in (CODE_PATH, DOTTED_NAME, MODULE_RUN))
         for path in CODE_PATH.findall(text):
             if "<" not in path and not (ROOT / path.rstrip("/")).exists():

@@ -14,6 +14,7 @@
     rlwb cancel JOB_ID      cancel a job
     rlwb audit JOB_ID       re-score stored samples under their versions' kept weights
     rlwb export JOB_ID VERSION DIR [--merged]   a version's adapter, merged model or checkpoint
+    rlwb study run FILE | status|cancel|resume NAME | clone NAME NEW   a study (docs/studies.md)
 
 ``up`` and ``ui`` live here; the others are `workers.commands`. Environment: DATABASE_URL,
 REDIS_URL, RLWB_DATA_DIR, RLWB_AUTH (USER:PASSWORD for the UI; see docs/operations.md).

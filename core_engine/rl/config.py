@@ -19,9 +19,9 @@ from core_engine.user_files import MAX_TEXT_BYTES, read_text
 ENGINE_DTYPES = ("auto", *DTYPE_NAMES)
 OPTIMIZER_STATE_DTYPES = ("float32", "bfloat16")  # AdamW moments (core_engine.rl.trainer.optimizer)
 DEVICE_TYPES = ("cpu", "cuda")
-# How generation and training overlap (`core_engine.rl.pipeline`): not at all; the next batch
-# generated under the version being trained (lag 1); or also across the weight update, which
-# lands between two decode steps of running sequences (per-token versions, lag <= 1).
+# How generation and training overlap (`core_engine.rl.rollout.sources`): not at all; the next
+# batch generated under the version being trained (lag 1); or also across the weight update,
+# which lands between two decode steps of running sequences (per-token versions, lag <= 1).
 PIPELINE_MODES = ("sync", "one_step", "in_flight")
 # How a token's pi_prox / pi_behaviour weight meets its cap (`core_engine.rl.objective.loss`).
 IMPORTANCE_MODES = ("truncate", "mask")
@@ -166,7 +166,7 @@ class GRPOConfig:
     release_kv_during_training: bool = True  # the engine's KV memory is freed while training
     kv_cache_bytes: int | None = None  # the engine's KV budget (default: the engine's)
     gpu_memory_utilization: float | None = None  # on CUDA: the budget as a share of free memory
-    # LoRA over a frozen base shared with the engine (`core_engine.adapters.LoraSettings`; a
+    # LoRA over a frozen base shared with the engine (`core_engine.lora_settings.LoraSettings`; a
     # table in job files); None: full-weight training.
     lora: LoraSettings | None = None
     # Multi-turn episodes (`core_engine.rl.episodes`): an operator-registered environment (its
