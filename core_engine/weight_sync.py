@@ -29,7 +29,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -50,6 +50,28 @@ class PeerDiedError(RuntimeError):
 
 class GateWaitCancelled(RuntimeError):
     """A cancel arrived while a writer waited for the gate: nothing was written."""
+
+
+@runtime_checkable
+class WeightChannel(Protocol):
+    """The trainer's side of the channel to the engines that generate its rollouts: one per
+    job, built and owned by the trainer's parts (`rl.trainer.parts.weight_channel`), written by
+    the trainer alone; the rollout sources and producers only verify what it recorded."""
+
+    def writing(self, version: int) -> contextlib.AbstractContextManager[None]:
+        """The block that changes the weights: no engine step runs for its duration; after
+        it, the engines serve `version` and their acknowledgements were checked (or, a child
+        process's, come back with its rollouts: `check_acks`)."""
+        ...
+
+    def check_acks(self, acks: list[tuple[int, str]]) -> None:
+        """Every (version, checksum) an engine acknowledged is what the trainer wrote, else
+        `WeightSyncError`."""
+        ...
+
+    def checksum_of_record(self, version: int) -> str:
+        """The full SHA-256 of what `version` serves (recorded with the version)."""
+        ...
 
 
 class WeightSource(Protocol):
@@ -177,7 +199,7 @@ class ChildWeights:
             self.gate.lock.release()
 
 
-class LocalChannel:
+class LocalChannel(WeightChannel):
     """A trainer and its engine in one process. `mode` is how running requests meet an update
     (`InferenceScheduler.update_weights`). Keeps the digest of every recent version written."""
 
@@ -222,18 +244,20 @@ class LocalChannel:
 class ProcessChannel(LocalChannel):
     """The trainer's side of a `ProcessGate`; its own engine (evaluation) is updated as by a
     `LocalChannel`, and the child acknowledges what it served with its rollouts
-    (`check_acks`)."""
+    (`check_acks`). The child that serves the gate is `connect`ed once it is spawned
+    (`rl.rollout.process.ProcessProducer`); until then no one else holds the gate."""
 
     def __init__(
-        self,
-        engine: Any,
-        model: torch.nn.Module,
-        gate: ProcessGate,
-        child_alive: Callable[[], bool],
-        cancelled: Callable[[], bool],
+        self, engine: Any, model: torch.nn.Module, context: Any, cancelled: Callable[[], bool]
     ) -> None:
         super().__init__(engine, model, "drain")
-        self.gate, self.child_alive, self.cancelled = gate, child_alive, cancelled
+        self.gate = ProcessGate(context, engine.version)
+        self.cancelled = cancelled
+        self.child_alive: Callable[[], bool] = lambda: True
+
+    def connect(self, child_alive: Callable[[], bool]) -> None:
+        """The gate's other side is a child process, alive while `child_alive()`."""
+        self.child_alive = child_alive
 
     @contextlib.contextmanager
     def writing(self, version: int) -> Iterator[None]:

@@ -51,6 +51,6 @@ def test_a_cancel_ends_the_batch_between_two_turns():
 
 def test_closing_the_runner_ends_the_environment_session():
     env = Closing()
-    runner = RolloutRunner(generator(env, ScriptedEngine("42")), lambda *a: [0.0], lambda: 0)
+    runner = RolloutRunner(generator(env, ScriptedEngine("42")), lambda *a: [0.0])
     runner.close()
     assert env.closed == [None]  # None: the whole session

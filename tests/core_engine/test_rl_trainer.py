@@ -11,7 +11,7 @@ from core_engine.rl.data.tasks import prompt_records
 from core_engine.rl.objective.logprobs import packed_response_logprobs
 from core_engine.rl.rewards import RewardError
 from core_engine.rl.rollout import RolloutRunner
-from core_engine.rl.rollout.staleness import StaleRolloutError, check_policy_lag
+from core_engine.rl.rollout.staleness import StalenessManager, StaleRolloutError
 from core_engine.rl.trainer.grpo import GRPOTrainer, TrainingError
 from core_engine.rl.trainer.records import TrainerHooks
 from core_engine.weights import canonical_weights, weights_checksum
@@ -200,29 +200,30 @@ def test_rollouts_are_reused_within_the_lag_bound(checkpoint, tmp_path):
 
 
 def test_lag_bound_refuses_future_and_stale_rollouts(checkpoint, tmp_path):
-    check_policy_lag(3, 3, 0)
-    check_policy_lag(2, 3, 1)
+    StalenessManager(0, 1, lambda: 3).check(3)
+    StalenessManager(1, 1, lambda: 3).check(2)
     with pytest.raises(StaleRolloutError, match="future"):
-        check_policy_lag(4, 3, 5)
+        StalenessManager(5, 1, lambda: 3).check(4)
     with pytest.raises(StaleRolloutError, match="2 versions old"):
-        check_policy_lag(1, 3, 1)
+        StalenessManager(1, 1, lambda: 3).check(1)
 
 
 def test_runner_reuses_within_the_bound_and_reports_freshness(checkpoint, tmp_path):
     trainer = make_trainer(checkpoint, tmp_path)
     clock = {"v": 0}
-    runner = RolloutRunner(
-        trainer.runner.generator, trainer.runner.reward_fn, lambda: clock["v"], 1
-    )
+    staleness = StalenessManager(1, 4, lambda: clock["v"])
+    runner = RolloutRunner(trainer.runner.generator, trainer.runner.reward_fn, staleness.fresh)
     batch = trainer.next_batch()
     first, fresh = runner(batch)
     assert fresh and first.policy_version == 0
     clock["v"] = 1
     again, fresh = runner(batch)
     assert again is first and not fresh
-    clock["v"] = 2  # now 2 versions old: a fresh rollout is needed, but the engine is at 0
+    clock["v"] = 2  # now 2 versions old: generated again (the engine is still at 0, so the
+    again, fresh = runner(batch)  # trainer's consume-time check refuses it)
+    assert again is not first and fresh
     with pytest.raises(StaleRolloutError):
-        runner(batch)
+        staleness.check(again.policy_version)
 
 
 def test_reward_error_carries_the_rollout(checkpoint, tmp_path):

@@ -58,7 +58,11 @@ def test_a_waiting_writer_goes_before_the_next_step():
 @pytest.fixture
 def producer(checkpoint, tmp_path):
     trainer = make_trainer(checkpoint, tmp_path, steps=2, pipeline="one_step", **PIPELINED)
-    made = ProcessProducer(trainer.config, trainer.model, trainer.engine, trainer.max_seq_len, 1)
+    channel = trainer.channel  # the job's one channel: the producer's child serves its gate
+    made = ProcessProducer(
+        trainer.config, trainer.model, trainer.engine, channel, trainer.max_seq_len, 1
+    )
+    assert made.channel is channel and channel.child_alive == made.alive
     yield trainer, made
     with contextlib.suppress(ProcessLookupError):
         os.kill(made._process.pid, signal.SIGCONT)

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from core_engine.rl.ranks.group import RankInfo
 from core_engine.rl.ranks.share import rank_share
 from core_engine.rl.rewards import RewardError
+from core_engine.rl.rollout.interfaces import RolloutProducer
 from core_engine.rl.rollout.results import RolloutResult
 from core_engine.rl.rollout.runner import Produced, produce_rollout
 from core_engine.rl.rollout.seeds import sample_seed
@@ -117,13 +118,12 @@ class RankSource(SyncSource):
         return gather_produced(produce_rollout(self.runner, share, share_seed), self.info)
 
 
-class RankProducer:
+class RankProducer(RolloutProducer):
     """A `ThreadProducer` that generates this rank's share of each batch; `take` gathers the
     ranks' shares into the batch (module docstring)."""
 
     def __init__(self, inner: ThreadProducer, info: RankInfo, group_size: int) -> None:
         self.inner, self.info, self.group_size = inner, info, group_size
-        self.channel = inner.channel
 
     @property
     def busy(self) -> bool:

@@ -25,6 +25,7 @@ from transformers import AutoConfig, AutoTokenizer
 from core_engine.model import CausalLM
 from core_engine.model.config import ModelConfig
 from core_engine.rl.config import GRPOConfig
+from core_engine.rl.rollout.interfaces import RolloutProducer
 from core_engine.rl.rollout.runner import Produced, produce_rollout
 from core_engine.rl.rollout.sources import BatchCancelled
 from core_engine.rl.trainer.policy import colocated_engine, rollout_runner
@@ -67,7 +68,7 @@ def _serve(
         dtype = engine.model.lm_head.weight.dtype
         served = ChildWeights(gate, lambda: published_weights(model, dtype))
         engine.weight_source = served
-        runner = rollout_runner(config, engine, tokenizer, lambda: engine.version)
+        runner = rollout_runner(config, engine, tokenizer)  # pipelined: never reused
     except Exception as exc:
         conn.send(("error", f"the rollout process could not start: {type(exc).__name__}: {exc}"))
         return
@@ -91,24 +92,24 @@ def _serve(
         conn.send(("produced", ((result, fresh, timings), acks)))
 
 
-class ProcessProducer:
-    """`sources.ThreadProducer`'s interface, producing in a spawned process; `channel` is the
-    trainer's side of the weight channel to it."""
+class ProcessProducer(RolloutProducer):
+    """A `RolloutProducer` producing in a spawned process, which serves the other side of the
+    trainer's `channel` (its gate)."""
 
     def __init__(
         self,
         config: GRPOConfig,
         model: CausalLM,
         engine: InferenceScheduler,
+        channel: ProcessChannel,
         max_seq_len: int,
         threads: int,
-        cancelled: Callable[[], bool] = lambda: False,
     ) -> None:
         """`engine` is the trainer's own (updated by the same channel); the child serves
         `engine`'s version of `model` from its first step."""
         context = torch.multiprocessing.get_context("spawn")
         model.share_memory()
-        gate = ProcessGate(context, engine.version)
+        self.channel, gate = channel, channel.gate
         self._conn, child = context.Pipe()
         weights = {name: t.detach() for name, t in canonical_weights(model).items()}
         self._process = context.Process(
@@ -119,7 +120,7 @@ class ProcessProducer:
         )
         self._process.start()
         child.close()
-        self.channel = ProcessChannel(engine, model, gate, self.alive, cancelled)
+        channel.connect(self.alive)
         self._busy = False
         kind, problem = self._receive(STARTUP_TIMEOUT_S, lambda: False)
         if kind != "ready":

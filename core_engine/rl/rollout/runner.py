@@ -10,27 +10,22 @@ from core_engine.rl.rewards import RewardError, RewardFn
 from core_engine.rl.rewards.mix import RewardMix, score_rewards
 from core_engine.rl.rollout.generator import RolloutGenerator
 from core_engine.rl.rollout.results import RawRollout, RolloutResult
-from core_engine.rl.rollout.staleness import check_policy_lag
 
 
 class RolloutRunner:
-    """`runner(batch) -> (result, is_fresh)`: reuses the last rollout of the same batch while it
-    is within `max_policy_lag` of the trainer's version (unless `reuse` is off), else generates
-    a fresh one."""
+    """`runner(batch) -> (result, is_fresh)`: reuses the last rollout of the same batch while
+    `reusable(its version)` (the job's staleness rule at the trainer's version,
+    `staleness.StalenessManager.fresh`; None: never reused), else generates a fresh one."""
 
     def __init__(
         self,
         generator: RolloutGenerator,
         reward_fn: RewardMix | RewardFn,
-        trainer_version: Callable[[], int],
-        max_policy_lag: int = 0,
-        reuse: bool = True,
+        reusable: Callable[[int], bool] | None = None,
     ) -> None:
         self.generator = generator
         self.reward_fn = reward_fn
-        self.trainer_version = trainer_version
-        self.max_policy_lag = max_policy_lag
-        self.reuse = reuse
+        self.reusable = reusable
         self._last: tuple[tuple, RolloutResult] | None = None
         self.reward_seconds = 0.0  # time the last fresh rollout spent in the reward function
 
@@ -66,12 +61,11 @@ class RolloutRunner:
         self, batch: Mapping[str, Sequence[str]], seed: int = 0
     ) -> tuple[RolloutResult, bool]:
         key = self._key(batch)
-        if self.reuse and self._last is not None and self._last[0] == key:
-            cached = self._last[1]
-            if 0 <= self.trainer_version() - cached.policy_version <= self.max_policy_lag:
-                return cached, False
+        last = self._last
+        reusable = self.reusable is not None and last is not None and last[0] == key
+        if reusable and self.reusable(last[1].policy_version):
+            return last[1], False
         raw = self.generator.generate(batch, seed)
-        check_policy_lag(raw.policy_version, self.trainer_version(), self.max_policy_lag)
         start = time.perf_counter()
         if raw.episode_rewards:  # the environment scored its episodes
             rewards, parts = list(raw.episode_rewards), {}

@@ -1,5 +1,9 @@
-"""Rollout sources: what produces the trainer's next batch, and the weight channel the trainer
-writes new versions through (`source.channel`), for its one loop (`GRPOTrainer.train`).
+"""Rollout sources: what produces the trainer's next batch, for its one loop
+(`GRPOTrainer.train`), each implementing a named interface of `rollout.interfaces`
+(`RolloutSource`; the producers `RolloutProducer`). The weight channel
+(`core_engine.weight_sync.WeightChannel`) is not theirs: the trainer's parts build it and
+the trainer writes through it; a pipelined source only verifies the acknowledgements a
+producer brings back.
 
 - `SyncSource` (`pipeline = "sync"`): generated on demand, when the trainer asks; a batch's
   rollout is reused by its further updates (`updates_per_batch`) within `max_policy_lag`.
@@ -9,7 +13,9 @@ writes new versions through (`source.channel`), for its one loop (`GRPOTrainer.t
   computes on the current one. `one_step`: before writing version v+1 the trainer waits for the
   next batch (`before_update`), so every sample is whole under v and trained at lag 1.
   `in_flight`: it does not wait; the update lands between two decode steps of the next batch,
-  whose sequences go on under v+1 (per-token versions, lag <= 1).
+  whose sequences go on under v+1 (per-token versions, lag <= 1). Either way a batch starts
+  only once the job's staleness rule admits it (`staleness.StalenessManager`, asked before
+  every start); one refused is started when the trainer moves on.
 
 A source owns its checkpointable state (`state`): how many batches were drawn and, when it
 holds one, the complete next rollout (or the reward error that rejects it, with its rollout),
@@ -33,10 +39,12 @@ from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data import collate
 from core_engine.rl.rewards import RewardError
 from core_engine.rl.rollout.dynamic import draw_until_mixed
+from core_engine.rl.rollout.interfaces import RolloutProducer, RolloutSource
 from core_engine.rl.rollout.results import RawRollout, RolloutResult
 from core_engine.rl.rollout.runner import Produced, RolloutRunner, produce_rollout
 from core_engine.rl.rollout.seeds import batch_seed
-from core_engine.weight_sync import LocalChannel
+from core_engine.rl.rollout.staleness import StalenessManager
+from core_engine.weight_sync import WeightChannel
 
 Batch = dict[str, list[str]]
 JOIN_POLL_S = 0.2  # how often a wait for a batch re-checks a cancel
@@ -54,49 +62,19 @@ class BatchPlan:
         return collate(order.sample(self.records, min(self.batch_size, len(self.records))))
 
 
-class RolloutSource:
-    """What every source does; the defaults are a source with nothing running between two
-    batches and nothing reused."""
-
-    channel: Any  # the weight channel the trainer writes new versions through
-    batches_drawn: int
-
-    def open(self) -> None:
-        """Start what runs beside the trainer."""
-
-    def close(self) -> None:
-        """Stop it; no generation outlives the run, also on an error."""
-
-    def before_update(self) -> None:
-        """Called before the trainer writes the next version."""
-
-    def consumed(self) -> None:
-        """The batch taken last is done with: its update written, or its rejection recorded;
-        nothing of it is pending any more."""
-
-    def settle(self) -> None:
-        """At the end of a run: complete (and verify) what is in progress."""
-
-    def known_proximal(self, rollout: RolloutResult, fresh: bool) -> dict[int, list[float]]:
-        """The trainer's log-probs of a reused rollout at its version (none known)."""
-        return {}
-
-    def keep_proximal(self, rollout: RolloutResult, logprobs: dict[int, list[float]]) -> None:
-        """Keep them for the rollout's next update (nothing is reused)."""
-
-
 class SyncSource(RolloutSource):
-    """Batches generated on demand by the trainer's engine."""
+    """Batches generated on demand by the trainer's engine, at the trainer's version: nothing
+    to admit (lag 0); a batch's rollout is reused while the staleness rule finds it fresh
+    (`RolloutRunner`)."""
 
     def __init__(
         self,
         config: GRPOConfig,
         plan: BatchPlan,
         runner: RolloutRunner,
-        channel: LocalChannel,
         state: Mapping[str, Any],
     ) -> None:
-        self.config, self.plan, self.runner, self.channel = config, plan, runner, channel
+        self.config, self.plan, self.runner = config, plan, runner
         self.batches_drawn = state.get("batches_drawn", 0)
         self.updates_done = state.get("updates_done", 0)  # of the current batch
         # the trainer's log-probs of the reused rollout at its version, from its first update
@@ -155,18 +133,17 @@ class SyncSource(RolloutSource):
         return state
 
 
-class ThreadProducer:
+class ThreadProducer(RolloutProducer):
     """One batch's rollout at a time, on a thread with `threads` intra-op threads, on the
-    trainer's own engine (whose channel is the trainer's `LocalChannel`)."""
+    trainer's own engine (updated by the trainer's `LocalChannel`)."""
 
-    def __init__(self, runner: RolloutRunner, channel: LocalChannel, threads: int) -> None:
-        self.runner, self.channel, self.threads = runner, channel, threads
+    def __init__(self, runner: RolloutRunner, threads: int) -> None:
+        self.runner, self.threads = runner, threads
         self._thread: threading.Thread | None = None
         self._outcome: Produced | BaseException | None = None
 
     @property
     def busy(self) -> bool:
-        """A batch was started and its outcome not taken yet."""
         return self._thread is not None
 
     def start(self, batch: Batch, seed: int) -> None:
@@ -210,25 +187,31 @@ class BatchCancelled(RuntimeError):
 
 
 class PrefetchSource(RolloutSource):
-    """The next batch produced one ahead by `make_producer(threads)` (module docstring)."""
+    """The next batch produced one ahead by `make_producer(threads)` (module docstring), each
+    started only once `staleness` admits it: a batch refused is started when the trainer has
+    moved on (`consumed`). The producer's acknowledgements are checked against `channel`."""
 
     def __init__(
         self,
         config: GRPOConfig,
         plan: BatchPlan,
-        make_producer: Callable[[int], Any],
+        make_producer: Callable[[int], RolloutProducer],
+        channel: WeightChannel,
         state: Mapping[str, Any],
         cancelled: Callable[[], bool],
+        staleness: StalenessManager,
     ) -> None:
         self.config, self.plan, self.make_producer = config, plan, make_producer
-        self.cancelled = cancelled
+        self.channel, self.cancelled, self.staleness = channel, cancelled, staleness
         self.batches_drawn = state.get("batches_drawn", 0)
         self.producer: Any = None
         self._ready: Produced | None = None  # the next batch's, produced and verified
         self._current: Produced | None = None  # taken by the trainer, its step not finished
+        self._wanted: int | None = None  # the batch to start once admitted
         pending = state.get("pending")
         if pending is not None and pending.get("prefetched"):  # kept by the checkpoint resumed
             self._ready = (pending_outcome(pending), True, {"generate_s": 0.0, "reward_s": 0.0})
+        staleness.on_version_recovered(state.get("version", 0), int(self._ready is not None))
         self._own_threads = torch.get_num_threads()
 
     def open(self) -> None:
@@ -236,7 +219,6 @@ class PrefetchSource(RolloutSource):
         (at least one)."""
         threads = max(1, self._own_threads // 2)
         self.producer = self.make_producer(threads)
-        self.channel = self.producer.channel
         torch.set_num_threads(threads)
 
     def close(self) -> None:
@@ -246,24 +228,38 @@ class PrefetchSource(RolloutSource):
 
     def next(self, step_index: int) -> Produced:
         index = self.batches_drawn
-        outcome = self._ready
-        self._ready = None
+        outcome, self._ready = self._ready, None
         if outcome is None and not self.producer.busy:  # the first batch, or after a failure
-            self.producer.start(self.plan.at(index), batch_seed(self.config.seed, index))
+            self._wanted = index
+            if not self._start_admitted():  # nothing is outstanding: never refused
+                raise RuntimeError(f"the staleness rule refused batch {index}, awaited")
         if outcome is None:
             outcome = self._take()
-        if step_index + 1 < self.config.steps:
-            self.producer.start(self.plan.at(index + 1), batch_seed(self.config.seed, index + 1))
+        self._wanted = index + 1 if step_index + 1 < self.config.steps else None
+        self._start_admitted()
         self.batches_drawn += 1
         self._current = outcome
         return outcome
 
-    def consumed(self) -> None:
+    def consumed(self, trained: bool) -> None:
+        if not trained:
+            self.staleness.on_rejected()
         self._current = None
+        self._start_admitted()  # the trainer moved on: a refused batch may start now
+
+    def _start_admitted(self) -> bool:
+        """Start the wanted batch if the producer is free and the staleness rule admits it."""
+        index = self._wanted
+        if index is None or self.producer.busy or not self.staleness.admit():
+            return False
+        self.producer.start(self.plan.at(index), batch_seed(self.config.seed, index))
+        self._wanted = None
+        return True
 
     def _take(self, cancellable: bool = True) -> Produced:
         """The started batch's outcome, its acknowledgements verified."""
         outcome, acks = self.producer.take(self.cancelled if cancellable else lambda: False)
+        self.staleness.on_produced()
         self.channel.check_acks(acks)
         return outcome
 

@@ -1,5 +1,5 @@
 """The GRPO loop, one for every pipeline mode: take a batch from the rollout source, score,
-accept or reject, optimise, write the next version through the source's weight channel and
+accept or reject, optimise, write the next version through the job's weight channel and
 verify its acknowledgement.
 
 Invariants exercised here: versions rise by exactly one per optimizer step; every rollout used
@@ -37,7 +37,6 @@ from core_engine.rl.rollout.sources import (
     BatchCancelled,
     SyncSource,
 )
-from core_engine.rl.rollout.staleness import check_policy_lag
 from core_engine.rl.trainer import screen
 from core_engine.rl.trainer.checkpoint import (
     checkpoint_dir,
@@ -87,6 +86,7 @@ class GRPOTrainer:
         self.base_checksum = trained.base_checksum
         self.engine, self.update_settings = parts.engine, parts.update_settings
         self.runner, self.plan, self.source = parts.runner, parts.plan, parts.source
+        self.channel, self.staleness = parts.channel, parts.staleness
         # rejected batches in a row (failed; without learning signal), and those with a
         # rollout since the latest version: a stop's checkpoint keeps them (`save`)
         rejections = state.get("rejections", {})
@@ -137,7 +137,7 @@ class GRPOTrainer:
         """Train on a produced rollout (or record why it cannot be)."""
         if isinstance(result, RewardError):
             return self._reject(getattr(result, "rollout", None), [str(result)], {})
-        check_policy_lag(result.policy_version, self.version, self.config.max_policy_lag)
+        self.staleness.check(result.policy_version)  # what admission already guaranteed
         screened = screen_groups(result, self.config.reject_scope)
         if screened.rejected_all:
             return self._reject(result, screened.reasons, timings, screened.rejected)
@@ -218,23 +218,23 @@ class GRPOTrainer:
         return update, float(norm)
 
     def _publish_next_version(self, metrics: dict[str, float], timings) -> VersionRecord:
-        """version + 1: the optimizer step written through the source's weight channel (the
+        """version + 1: the optimizer step written through the job's weight channel (the
         only place weights change), whose acknowledgement must match the trainer's weights.
         `one_step`: the next batch's generation ends first."""
         start = time.perf_counter()
         self.source.before_update()
         timings["wait_s"] = time.perf_counter() - start
         start = time.perf_counter()
-        channel = self.source.channel
+        channel = self.channel
         try:
             with channel.writing(self.version + 1):
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
         except WeightSyncError as exc:
             raise TrainingError(str(exc)) from exc
-        self.source.consumed()
         parent, self.version = self.version, self.version + 1
         self.step_index += 1
+        self.source.consumed(trained=True)
         checksum = channel.checksum_of_record(self.version)
         timings["sync_s"] = time.perf_counter() - start
         checkpoint = None
@@ -255,7 +255,7 @@ class GRPOTrainer:
             metrics=dict(metrics),
         )
         self._emit(record)
-        self.source.consumed()
+        self.source.consumed(trained=False)
         self.rejected_since_version += rollout is not None
         limit = self.config.max_consecutive_rejections
         if failure:

@@ -2,7 +2,8 @@
 handed finished parts: where the run resumes, the tokenizer and the longest sequence, the
 memory check before anything is loaded, the trained policy (`policy.trained_policy`: weights,
 adapter, optimizer, KL reference), the colocated engine, the update settings, the rollouts and
-the rollout source with its weight channel (`rollout.sources`, `ranks.rollouts`)."""
+the weight channel (`weight_channel`: built here, written by the trainer alone) and the rollout
+source (`rollout.sources`, `ranks.rollouts`)."""
 
 from __future__ import annotations
 
@@ -21,14 +22,10 @@ from core_engine.rl.objective.update import UpdateSettings
 from core_engine.rl.ranks import RankInfo
 from core_engine.rl.ranks.channel import RankChannel
 from core_engine.rl.ranks.rollouts import RankProducer, RankSource
+from core_engine.rl.rollout.interfaces import RolloutProducer, RolloutSource
 from core_engine.rl.rollout.runner import RolloutRunner
-from core_engine.rl.rollout.sources import (
-    BatchPlan,
-    PrefetchSource,
-    RolloutSource,
-    SyncSource,
-    ThreadProducer,
-)
+from core_engine.rl.rollout.sources import BatchPlan, PrefetchSource, SyncSource, ThreadProducer
+from core_engine.rl.rollout.staleness import StalenessManager
 from core_engine.rl.trainer import policy
 from core_engine.rl.trainer.checkpoint import (
     latest_checkpoint,
@@ -36,7 +33,7 @@ from core_engine.rl.trainer.checkpoint import (
     read_trainer_state,
 )
 from core_engine.scheduler import InferenceScheduler
-from core_engine.weight_sync import LocalChannel
+from core_engine.weight_sync import LocalChannel, ProcessChannel, WeightChannel
 
 
 @dataclass
@@ -50,6 +47,8 @@ class TrainerParts:
     trained: policy.TrainedPolicy
     engine: InferenceScheduler
     update_settings: UpdateSettings
+    channel: WeightChannel  # the one channel new versions are written through; the trainer's
+    staleness: StalenessManager  # the one staleness rule: admission, reuse, the consume check
     runner: RolloutRunner
     plan: BatchPlan
     source: RolloutSource
@@ -63,8 +62,8 @@ def build_parts(
     cancelled: Callable[[], bool],
 ) -> TrainerParts:
     """The parts of a trainer of `config` over `records`; `version` reads the trainer's
-    current version (the rollouts' staleness check), `cancelled` whether a stop was asked
-    (checked while the longest prompt is rendered and while a batch is awaited)."""
+    current version (what the staleness rule admits against), `cancelled` whether a stop was
+    asked (checked while the longest prompt is rendered and while a batch is awaited)."""
     device = ranks.device if ranks else resolve_device(config.device)
     resume = latest_checkpoint(config.output_dir) if config.resume else None
     state = read_trainer_state(resume) if resume else {"version": 0, "step": 0}
@@ -77,11 +76,23 @@ def build_parts(
     engine = policy.colocated_engine(
         config, trained.whole_model, tokenizer, max_seq_len, state["version"]
     )
-    runner = policy.rollout_runner(config, engine, tokenizer, version, cancelled)
+    staleness = StalenessManager(config.max_policy_lag, config.batch_size, version)
+    runner = policy.rollout_runner(config, engine, tokenizer, staleness.fresh, cancelled)
     plan = BatchPlan(records, config.batch_size, config.seed)
     state["pending"] = read_pending_rollout(resume) if resume else None
+    channel = weight_channel(config, engine, trained.model, device, ranks, cancelled)
     source = rollout_source(
-        config, plan, runner, engine, trained.model, max_seq_len, device, ranks, state, cancelled
+        config,
+        plan,
+        runner,
+        channel,
+        engine,
+        trained.model,
+        max_seq_len,
+        ranks,
+        state,
+        cancelled,
+        staleness,
     )
     return TrainerParts(
         device=device,
@@ -91,43 +102,63 @@ def build_parts(
         trained=trained,
         engine=engine,
         update_settings=policy.update_settings(config, engine),
+        channel=channel,
+        staleness=staleness,
         runner=runner,
         plan=plan,
         source=source,
     )
 
 
+def weight_channel(
+    config: GRPOConfig,
+    engine: InferenceScheduler,
+    model: CausalLM,
+    device: torch.device,
+    ranks: RankInfo | None,
+    cancelled: Callable[[], bool],
+) -> WeightChannel:
+    """The job's one weight channel (`core_engine.weight_sync`): to a rank's engine and the
+    other ranks' (`ranks.channel`), to a rollout child process over the shared weights (a
+    full-weight pipelined CPU job), else to the trainer's own engine. `in_flight`: an update
+    meets running sequences between two decode steps; otherwise they drain first."""
+    mode = "in_flight" if config.pipeline == "in_flight" else "drain"
+    if ranks is not None:
+        return RankChannel(engine, model, ranks, mode)
+    if config.generates_in_process(device.type):
+        context = torch.multiprocessing.get_context("spawn")
+        return ProcessChannel(engine, model, context, cancelled)
+    return LocalChannel(engine, model, mode)
+
+
 def rollout_source(
     config: GRPOConfig,
     plan: BatchPlan,
     runner: RolloutRunner,
+    channel: WeightChannel,
     engine: InferenceScheduler,
     model: CausalLM,
     max_seq_len: int,
-    device: torch.device,
     ranks: RankInfo | None,
     state: dict[str, Any],
     cancelled: Callable[[], bool],
+    staleness: StalenessManager,
 ) -> RolloutSource:
     """Where batches come from (`rollout.sources`): on demand, or one ahead on a thread (the
-    trainer's engine) or, for a full-weight CPU job on one device, a child process; on several
-    ranks, each rank's share of every batch, gathered (`ranks.rollouts`)."""
-    mode = "in_flight" if config.pipeline == "in_flight" else "drain"
-    if ranks is not None:
-        channel = RankChannel(engine, model, ranks, mode)
-    else:
-        channel = LocalChannel(engine, model, mode)
+    trainer's engine) or, for a full-weight CPU job on one device, a child process serving
+    `channel`'s gate; on several ranks, each rank's share of every batch, gathered
+    (`ranks.rollouts`)."""
     if config.pipeline == "sync" and ranks is not None:
-        return RankSource(config, plan, runner, channel, state, info=ranks)
+        return RankSource(config, plan, runner, state, info=ranks)
     if config.pipeline == "sync":
-        return SyncSource(config, plan, runner, channel, state)
+        return SyncSource(config, plan, runner, state)
 
-    def make_producer(threads: int) -> Any:
-        if config.generates_in_process(device.type):
+    def make_producer(threads: int) -> RolloutProducer:
+        if isinstance(channel, ProcessChannel):
             from core_engine.rl.rollout.process import ProcessProducer
 
-            return ProcessProducer(config, model, engine, max_seq_len, threads, cancelled)
-        thread = ThreadProducer(runner, channel, threads)
+            return ProcessProducer(config, model, engine, channel, max_seq_len, threads)
+        thread = ThreadProducer(runner, threads)
         return thread if ranks is None else RankProducer(thread, ranks, config.group_size)
 
-    return PrefetchSource(config, plan, make_producer, state, cancelled)
+    return PrefetchSource(config, plan, make_producer, channel, state, cancelled, staleness)
