@@ -13,7 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from core_engine.rl.config import GRPOConfig
+from core_engine.lora_settings import LoraSettings
+from core_engine.rl.config import GRPOConfig, mode_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 HOOK = ROOT / "docs" / "hooks" / "generate.py"
@@ -156,3 +157,22 @@ def test_every_path_module_and_name_the_pages_give_exists():
                 stale.append(f"{where}: python -m {module} runs nothing")
     assert checked >= 150
     assert not stale
+
+
+def test_the_defaults_the_pages_quote_for_config_fields_are_the_configs():
+    """A field's default quoted in prose, "`max_turns` (default 4)" or "`keep_every` (25;",
+    is `GRPOConfig`'s (a None default: the full-weight `mode_defaults`) or, for the `[lora]`
+    table's fields, `LoraSettings`'."""
+    fields = [*dataclasses.fields(GRPOConfig), *dataclasses.fields(LoraSettings)]
+    defaults = {f.name: f.default for f in fields} | mode_defaults(False)
+    quoted = re.compile(r"`(\w+)`\s*\((?:default\s+)?(-?[\d.]+(?:e-?\d+)?)[);,:]")
+    wrong, checked = [], 0
+    for page in CURRENT_PAGES:
+        for name, value in quoted.findall(page.read_text()):
+            if defaults.get(name) is None:  # not a field, or one resolved elsewhere
+                continue
+            checked += 1
+            if float(value) != float(defaults[name]):
+                wrong.append(f"{page.name}: `{name}` ({value}), the default {defaults[name]}")
+    assert checked >= 8
+    assert not wrong
