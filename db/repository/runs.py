@@ -1,9 +1,10 @@
 """Several jobs read at once, for the Runs view: one query per metric across all of them."""
 
+import json
 from collections import defaultdict
 from collections.abc import Sequence
 
-from sqlalchemy import Float, cast, func, select, text
+from sqlalchemy import Float, Text, case, cast, func, select, text
 
 from db.errors import InvalidValue
 from db.models import Job, PolicyVersion, VersionSampleStats
@@ -39,12 +40,19 @@ def _epoch_seconds(dialect: str):
 
 
 def _metric_column(metric: str):
-    """The SQL expression of a named metric (a column) or of one in ``extra_metrics``."""
+    """The SQL expression of a named metric (a column) or of one in ``extra_metrics``. An
+    extra metric is parsed out of the versions whose JSON text holds its name as the
+    repository writes it (`json.dumps`, quoted and escaped) only: with a held-out score every
+    few versions, the others are not parsed."""
     if not metric or len(metric) > MAX_METRIC_NAME:
         raise InvalidValue(f"metric: a name of 1 to {MAX_METRIC_NAME} characters is required")
     if metric in METRIC_TYPES:
         return cast(getattr(PolicyVersion, metric), Float)
-    return PolicyVersion.extra_metrics[metric].as_float()
+    stored = cast(PolicyVersion.extra_metrics, Text)
+    written = json.dumps(metric)  # as SQLAlchemy's JSON type writes a key
+    return case(
+        (stored.contains(written, autoescape=True), PolicyVersion.extra_metrics[metric].as_float())
+    )
 
 
 class RunsMixin(RepositoryBase):
@@ -91,6 +99,32 @@ class RunsMixin(RepositoryBase):
                 values = [row[column] for row in job_rows]
                 found[name][job_id] = RunMetric(job_id, versions, seconds, values)
         return found
+
+    def final_values(self, job_ids: Sequence[int], metric: str) -> dict[int, tuple[int, float]]:
+        """job -> (version, value) of ``metric`` at the job's highest version that recorded it
+        (jobs that never did are left out): each job's versions read newest first, down to
+        that one only (a held-out score every few versions parses a few versions' metrics,
+        not all of them)."""
+        ids = _check_jobs(job_ids)
+        column = _metric_column(metric)
+        newest = (
+            select(PolicyVersion.version)
+            .where(PolicyVersion.job_id == Job.id, column.is_not(None))
+            .order_by(PolicyVersion.version.desc())
+            .limit(1)
+            .correlate(Job)
+            .scalar_subquery()
+        )
+        statement = (
+            select(Job.id, PolicyVersion.version, column)
+            .join(
+                PolicyVersion, (PolicyVersion.job_id == Job.id) & (PolicyVersion.version == newest)
+            )
+            .where(Job.id.in_(ids))
+        )
+        with self._read() as session:
+            rows = session.connection().execute(statement).all()
+        return {job_id: (version, value) for job_id, version, value in rows}
 
     def run_tokens(self, job_ids: Sequence[int]) -> dict[int, dict[int, int]]:
         """job -> version -> the response tokens of the job's stored samples of that version
