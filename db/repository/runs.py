@@ -36,7 +36,7 @@ def _epoch_seconds(dialect: str):
     timestamp objects to build per row)."""
     if dialect == "sqlite":  # stored as UTC text: 'YYYY-MM-DD HH:MM:SS.ffffff'
         return (func.julianday(PolicyVersion.created_at) - 2440587.5) * 86400.0
-    return func.extract("epoch", PolicyVersion.created_at)
+    return func.date_part("epoch", PolicyVersion.created_at)  # a float (EXTRACT: a numeric)
 
 
 def _metric_column(metric: str):
