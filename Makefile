@@ -27,11 +27,11 @@ demo: install
 
 # Rebuild the shipped demo policy (core_engine/assets/demo-policy; a few minutes of warm-up).
 demo-policy: install
-	$(PY) -m core_engine.rl.demo_policy
+	$(PY) -m core_engine.policies.demo
 
 # Rebuild the calculator demo policy (core_engine/assets/calculator-policy; minutes of warm-up).
 calculator-policy: install
-	$(PY) -m core_engine.rl.calculator_policy
+	$(PY) -m core_engine.policies.calculator
 
 # The suite runs in PYTEST_WORKERS pytest-xdist processes (each with its own Redis database,
 # PostgreSQL schemas, temp dirs and ports), one more than the cores, 2 to 4: the tests also wait

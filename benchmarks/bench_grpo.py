@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from benchmarks.results import BenchmarkRun, Table
 from benchmarks.trl_grpo import CLIP, GROUP, LR, MAX_TOKENS, PROMPTS, TEMPERATURE
+from core_engine.assets import SHIPPED_POLICY
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data.tasks import addition_records
-from core_engine.rl.demo_policy import SHIPPED_POLICY
 from core_engine.rl.trainer.grpo import GRPOTrainer
 
 PARTS = ("generate_s", "reward_s", "train_s", "sync_s", "step_s")

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from benchmarks import calculator_demo, grpo_demo
 from benchmarks.results import BenchmarkRun, Table
-from core_engine.rl.demo_policy import SHIPPED_POLICY
+from core_engine.assets import SHIPPED_POLICY
 from core_engine.rl.presets import ALGORITHM_PRESETS
 from core_engine.rl.trainer.grpo import GRPOTrainer
 

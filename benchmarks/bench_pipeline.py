@@ -33,14 +33,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from benchmarks.results import BenchmarkRun, Table
 from benchmarks.trl_grpo import CLIP, GROUP, LR, MAX_TOKENS, PROMPTS, TEMPERATURE
-from core_engine.rl.config import GRPOConfig
-from core_engine.rl.data.tasks import addition_records
-from core_engine.rl.demo_policy import (
+from core_engine.policies.demo import (
     DEMO_ALPHABET,
     SHIPPED_POLICY,
     greedy_accuracy,
     heldout_records,
 )
+from core_engine.rl.config import GRPOConfig
+from core_engine.rl.data.tasks import addition_records
 from core_engine.rl.rollout import sources
 from core_engine.rl.trainer.grpo import GRPOTrainer
 from core_engine.rl.trainer.records import TrainerHooks

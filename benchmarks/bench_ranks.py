@@ -50,9 +50,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from bench_pipeline import wide_policy
 
 from benchmarks.results import BenchmarkRun, Table
+from core_engine.assets import SHIPPED_POLICY
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data.tasks import addition_records
-from core_engine.rl.demo_policy import SHIPPED_POLICY
 from core_engine.rl.ranks.launch import job_ranks
 from core_engine.rl.trainer.grpo import GRPOTrainer
 from core_engine.rl.trainer.records import StepRecord, TrainerHooks

@@ -47,8 +47,8 @@ from benchmarks.trl_grpo import (
 )
 from core_engine.config import EngineConfig
 from core_engine.engine import load_engine
+from core_engine.policies.demo import SHIPPED_POLICY, greedy_accuracy, heldout_records
 from core_engine.rl.data.tasks import addition_records
-from core_engine.rl.demo_policy import SHIPPED_POLICY, greedy_accuracy, heldout_records
 from core_engine.rl.rollout import sources
 from core_engine.weights import canonical_weights
 

@@ -37,9 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 import db
 from benchmarks.results import BenchmarkRun, Table
-from core_engine.rl.config import GRPOConfig
-from core_engine.rl.data.tasks import addition_records
-from core_engine.rl.demo_policy import (
+from core_engine.policies.demo import (
     DEMO_SEEDS,
     SHIPPED_POLICY,
     TARGET_ACCURACY,
@@ -47,6 +45,8 @@ from core_engine.rl.demo_policy import (
     greedy_accuracy,
     heldout_records,
 )
+from core_engine.rl.config import GRPOConfig
+from core_engine.rl.data.tasks import addition_records
 from core_engine.rl.presets import ALGORITHM_PRESETS
 from core_engine.rl.trainer.grpo import GRPOTrainer
 

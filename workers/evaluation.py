@@ -10,8 +10,7 @@ from typing import Any
 
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data.files import Columns, split_heldout
-from core_engine.rl.data.tasks import default_reward, prompt_records
-from core_engine.rl.demo_policy import HELDOUT_SEED  # problems its warm-up never trains on
+from core_engine.rl.data.tasks import HELDOUT_SEED, default_reward, prompt_records
 from core_engine.rl.episodes.runner import EpisodeLimits
 from core_engine.rl.rewards import resolve_reward
 from core_engine.rl.rewards.mix import RewardMix, RewardSpec

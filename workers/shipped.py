@@ -5,13 +5,7 @@ chosen. Imports no torch."""
 from pathlib import Path
 from typing import Any
 
-from core_engine.assets import (
-    CALCULATOR_MODEL,
-    CALCULATOR_POLICY,
-    DEMO_MODEL,
-    SHIPPED_POLICIES,
-    SHIPPED_POLICY,
-)
+from core_engine.assets import BUILDERS, CALCULATOR_MODEL, DEMO_MODEL, SHIPPED_POLICIES
 
 SHIPPED_MODEL_NAMES = tuple(SHIPPED_POLICIES)
 # What Launch fills in when a shipped policy is chosen: the task, environment and lengths it
@@ -31,6 +25,4 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
 
 def shipped_policy(model: str) -> tuple[Path, str]:
     """A shipped model name's checkpoint directory and the module that rebuilds it."""
-    if model == CALCULATOR_MODEL:
-        return CALCULATOR_POLICY, "core_engine.rl.calculator_policy"
-    return SHIPPED_POLICY, "core_engine.rl.demo_policy"
+    return SHIPPED_POLICIES[model], BUILDERS[model]

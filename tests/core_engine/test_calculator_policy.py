@@ -11,7 +11,7 @@ import transformers
 from core_engine.assets import CALCULATOR_POLICY
 from core_engine.engine import end_of_sequence_ids, load_engine
 from core_engine.model import load_model
-from core_engine.rl.calculator_policy import (
+from core_engine.policies.calculator import (
     INFO_FILE,
     TURN_END,
     WarmupSettings,
@@ -23,8 +23,8 @@ from core_engine.rl.calculator_policy import (
     tool_expressions,
     training_example,
 )
+from core_engine.rl.data.tasks import HELDOUT_SEED
 from core_engine.rl.data.word_problems import gsm8k_records
-from core_engine.rl.demo_policy import HELDOUT_SEED
 from core_engine.rl.episodes.env_sandbox import EnvironmentSession
 from core_engine.rl.episodes.environments import CALCULATOR_SYSTEM, Calculator, calculate
 from core_engine.scheduler import EngineConfig
@@ -62,7 +62,7 @@ def test_the_shipped_checkpoint_is_what_its_metadata_says(info):
     assert info["reached_target"] and info["accuracy"] >= info["target_accuracy"]
     assert info["heldout"]["seed"] == HELDOUT_SEED
     assert info["built_with"]["builder"] == (
-        "core_engine.rl.calculator_policy.build_calculator_policy"
+        "core_engine.policies.calculator.build_calculator_policy"
     )
     assert info["parameters"] == sum(p.numel() for p in ours.parameters())
     assert len(ids) < hf.config.max_position_embeddings

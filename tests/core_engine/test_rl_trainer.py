@@ -10,7 +10,8 @@ from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data.tasks import prompt_records
 from core_engine.rl.objective.logprobs import packed_response_logprobs
 from core_engine.rl.rewards import RewardError
-from core_engine.rl.rollout import RolloutRunner, StaleRolloutError, check_policy_lag
+from core_engine.rl.rollout import RolloutRunner
+from core_engine.rl.rollout.staleness import StaleRolloutError, check_policy_lag
 from core_engine.rl.trainer.grpo import GRPOTrainer, TrainingError
 from core_engine.rl.trainer.records import TrainerHooks
 from core_engine.weights import canonical_weights, weights_checksum

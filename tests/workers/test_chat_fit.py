@@ -8,8 +8,8 @@ import random
 import pytest
 import transformers
 
+from core_engine.assets import SHIPPED_POLICY
 from core_engine.prompts import chat_prompt_ids
-from core_engine.rl.demo_policy import SHIPPED_POLICY
 from core_engine.toy import byte_bpe_tokenizer, char_tokenizer
 from workers.chat import MAX_CHAT_MESSAGES, ChatProblem, check_request, fit_to_context
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from core_engine.assets import CALCULATOR_POLICY
-from core_engine.rl.calculator_policy import INFO_FILE as CALCULATOR_INFO
-from core_engine.rl.demo_policy import INFO_FILE, SHIPPED_POLICY
+from core_engine.policies.calculator import INFO_FILE as CALCULATOR_INFO
+from core_engine.policies.demo import INFO_FILE, SHIPPED_POLICY
 from db import SampleFilter
 from tests.workers.helpers import train_config
 from workers import shipped

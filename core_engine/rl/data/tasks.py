@@ -10,6 +10,10 @@ from core_engine.rl.data.files import Columns, load_records, with_system
 from core_engine.rl.data.word_problems import word_problem_records
 from core_engine.rl.episodes.environments import guess_number_records
 
+# The seed a train job's held-out prompts of a built-in task are drawn with (`workers.evaluation`);
+# the shipped policies' warm-ups never train on its problems and score themselves on them.
+HELDOUT_SEED = 2
+
 
 @dataclass(frozen=True)
 class BuiltinTask:

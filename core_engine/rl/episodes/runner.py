@@ -30,7 +30,8 @@ from core_engine.prompts import encode_prompt, render_prompt
 from core_engine.rl.data import batch_rows
 from core_engine.rl.episodes.observations import observation_ids
 from core_engine.rl.episodes.record import messages_problem, observation_problem, segment_problem
-from core_engine.rl.rollout import MixedVersionsError, RawRollout
+from core_engine.rl.rollout.generator import MixedVersionsError
+from core_engine.rl.rollout.results import RawRollout
 from core_engine.rl.rollout.seeds import sample_seed
 from core_engine.rl.rollout.sources import BatchCancelled
 from core_engine.scheduler import InferenceScheduler

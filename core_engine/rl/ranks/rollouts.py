@@ -29,7 +29,8 @@ import torch.distributed as dist
 from core_engine.rl.ranks.group import RankInfo
 from core_engine.rl.ranks.share import rank_share
 from core_engine.rl.rewards import RewardError
-from core_engine.rl.rollout import Produced, RolloutResult, produce_rollout
+from core_engine.rl.rollout.results import RolloutResult
+from core_engine.rl.rollout.runner import Produced, produce_rollout
 from core_engine.rl.rollout.seeds import sample_seed
 from core_engine.rl.rollout.sources import Batch, SyncSource, ThreadProducer
 

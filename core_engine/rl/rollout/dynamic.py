@@ -16,7 +16,8 @@ from dataclasses import fields, replace
 import torch
 
 from core_engine.rl.objective.advantages import zero_variance_groups
-from core_engine.rl.rollout import Produced, RolloutResult
+from core_engine.rl.rollout.results import RolloutResult
+from core_engine.rl.rollout.runner import Produced
 from core_engine.rl.trainer.screen import screen_groups
 
 

@@ -25,7 +25,7 @@ from transformers import AutoConfig, AutoTokenizer
 from core_engine.model import CausalLM
 from core_engine.model.config import ModelConfig
 from core_engine.rl.config import GRPOConfig
-from core_engine.rl.rollout import Produced, produce_rollout
+from core_engine.rl.rollout.runner import Produced, produce_rollout
 from core_engine.rl.rollout.sources import BatchCancelled
 from core_engine.rl.trainer.policy import colocated_engine, rollout_runner
 from core_engine.scheduler import InferenceScheduler

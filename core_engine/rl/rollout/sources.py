@@ -32,14 +32,9 @@ import torch
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data import collate
 from core_engine.rl.rewards import RewardError
-from core_engine.rl.rollout import (
-    Produced,
-    RawRollout,
-    RolloutResult,
-    RolloutRunner,
-    produce_rollout,
-)
 from core_engine.rl.rollout.dynamic import draw_until_mixed
+from core_engine.rl.rollout.results import RawRollout, RolloutResult
+from core_engine.rl.rollout.runner import Produced, RolloutRunner, produce_rollout
 from core_engine.rl.rollout.seeds import batch_seed
 from core_engine.weight_sync import LocalChannel
 

@@ -10,7 +10,8 @@ from core_engine.rl.data import collate
 from core_engine.rl.episodes.runner import EpisodeGenerator, EpisodeLimits
 from core_engine.rl.rewards import RewardFn
 from core_engine.rl.rewards.mix import RewardMix, score_rewards
-from core_engine.rl.rollout import RawRollout, RolloutGenerator
+from core_engine.rl.rollout.generator import RolloutGenerator
+from core_engine.rl.rollout.results import RawRollout
 from core_engine.scheduler import InferenceScheduler
 from core_engine.task import SamplingParams
 

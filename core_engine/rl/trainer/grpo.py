@@ -32,11 +32,12 @@ from core_engine.rl.ranks import RankInfo, is_sharded, rank0_decides, rank_share
 from core_engine.rl.ranks.state import save_sharded_state
 from core_engine.rl.ranks.step import clip_gradients, distributed_backward
 from core_engine.rl.rewards import RewardError
-from core_engine.rl.rollout import RolloutResult, check_policy_lag
+from core_engine.rl.rollout.results import RolloutResult
 from core_engine.rl.rollout.sources import (
     BatchCancelled,
     SyncSource,
 )
+from core_engine.rl.rollout.staleness import check_policy_lag
 from core_engine.rl.trainer import screen
 from core_engine.rl.trainer.checkpoint import (
     checkpoint_dir,

@@ -12,7 +12,7 @@ import torch
 
 from core_engine.rl.objective.update import UpdateResult
 from core_engine.rl.rewards.mix import component_stats
-from core_engine.rl.rollout import RolloutResult
+from core_engine.rl.rollout.results import RolloutResult
 
 
 def rollout_metrics(

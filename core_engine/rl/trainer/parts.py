@@ -21,7 +21,7 @@ from core_engine.rl.objective.update import UpdateSettings
 from core_engine.rl.ranks import RankInfo
 from core_engine.rl.ranks.channel import RankChannel
 from core_engine.rl.ranks.rollouts import RankProducer, RankSource
-from core_engine.rl.rollout import RolloutRunner
+from core_engine.rl.rollout.runner import RolloutRunner
 from core_engine.rl.rollout.sources import (
     BatchPlan,
     PrefetchSource,

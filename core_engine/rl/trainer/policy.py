@@ -34,7 +34,8 @@ from core_engine.rl.ranks.state import (
     load_sharded_model,
 )
 from core_engine.rl.rewards.mix import RewardMix
-from core_engine.rl.rollout import RolloutGenerator, RolloutRunner
+from core_engine.rl.rollout.generator import RolloutGenerator
+from core_engine.rl.rollout.runner import RolloutRunner
 from core_engine.rl.trainer.checkpoint import load_optimizer_state, read_trainer_state
 from core_engine.rl.trainer.optimizer import build_optimizer
 from core_engine.rl.trainer.schedule import lr_schedule

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from core_engine.atomic_dir import Writer
 from core_engine.rl.objective.loss import SampleLossRecord
-from core_engine.rl.rollout import RawRollout
+from core_engine.rl.rollout.results import RawRollout
 
 
 class StopReason(enum.StrEnum):

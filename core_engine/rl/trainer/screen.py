@@ -11,7 +11,7 @@ import torch
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.objective.advantages import AdvantageSettings, advantages
 from core_engine.rl.objective.update import TrainSample
-from core_engine.rl.rollout import RawRollout, RolloutResult
+from core_engine.rl.rollout.results import RawRollout, RolloutResult
 from core_engine.rl.trainer.metrics import behaviour_lags
 
 

@@ -1,6 +1,6 @@
-"""The supervised warm-up the shipped demo policies are built with (`demo_policy`,
-`calculator_policy`): Hugging Face's seeded initialisation, teacher-forced AdamW steps with
-the loss on masked-in tokens only, the engine that scores held-out problems between steps,
+"""The supervised warm-up the shipped policies are built with (`demo`, `calculator`, `r1`):
+Hugging Face's seeded initialisation, teacher-forced AdamW steps with the loss on masked-in
+tokens only, the engine that scores held-out problems between steps,
 and the checkpoint written with a record of how it was built."""
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ so seeds are tried in the order `DEMO_SEEDS`, and one that has not reached the t
 
 Because of that, the policy is built once and shipped in the repository (`SHIPPED_POLICY`,
 ~2 MB), so every machine starts its first job from the same weights at once. Rebuild it with
-`python -m core_engine.rl.demo_policy` (`make demo-policy`); `demo_policy.json` beside the
+`python -m core_engine.policies.demo` (`make demo-policy`); `demo_policy.json` beside the
 weights says how it was built and what it scores.
 """
 
@@ -34,10 +34,7 @@ import transformers
 
 from core_engine.assets import SHIPPED_POLICY
 from core_engine.model import CausalLM
-from core_engine.rl.data.tasks import addition_records
-from core_engine.rl.rewards import exact_match
-from core_engine.rl.trainer.evaluate import evaluate
-from core_engine.rl.warmup import (
+from core_engine.policies.warmup import (
     WarmupResult,
     build_record,
     eval_engine,
@@ -47,6 +44,9 @@ from core_engine.rl.warmup import (
     supervised_batch,
     supervised_step,
 )
+from core_engine.rl.data.tasks import HELDOUT_SEED, addition_records
+from core_engine.rl.rewards import exact_match
+from core_engine.rl.trainer.evaluate import evaluate
 from core_engine.scheduler import InferenceScheduler
 from core_engine.task import SamplingParams
 from core_engine.toy import char_tokenizer, tiny_config
@@ -57,7 +57,6 @@ DEMO_ALPHABET = "0123456789+="
 DEMO_CHAT_TEMPLATE = (
     "{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] }}{% endif %}{% endfor %}"
 )
-HELDOUT_SEED = 2
 INFO_FILE = "demo_policy.json"
 GREEDY = SamplingParams(temperature=0, max_tokens=6)
 TARGET_ACCURACY = 0.18
@@ -213,7 +212,7 @@ def build_demo_policy(
             break
         if log and seed != seeds[-1]:
             log(f"seed {seed} short of {target_accuracy:.0%} after {budget} steps: next seed")
-    builder = "core_engine.rl.demo_policy.build_demo_policy"
+    builder = "core_engine.policies.demo.build_demo_policy"
     info = build_record(
         result,
         target_accuracy,

@@ -9,8 +9,7 @@ import transformers
 from safetensors.torch import load_file
 
 from core_engine.model import load_model
-from core_engine.rl.demo_policy import (
-    HELDOUT_SEED,
+from core_engine.policies.demo import (
     INFO_FILE,
     SHIPPED_POLICY,
     WarmupSettings,
@@ -20,7 +19,8 @@ from core_engine.rl.demo_policy import (
     greedy_accuracy,
     heldout_records,
 )
-from core_engine.rl.warmup import eval_engine
+from core_engine.policies.warmup import eval_engine
+from core_engine.rl.data.tasks import HELDOUT_SEED
 from core_engine.weights import model_checksum
 
 TINY = WarmupSettings(batch_size=8, eval_every=1, eval_count=16)
@@ -114,7 +114,7 @@ def test_the_shipped_policy_is_what_its_metadata_says():
     info = json.loads((SHIPPED_POLICY / INFO_FILE).read_text())
     assert info["reached_target"] and info["accuracy"] >= info["target_accuracy"]
     assert info["heldout"] == {"seed": HELDOUT_SEED, "prompts": 1000, "metric": "greedy"}
-    assert info["built_with"]["builder"] == "core_engine.rl.demo_policy.build_demo_policy"
+    assert info["built_with"]["builder"] == "core_engine.policies.demo.build_demo_policy"
     model = load_model(SHIPPED_POLICY)
     assert model_checksum(model) == info["weights_checksum"]
     hf = transformers.AutoModelForCausalLM.from_pretrained(SHIPPED_POLICY)

@@ -14,7 +14,7 @@ as greedy held-out accuracy, measured by running real episodes (`episode_accurac
 reaches `TARGET_ACCURACY`, so GRPO starts with mixed rewards.
 
 The policy ships in the repository (`CALCULATOR_POLICY`); `python -m
-core_engine.rl.calculator_policy` (`make calculator-policy`) rebuilds it, and
+core_engine.policies.calculator` (`make calculator-policy`) rebuilds it, and
 `calculator_policy.json` beside the weights says how it was built and what it scores.
 """
 
@@ -35,16 +35,7 @@ import transformers
 
 from core_engine.assets import CALCULATOR_POLICY
 from core_engine.model import CausalLM
-from core_engine.prompts import encode_prompt, render_prompt
-from core_engine.rl.data.word_problems import word_problem, word_problem_records
-from core_engine.rl.demo_policy import HELDOUT_SEED
-from core_engine.rl.episodes.env_sandbox import EnvironmentSession
-from core_engine.rl.episodes.environments import Calculator
-from core_engine.rl.episodes.observations import observation_ids
-from core_engine.rl.episodes.runner import EpisodeLimits
-from core_engine.rl.rewards import exact_match
-from core_engine.rl.trainer.evaluate import EvalResult, evaluate
-from core_engine.rl.warmup import (
+from core_engine.policies.warmup import (
     WarmupResult,
     build_record,
     eval_engine,
@@ -54,6 +45,15 @@ from core_engine.rl.warmup import (
     supervised_batch,
     supervised_step,
 )
+from core_engine.prompts import encode_prompt, render_prompt
+from core_engine.rl.data.tasks import HELDOUT_SEED
+from core_engine.rl.data.word_problems import word_problem, word_problem_records
+from core_engine.rl.episodes.env_sandbox import EnvironmentSession
+from core_engine.rl.episodes.environments import Calculator
+from core_engine.rl.episodes.observations import observation_ids
+from core_engine.rl.episodes.runner import EpisodeLimits
+from core_engine.rl.rewards import exact_match
+from core_engine.rl.trainer.evaluate import EvalResult, evaluate
 from core_engine.scheduler import InferenceScheduler
 from core_engine.task import SamplingParams
 from core_engine.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
@@ -303,7 +303,7 @@ def build_calculator_policy(
     config = calculator_config(tokenizer)
     model = initial_model(config, seed)
     result = warm_up(model, tokenizer, seed, target_accuracy, max_steps, settings, log)
-    builder = "core_engine.rl.calculator_policy.build_calculator_policy"
+    builder = "core_engine.policies.calculator.build_calculator_policy"
     info = build_record(
         result,
         target_accuracy,
