@@ -10,20 +10,19 @@ import argparse
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from core_engine.engine import load_engine
-from core_engine.prompts import chat_prompt_ids
-from core_engine.scheduler import EngineConfig, InferenceScheduler
 from core_engine.task import KV_STRATEGIES, SamplingParams
-from core_engine.toy import save_tiny_checkpoint
-from core_engine.weights import canonical_weights, weights_checksum
+
+if TYPE_CHECKING:  # the engine loads torch: imported once the arguments are parsed
+    from core_engine.scheduler import InferenceScheduler
 
 PROMPTS = ["12+7=", "reverse: abc", "hello", "The capital of France is"]
 
 
 def demo_checkpoint(data_dir: Path) -> Path:
+    from core_engine.toy import save_tiny_checkpoint
+
     path = data_dir / "demo-model"
     if not (path / "config.json").exists():
         save_tiny_checkpoint(path, arch="qwen2", hidden_size=128, intermediate_size=256)
@@ -39,6 +38,13 @@ def main(argv: list[str] | None = None) -> None:
         "--data-dir", type=Path, default=Path("data"), help="where the small checkpoint is built"
     )
     args = parser.parse_args(argv)
+    import torch
+
+    from core_engine.engine import load_engine
+    from core_engine.prompts import chat_prompt_ids
+    from core_engine.scheduler import EngineConfig
+    from core_engine.weights import canonical_weights, weights_checksum
+
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     model_path = args.model or demo_checkpoint(args.data_dir)
     engine = load_engine(model_path, EngineConfig(kv_strategy=args.kv_strategy, max_batch_size=16))

@@ -17,9 +17,10 @@ from core_engine.adapters import (
 )
 from core_engine.model import CausalLM, ModelConfig, checkpoint_eos_ids, load_model, load_state
 from core_engine.scheduler import EngineConfig, InferenceScheduler
+from core_engine.task import DTYPE_NAMES
 from core_engine.weights import adapter_weights
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 class DeviceError(ValueError):

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 # The KV pool's layouts (`core_engine.cache.pool`), named here so that torch-free callers (job
 # validation, the UI's form) offer and check the same ones.
 KV_STRATEGIES = ("paged", "contiguous")
+# The engine's weight dtypes (`core_engine.engine.DTYPES`), named here for the same callers and
+# for the OpenAI server's arguments, parsed before torch is loaded.
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
 class FinishReason(enum.StrEnum):

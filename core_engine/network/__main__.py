@@ -19,14 +19,8 @@ import ipaddress
 import os
 from collections.abc import Sequence
 
-import uvicorn
-
-from core_engine.assets import shipped_checkpoint
-from core_engine.engine import DTYPES, load_engine
-from core_engine.network.app import create_app
 from core_engine.network.limits import ServerLimits
-from core_engine.scheduler import EngineConfig
-from core_engine.task import KV_STRATEGIES
+from core_engine.task import DTYPE_NAMES, KV_STRATEGIES
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -42,14 +36,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--kv-strategy", choices=KV_STRATEGIES, default="paged")
-    parser.add_argument("--max-batch-size", type=int, default=EngineConfig.max_batch_size)
+    parser.add_argument("--max-batch-size", type=int, help="request slots (default: the engine's)")
     parser.add_argument("--max-seq-len", type=int, help="default: the model's context")
     parser.add_argument("--kv-cache-bytes", type=int, help="KV budget (docs/engine.md)")
     parser.add_argument(
         "--gpu-memory-utilization",
         type=float,
-        default=EngineConfig.gpu_memory_utilization,
-        help="CUDA: fraction of the free memory after the weights given to the KV pool",
+        help="CUDA: fraction of the free memory after the weights given to the KV pool "
+        "(default: the engine's)",
     )
     parser.add_argument("--api-key", default=os.environ.get("RLWB_API_KEY"))
     parser.add_argument(
@@ -60,7 +54,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu")
     parser.add_argument(
         "--dtype",
-        choices=[*sorted(DTYPES), "auto"],
+        choices=[*sorted(DTYPE_NAMES), "auto"],
         default="auto",
         help="engine dtype (auto: bfloat16 on CUDA, float32 on CPU)",
     )
@@ -90,14 +84,24 @@ def is_loopback(host: str) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Load the checkpoint and serve it until interrupted."""
+    """Load the checkpoint and serve it until interrupted. The engine, the app and torch are
+    imported once the arguments are parsed: `--help` and a wrong argument answer at once."""
     args = parse_args(argv)
+    import uvicorn
+
+    from core_engine.assets import shipped_checkpoint
+    from core_engine.engine import load_engine
+    from core_engine.network.app import create_app
+    from core_engine.scheduler import EngineConfig
+
+    given = {
+        "max_batch_size": args.max_batch_size,
+        "max_seq_len": args.max_seq_len,
+        "kv_cache_bytes": args.kv_cache_bytes,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+    }
     config = EngineConfig(
-        max_batch_size=args.max_batch_size,
-        max_seq_len=args.max_seq_len,
-        kv_strategy=args.kv_strategy,
-        kv_cache_bytes=args.kv_cache_bytes,
-        gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_strategy=args.kv_strategy, **{k: v for k, v in given.items() if v is not None}
     )
     model = shipped_checkpoint(args.model)
     engine = load_engine(model, config, device=args.device, dtype=args.dtype)

@@ -29,6 +29,12 @@ if TYPE_CHECKING:  # the trainer's modules load torch: imported once the argumen
     from core_engine.rl.trainer.records import StepRecord
 
 
+WORKER_KEYS_HINT = (
+    "\nThe trainer alone reads GRPOConfig fields only: a data file's columns, system_prompt, "
+    "the held-out and tracker keys belong to jobs the workers run (`rlwb train JOB_FILE`)."
+)
+
+
 def _line(record: StepRecord, version: int) -> str:
     m = record.metrics
     if record.status == "rejected":
@@ -59,9 +65,14 @@ def main(argv: list[str] | None = None) -> int:
 
     job_file = Path(args.config)
     default_output = job_file.with_name(f"{job_file.stem}-checkpoints")
-    config = GRPOConfig.from_file(job_file, defaults={"output_dir": str(default_output)})
-    config = replace(config, model=shipped_checkpoint(config.model))
-    records = prompt_records(config.task, config.data, seed=config.seed)
+    try:
+        config = GRPOConfig.from_file(job_file, defaults={"output_dir": str(default_output)})
+        config = replace(config, model=shipped_checkpoint(config.model))
+        records = prompt_records(config.task, config.data, seed=config.seed)
+    except (OSError, ValueError) as exc:  # the file, its fields, its prompts: said, not raised
+        unknown = str(exc).startswith("unknown config keys")
+        print(f"{job_file}: {exc}{WORKER_KEYS_HINT if unknown else ''}", file=sys.stderr)
+        return 2
     bar = tqdm(total=config.steps, desc="GRPO", unit="step")
     trainer: GRPOTrainer | None = None
 

@@ -13,10 +13,10 @@ from core_engine.rl.limits import TRAINER_FIELDS, field_problems
 from core_engine.rl.objective.choices import objective_problems, trl_names_as_ours
 from core_engine.rl.presets import apply_preset, preset_problems
 from core_engine.rl.rewards.mix import RewardSpec, parse_rewards
-from core_engine.task import KV_STRATEGIES, SamplingParams
+from core_engine.task import DTYPE_NAMES, KV_STRATEGIES, SamplingParams
 from core_engine.user_files import MAX_TEXT_BYTES, read_text
 
-ENGINE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+ENGINE_DTYPES = ("auto", *DTYPE_NAMES)
 OPTIMIZER_STATE_DTYPES = ("float32", "bfloat16")  # AdamW moments (core_engine.rl.trainer.optimizer)
 DEVICE_TYPES = ("cpu", "cuda")
 # How generation and training overlap (`core_engine.rl.pipeline`): not at all; the next batch

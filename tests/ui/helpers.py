@@ -64,8 +64,9 @@ def _sample(model_dir: Path, version: int, prompt: int, group: int, **fields: An
 
 
 def fill_training_job(repo: Repository, model_dir: Path) -> JobInfo:
-    """A finished train job: versions 0..3 with metrics, one accepted batch per version
-    (3 prompts x 4 samples) and, at version 1, a rejected batch with an errored sample."""
+    """A finished train job: versions 0..3 with metrics (the weights of 0 and 3 kept), one
+    accepted batch per version (3 prompts x 4 samples) and, at version 1, a rejected batch
+    with an errored sample."""
     config = {"model": str(model_dir), "task": "always7", "steps": VERSIONS - 1}
     job = repo.create_job("train", config, total_steps=VERSIONS - 1)
     repo.mark_running(job.id)
@@ -81,7 +82,9 @@ def fill_training_job(repo: Repository, model_dir: Path) -> JobInfo:
             tokens_per_second=100.0 + version,
         )
         parent = version - 1 if version else None
-        repo.record_policy_version(PolicyVersionRecord(job.id, version, parent, metrics=metrics))
+        kept = str(model_dir) if version in (0, VERSIONS - 1) else None  # as retention keeps
+        record = PolicyVersionRecord(job.id, version, parent, kept, metrics=metrics)
+        repo.record_policy_version(record)
         samples = [
             _sample(model_dir, version, p, g) for p in range(len(PROMPTS)) for g in range(GROUP)
         ]

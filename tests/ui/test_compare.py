@@ -42,6 +42,50 @@ def test_impossible_comparisons_are_explained(services, job):
     assert "two different versions" in compare_versions(services, job.id, 1, 1)[3]
     assert "choose a job and two versions" in compare_versions(services, job.id, 1, None)[3]
     assert "job 999 does not exist" in compare_versions(services, 999, 0, 1)[3]
+    assert "job #1 has no version 99 (its versions: 0, 1, 2, 3)" in from_inert(
+        compare_versions(services, job.id, 0, 99)[3]
+    )
+
+
+def test_compare_says_why_it_cannot_compare(services, world, job, tmp_path):
+    """A job with one version (or none), and a version of another job whose weights are not
+    kept: each refusal says why, where Compare said "choose a job and two versions" or blamed
+    missing tokenizer files (issue 43)."""
+    from db import BatchRecord, PolicyVersionRecord
+    from tests.ui.helpers import _sample
+    from ui.handlers.compare import default_versions
+
+    repo, model = world["repo"], world["model"]
+    one = repo.create_job("train", {"model": str(model), "task": "always7"}, total_steps=1)
+    repo.mark_running(one.id)
+    repo.record_policy_version(PolicyVersionRecord(one.id, 0, None, checkpoint_path=str(model)))
+    repo.record_batch(BatchRecord(one.id, 0, 0, "accepted", [_sample(model, 0, 0, 0)]))
+    pruned = repo.create_job("train", {"model": str(model), "task": "always7"}, total_steps=1)
+    repo.mark_running(pruned.id)
+    gone = str(tmp_path / "pruned")  # retention deleted it
+    repo.record_policy_version(PolicyVersionRecord(pruned.id, 0, None, checkpoint_path=gone))
+    empty = repo.create_job("train", {"model": str(model), "task": "always7"}, total_steps=1)
+
+    def why(*view) -> str:
+        return from_inert(compare_versions(services, *view)[3])
+
+    assert f"job #{one.id} has only version 0: Compare sets two versions" in why(
+        one.id, *default_versions(services, one.id)
+    )
+    assert f"job #{empty.id} has no version yet" in why(empty.id, None, None)
+    assert "or choose Job B" in why(one.id, 0, None)
+    assert f"job #{pruned.id} version 0: weights not kept, so its tokenizer" in why(
+        one.id, 0, 0, pruned.id
+    )
+    message, launched = launch_compare(services, one.id, 0, None, "always7", 8, 1, 4)
+    assert f"job #{one.id} has only version 0" in from_inert(message) and launched is None
+    message, launched = launch_compare(services, job.id, 0, 1, "always7", 8, 1, 4)
+    assert f"job #{job.id} version 1: weights not kept, and the held-out" in from_inert(message)
+    assert launched is None and world["queue"].submitted == []
+    for finished in (one, pruned):
+        repo.mark_succeeded(finished.id)
+    for made in (one, pruned, empty):
+        repo.delete_job(made.id)
 
 
 def test_histograms_share_bins():
@@ -180,7 +224,7 @@ def test_the_held_out_comparison_shows_its_pairs_when_it_finishes(services, worl
     repo.mark_running(train.id)
     for version in (0, 1):  # each version answered a prompt of its own: no pair
         parent = version - 1 if version else None
-        repo.record_policy_version(PolicyVersionRecord(train.id, version, parent))
+        repo.record_policy_version(PolicyVersionRecord(train.id, version, parent, str(model)))
         samples = [_sample(model, version, version, 0)]
         repo.record_batch(BatchRecord(train.id, version, version, "accepted", samples))
     repo.mark_succeeded(train.id)

@@ -220,6 +220,8 @@ def launch_compare(
             raise InvalidValue(f"task: choose one of {', '.join(api.TASKS)}")
         if not counts["num_prompts"] or not counts["max_tokens"] or counts["seed"] is None:
             raise InvalidValue("prompts and max tokens must be >= 1, and a seed is required")
+        for job, version in side_a, side_b:
+            _generating_weights(services, job, version)
         if side_a[0] == side_b[0]:
             config: dict[str, Any] = {
                 "job_id": side_a[0],
@@ -238,6 +240,18 @@ def launch_compare(
     except ValueError as exc:  # InvalidValue, or the queue's own validation
         return f"**Nothing was enqueued:** {inert(exc)}", None
     return _lines(evaluations), [job.id for job in evaluations]
+
+
+def _generating_weights(services: Services, job: int, version: int) -> None:
+    """`InvalidValue` unless the version's weights are kept: the held-out comparison
+    generates with them (the worker checks again: retention may delete them meanwhile)."""
+    info = services.repository.get_version(job, version)
+    if info is None or not api.weights_kept(info):
+        raise InvalidValue(
+            f"job #{job} version {version}: weights not kept, and the held-out comparison "
+            "answers with each version's weights. Choose versions whose weights are kept "
+            "(Samples marks them; a job keeps them as keep_last and keep_every say)"
+        )
 
 
 def _lines(jobs: list[JobInfo]) -> str:

@@ -27,20 +27,6 @@ def side_names(side_a: Side, side_b: Side) -> dict[str, str]:
     }
 
 
-def chosen(
-    job_id: float | str | None, version_a: float | str | None, version_b: float | str | None
-) -> tuple[int, int, int]:
-    """(job, version A, version B), or `InvalidValue` unless all three are given."""
-    ids = (
-        parse_id(job_id, "job"),
-        parse_id(version_a, "version A"),
-        parse_id(version_b, "version B"),
-    )
-    if None in ids:
-        raise InvalidValue("choose a job and two versions")
-    return ids
-
-
 def chosen_sides(
     services: Services,
     job_id: float | str | None,
@@ -48,24 +34,58 @@ def chosen_sides(
     version_b: float | str | None,
     job_b: float | str | None,
 ) -> tuple[Side, Side]:
-    """((job, version A), (job B or the job, version B)); `InvalidValue` unless all are
-    given, or when two jobs do not share a tokenizer (`shared_tokenizer`)."""
-    job, a, b = chosen(job_id, version_a, version_b)
-    other = parse_id(job_b, "job B")
-    side_a, side_b = (job, a), (job if other is None else other, b)
+    """((job, version A), (job B or the job, version B)), or `InvalidValue` saying why not:
+    a version not chosen (a job with fewer than two versions says so), a version its job does
+    not have, two jobs that do not share a tokenizer (`shared_tokenizer`)."""
+    job, other = parse_id(job_id, "job"), parse_id(job_b, "job B")
+    if job is None:
+        raise InvalidValue("choose a job and two versions")
+    side_a = (job, parse_id(version_a, "version A"))
+    side_b = (job if other is None else other, parse_id(version_b, "version B"))
+    for side in side_a, side_b:
+        _check_version(services, side, alone=side_b[0] == job)
     if side_b[0] != job:
         shared_tokenizer(services, side_a, side_b)
     return side_a, side_b
 
 
+def _check_version(services: Services, side: tuple[int, int | None], alone: bool) -> None:
+    """`InvalidValue` unless the side names a version its job has; ``alone``: both sides are
+    of this job, so one with fewer than two versions has nothing to compare yet."""
+    job, version = side
+    versions = [m.version for m in services.repository.version_metrics(job)]
+    if version is None and alone and len(versions) < 2:
+        has = f"only version {versions[0]}" if versions else "no version yet"
+        raise InvalidValue(
+            f"job #{job} has {has}: Compare sets two versions side by side. Wait for its "
+            "next version, or choose Job B to compare it with a version of another job"
+        )
+    if version is None:
+        raise InvalidValue("choose a job and two versions")
+    if version not in versions:
+        listed = (
+            ", ".join(map(str, versions))
+            if len(versions) <= 6
+            else (f"{versions[0]} to {versions[-1]}")
+        )
+        raise InvalidValue(
+            f"job #{job} has no version {version} (its versions: {listed or 'none'})"
+        )
+
+
 def shared_tokenizer(services: Services, side_a: Side, side_b: Side) -> None:
     """`InvalidValue` with the reason unless both versions' checkpoints share a tokenizer
-    (the same tokenizer files, or the same vocabulary: `workers.api.tokenizer_problem`)."""
+    (the same tokenizer files, or the same vocabulary: `workers.api.tokenizer_problem`); a
+    version whose weights are not kept has no tokenizer files to tell."""
     checkpoints = []
     for job, version in side_a, side_b:
         info = services.repository.get_version(job, version)
-        if info is None or not info.checkpoint_path:
-            raise InvalidValue(f"job #{job} has no checkpoint of version {version} to compare")
+        if info is None or not api.weights_kept(info):
+            raise InvalidValue(
+                f"job #{job} version {version}: weights not kept, so its tokenizer cannot be "
+                "checked (versions of two jobs are compared only on one tokenizer). Choose a "
+                "version whose weights are kept (Samples marks them)"
+            )
         checkpoints.append(info.checkpoint_path)
     problem = api.tokenizer_problem(*checkpoints)
     if problem is not None:
