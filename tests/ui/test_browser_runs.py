@@ -172,6 +172,7 @@ def test_a_studys_runs_view_draws_the_bootstrap_of_its_seeds_scores(study_app, t
             finals = rows[:, -1:]  # each seed's last held-out score
             mean, low, high = (float(b[0]) for b in _bootstrap(finals, 10_000))
             assert cells[:2] == [point, "3"]
+            assert all(re.fullmatch(r"\d\.\d{4}", cell) for cell in cells[2:5])  # rounded
             shown = [float(cell) for cell in cells[2:5]]
             assert shown == pytest.approx([mean, low, high], abs=5e-4)  # as displayed
         _shot(page, tmp_path, "runs-study")
