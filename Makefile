@@ -9,7 +9,7 @@ export GRADIO_ANALYTICS_ENABLED := False
 export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: install up demo demo-policy calculator-policy test lint docs format bench gpu-check
+.PHONY: install up demo demo-policy calculator-policy r1-policy test lint docs format bench gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ demo-policy: install
 # Rebuild the calculator demo policy (core_engine/assets/calculator-policy; minutes of warm-up).
 calculator-policy: install
 	$(PY) -m core_engine.policies.calculator
+
+# Rebuild the R1 demo policy (core_engine/assets/r1-policy; a minute or two of warm-up).
+r1-policy: install
+	$(PY) -m core_engine.policies.r1
 
 # The suite runs in PYTEST_WORKERS pytest-xdist processes (each with its own Redis database,
 # PostgreSQL schemas, temp dirs and ports), one more than the cores, 2 to 4: the tests also wait

@@ -54,7 +54,7 @@ from workers.job_files import (
 )
 from workers.kept_weights import adapter_bytes, weights_kept
 from workers.settings import GPU_QUEUE, TASK_FOR_KIND, UPLOADS_DIR, Settings, worker_device
-from workers.shipped import CALCULATOR_MODEL, DEMO_MODEL, MODEL_PRESETS
+from workers.shipped import CALCULATOR_MODEL, DEMO_MODEL, MODEL_PRESETS, R1_MODEL
 from workers.specs import (
     HELDOUT_EVERY,
     HELDOUT_MEAN_AT_K_METRIC,
@@ -84,6 +84,7 @@ __all__ = [
     "MAX_TEXT_BYTES",
     "MODEL_PRESETS",
     "PIPELINE_MODES",
+    "R1_MODEL",
     "REWARDS",
     "SAVABLE_MODULES",
     "TASKS",

@@ -5,11 +5,12 @@ chosen. Imports no torch."""
 from pathlib import Path
 from typing import Any
 
-from core_engine.assets import BUILDERS, CALCULATOR_MODEL, DEMO_MODEL, SHIPPED_POLICIES
+from core_engine.assets import BUILDERS, CALCULATOR_MODEL, DEMO_MODEL, R1_MODEL, SHIPPED_POLICIES
 
 SHIPPED_MODEL_NAMES = tuple(SHIPPED_POLICIES)
-# What Launch fills in when a shipped policy is chosen: the task, environment and lengths it
-# was built for, and a run long enough to see it learn on a CPU (docs/benchmarks.md).
+# What Launch fills in when a shipped policy is chosen: the task, environment, rewards and
+# lengths it was built for, and a run long enough to see it learn on a CPU (docs/benchmarks.md,
+# docs/rewards.md).
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
     DEMO_MODEL: {"task": "addition", "environment": None, "steps": 600, "max_tokens": 6},
     CALCULATOR_MODEL: {
@@ -19,6 +20,14 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
         "max_tokens": 48,  # per turn: a tool call, or the answer
         "max_turns": 5,  # a problem has 2-4 worked lines, then the answer
         "max_episode_tokens": 384,  # the policy's context
+    },
+    # the R1 recipe: the answer checked and the <think>/<answer> template rewarded
+    R1_MODEL: {
+        "task": "word_problems",
+        "environment": None,
+        "reward": [{"name": "math"}, {"name": "format"}],
+        "steps": 60,
+        "max_tokens": 160,  # a reply of 4 worked lines is ~110 tokens
     },
 }
 

@@ -1,7 +1,7 @@
 """Serve a local checkpoint over the OpenAI API.
 
-python -m core_engine.network --model PATH|demo|calculator-demo [--host 127.0.0.1] [--port 8000]
-    [--api-key KEY] [--allow-unauthenticated-public]
+python -m core_engine.network --model PATH|demo|calculator-demo|r1-demo
+    [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--allow-unauthenticated-public]
     [--kv-strategy paged|contiguous] [--max-batch-size N] [--max-seq-len N]
     [--kv-cache-bytes N] [--gpu-memory-utilization F]
     [--served-model-name NAME] [--device cpu|cuda] [--dtype float32|bfloat16|float16]
@@ -19,6 +19,7 @@ import ipaddress
 import os
 from collections.abc import Sequence
 
+from core_engine.assets import SHIPPED_POLICIES
 from core_engine.network.limits import ServerLimits
 from core_engine.task import DTYPE_NAMES, KV_STRATEGIES
 
@@ -30,7 +31,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--model",
         required=True,
-        help="local Hugging Face checkpoint directory, or a shipped policy: demo, calculator-demo",
+        help="local Hugging Face checkpoint directory, or a shipped policy: "
+        + ", ".join(SHIPPED_POLICIES),
     )
     parser.add_argument("--served-model-name", help="the API's model id (default: --model)")
     parser.add_argument("--host", default="127.0.0.1")

@@ -6,8 +6,9 @@ A job with `devices = N` runs as N ranks: started here on one machine (this proc
 -m core_engine.rl train job.toml`` with `devices = 16`): the ranks then join the group its
 environment variables describe. Rank 0 prints and writes the checkpoints.
 
-``model`` may name a shipped policy (``"demo"``, ``"calculator-demo"``); ``output_dir`` is
-optional: by default the folder ``<job file name>-checkpoints`` beside the job file.
+``model`` may name a shipped policy (``"demo"``, ``"calculator-demo"``, ``"r1-demo"``);
+``output_dir`` is optional: by default the folder ``<job file name>-checkpoints`` beside the
+job file.
 """
 
 from __future__ import annotations

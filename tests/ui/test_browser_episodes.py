@@ -134,3 +134,19 @@ def test_choosing_the_calculator_policy_fills_in_its_task_and_environment(app):
             "train calculator-demo on word_problems in environment calculator"
         )
         expect(status).to_contain_text("max_turns 5, max_episode_tokens 384")
+
+
+def test_choosing_the_r1_recipe_fills_in_word_problems_and_its_two_rewards(app):
+    """The R1 recipe's preset: picking it sets word problems, single-turn, rewarded by `math`
+    plus `format`, and Launch sends that job."""
+    sync_api = _require_browser()
+    expect = sync_api.expect
+    url, _ = app
+    with _opened(sync_api, url) as page:
+        _choose(page, "launch-model", re.compile("^R1 recipe"))
+        expect(page.locator("#launch-reward input")).to_have_value("math")
+        page.get_by_text("More rewards (weighted sum)").click()
+        expect(page.locator("#launch-reward-2 input")).to_have_value("format")
+        expect(page.locator("#launch-environment input")).to_have_value("none: single-turn")
+        page.locator("#launch-button").click()
+        expect(page.locator("#launch-status")).to_contain_text("train r1-demo on word_problems")

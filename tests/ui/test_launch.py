@@ -23,7 +23,7 @@ from ui.handlers.launch import (
 from ui.handlers.model_form import SHIPPED_CHOICES, model_choices
 from ui.render import inert
 from workers import api
-from workers.shipped import CALCULATOR_MODEL, DEMO_MODEL
+from workers.shipped import CALCULATOR_MODEL, DEMO_MODEL, R1_MODEL
 
 
 def form(**overrides: Any) -> dict[str, Any]:
@@ -54,6 +54,7 @@ def test_model_choices_offer_the_demo_and_checkpoints_under_the_roots(services, 
     assert model_choices(services) == [
         ("built-in demo policy", DEMO_MODEL),
         ("built-in calculator policy: word problems with a tool", CALCULATOR_MODEL),
+        ("R1 recipe (math + format): word problems in <think>/<answer>", R1_MODEL),
         (str(world["model"]), str(world["model"])),
     ]
 

@@ -128,7 +128,7 @@ def test_the_calculator_policy_comes_with_its_task_environment_and_lengths(servi
         model_choices(services)
     )
     preset = preset_values(api.CALCULATOR_MODEL)
-    assert preset == {
+    assert {name: preset[name] for name in PRESET_FIELDS[:7]} == {
         "source": TASK_SOURCE,
         "task": "word_problems",
         "environment": "calculator",
@@ -165,3 +165,20 @@ def test_the_calculator_policy_is_refused_where_its_context_is_too_short(service
     message = launch_job(services, **form(model=api.CALCULATOR_MODEL, **preset))
     assert message.startswith("**Nothing was enqueued.**") and inert("384-token context") in message
     assert world["queue"].submitted == []
+
+
+def test_the_r1_recipe_launches_word_problems_with_the_math_and_format_rewards(services, world):
+    """Choosing the R1 recipe fills in word problems, single-turn, rewarded by `math` plus
+    `format`, with a reply length that fits the policy's context: Launch accepts that job as
+    it stands (its prompts checked against the context)."""
+    assert ("R1 recipe (math + format): word problems in <think>/<answer>", "r1-demo") in (
+        model_choices(services)
+    )
+    preset = preset_values(api.R1_MODEL)
+    assert (preset["task"], preset["environment"]) == ("word_problems", SINGLE_TURN)
+    assert (preset["reward"], preset["reward_2"]) == ("math", "format")
+    message = launch_job(services, **form(model=api.R1_MODEL, **preset))
+    assert f"is queued: {inert('train r1-demo on word_problems')}" in message
+    config = _submitted(world)
+    assert config["reward"] == [{"name": "math", "weight": 1.0}, {"name": "format", "weight": 1.0}]
+    assert (config["task"], config["max_tokens"]) == ("word_problems", preset["max_tokens"])

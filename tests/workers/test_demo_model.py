@@ -49,7 +49,9 @@ def test_a_calculator_demo_job_runs_episodes_from_the_shipped_calculator_policy(
 
 
 def test_a_missing_shipped_policy_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(shipped, "SHIPPED_POLICY", tmp_path / "gone")
-    with pytest.raises(DemoPolicyMissing, match="rebuild it with `python -m core_engine"):
+    monkeypatch.setitem(shipped.SHIPPED_POLICIES, "demo", tmp_path / "gone")
+    with pytest.raises(
+        DemoPolicyMissing, match=r"rebuild it with `python -m core_engine\.policies\.demo`"
+    ):
         resolve_model("demo")
     assert resolve_model(str(tmp_path)) == str(tmp_path)  # a directory stays itself
