@@ -4,9 +4,10 @@ Bulk-loads ``--runs`` finished train jobs (a grid of learning rates x seeds) of 
 versions each into a fresh PostgreSQL schema (dropped afterwards): every version with the
 trainer's named metrics and ~20 extra ones (a held-out score every 10 versions) and its sample
 totals per finish reason. Then times the view's query + aggregation path
-(`ui.handlers.runs.build_view`: the metric and the held-out score read across all jobs, the
-tokens, grouping into points, the bootstrap bands, the tables) and, apart, the SVG drawn from
-it: warm, median of ``--repeats``. Target: the view within 1 s.
+(`ui.handlers.runs.build_view`: the metric read across all jobs at every version, each run's
+final held-out score from its newest versions, the tokens, grouping into points, the bootstrap
+bands, the tables) and, apart, the SVG drawn from it: warm, median of ``--repeats``. Target:
+the view within 1 s.
 
     .venv/bin/python benchmarks/bench_runs_view.py [--json docs/benchmarks/bench_runs_view.json]
     .venv/bin/python benchmarks/bench_runs_view.py --runs 2 --versions 1000

@@ -36,6 +36,31 @@ def bootstrap_mean_ci(
     return float(low), float(high)
 
 
+def _order_statistics(
+    values: np.ndarray, weights: np.ndarray, quantiles: list[float]
+) -> list[np.ndarray]:
+    """numpy's (linear) percentiles, per column, of the values each repeated ``weights``
+    times (NaN values left out): ``values`` [distinct, x], ``weights`` [distinct]. The distinct
+    values are sorted, not the repeated ones."""
+    order = np.argsort(values, axis=0)  # NaN last
+    ranked = np.take_along_axis(values, order, axis=0)
+    counted = np.where(np.isnan(ranked), 0.0, weights[order])
+    through = np.cumsum(counted, axis=0)  # repeated values up to and including each
+    total = through[-1]
+    columns = np.arange(values.shape[1])
+
+    def nth(index: np.ndarray) -> np.ndarray:  # the index-th of the repeated, sorted values
+        return ranked[(through <= index).sum(axis=0).clip(max=len(ranked) - 1), columns]
+
+    found = []
+    for quantile in quantiles:
+        position = quantile / 100 * (total - 1)
+        below = np.floor(position)
+        a, b = nth(below), nth(np.minimum(below + 1, total - 1))
+        found.append(np.where(total > 0, a + (b - a) * (position - below), np.nan))
+    return found
+
+
 def bootstrap_band(
     curves: np.ndarray,
     confidence: float = CONFIDENCE,
@@ -45,7 +70,9 @@ def bootstrap_band(
     """(mean, low, high) at each column of ``curves`` ([seeds, x], NaN where a seed has no
     value): the mean of the known values and the percentile bootstrap interval of that mean,
     each resample drawing whole seeds (one draw of seeds shared by every column). Low and high
-    are NaN where fewer than 2 seeds are known."""
+    are NaN where fewer than 2 seeds are known. A resample is how often it drew each seed, and
+    a few seeds have few of those (3 seeds: 10), so each distinct one's means are computed once
+    and weighted by how many resamples drew it."""
     data = np.asarray(curves, dtype=np.float64)
     known = ~np.isnan(data)
     counts = known.sum(axis=0)
@@ -53,23 +80,19 @@ def bootstrap_band(
         mean = np.where(counts > 0, np.nansum(data, axis=0) / np.maximum(counts, 1), np.nan)
         low = np.full(data.shape[1], np.nan)
         high = np.full(data.shape[1], np.nan)
-        if data.shape[0] >= 2:
-            # each resample as how often it drew each seed: its sums are one product
+        spread = counts >= 2
+        if data.shape[0] >= 2 and spread.any():
             drawn = _draws(data.shape[0], resamples, seed)
-            times = (drawn[:, :, None] == np.arange(data.shape[0])).sum(axis=1).astype(np.float64)
-            sums = times @ np.where(known, data, 0.0)  # [resamples, x]
-            if known.all():
-                means = sums / data.shape[0]
-            else:
-                drawn_counts = times @ known.astype(np.float64)
-                means = np.where(drawn_counts > 0, sums / np.maximum(drawn_counts, 1), np.nan)
-            spread = counts >= 2
-            if spread.any():
-                tail = 100 * (1 - confidence) / 2
-                kept = means[:, spread] if not spread.all() else means
-                percentile = np.nanpercentile if np.isnan(kept).any() else np.percentile
-                bounds = percentile(kept, [tail, 100 - tail], axis=0, overwrite_input=True)
-                low[spread], high[spread] = bounds
+            times = (drawn[:, :, None] == np.arange(data.shape[0])).sum(axis=1)
+            distinct, weights = np.unique(times, axis=0, return_counts=True)
+            distinct = distinct.astype(np.float64)
+            kept, present = np.where(known, data, 0.0)[:, spread], known[:, spread]
+            drawn_counts = distinct @ present
+            means = np.where(
+                drawn_counts > 0, (distinct @ kept) / np.maximum(drawn_counts, 1), np.nan
+            )
+            tail = 100 * (1 - confidence) / 2
+            low[spread], high[spread] = _order_statistics(means, weights, [tail, 100 - tail])
     return mean, low, high
 
 

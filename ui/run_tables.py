@@ -35,18 +35,9 @@ RUN_COLUMNS = [
 ]
 
 
-def last_known(metric: RunMetric | None) -> tuple[float | None, int | None]:
-    """(value, version) of the highest version at which the metric was recorded."""
-    if metric is None:
-        return None, None
-    for version, value in zip(reversed(metric.versions), reversed(metric.values), strict=True):
-        if value is not None:
-            return value, version
-    return None, None
-
-
 def steps_per_minute(metric: RunMetric | None) -> float | None:
-    """Versions made per minute between the run's first and last recorded version."""
+    """Versions made per minute between the run's first and last version (``metric``: any
+    metric read at every version, recorded or not)."""
     if metric is None or len(metric.versions) < 2 or metric.seconds[-1] <= 0:
         return None
     return (metric.versions[-1] - metric.versions[0]) / (metric.seconds[-1] / 60)
@@ -84,23 +75,25 @@ class RunFacts:
 
 def run_facts(
     grouped: Mapping[str, list[JobInfo]],
-    scores: Mapping[int, RunMetric],
+    finals: Mapping[int, tuple[int, float]],
+    read: Mapping[int, RunMetric],
     tokens: Mapping[int, int],
     now: datetime,
 ) -> list[RunFacts]:
-    """Each run's final held-out score and its speed (both from ``scores``, read at every
-    version of the run) and cost (its devices' time, its ``tokens``)."""
+    """Each run's final held-out score (``finals``: job -> (version, score)), its speed (from
+    a metric ``read`` at every version of the run) and cost (its devices' time, its
+    ``tokens``)."""
     facts = []
     for point, jobs in grouped.items():
         for job in jobs:
-            score, at = last_known(scores.get(job.id))
+            at, score = finals.get(job.id, (None, None))
             facts.append(
                 RunFacts(
                     job,
                     point,
                     score,
                     at,
-                    steps_per_minute(scores.get(job.id)),
+                    steps_per_minute(read.get(job.id)),
                     device_seconds(job, now),
                     tokens.get(job.id, 0),
                 )

@@ -38,6 +38,36 @@ def test_the_metrics_of_every_job_in_one_query(repo: Repository) -> None:
     assert rewards[a].seconds == pytest.approx(expected, abs=1e-3)  # SQLite: milliseconds
 
 
+def test_final_values_are_each_jobs_newest_recorded_ones(repo: Repository) -> None:
+    a = _job(repo, [0.1, 0.2, 0.3, 0.4], {0: 0.25, 2: 0.75})  # none at the last version
+    b = _job(repo, [0.2, None], {1: 0.5})
+    never = _job(repo, [0.1], {})
+    empty = repo.create_job("train", {"model": "toy"}).id
+    found = repo.final_values([a, b, never, empty], "heldout_accuracy")
+    assert found == {a: (2, 0.75), b: (1, 0.5)}
+    assert repo.final_values([b, a], "reward_mean") == {a: (3, 0.4), b: (0, 0.2)}
+
+
+def test_extra_metrics_by_any_name_are_read_where_recorded(repo: Repository) -> None:
+    """Names with LIKE's wildcards, inside other names, or that JSON escapes (a quote; on
+    PostgreSQL: SQLite's JSON paths do not find such a name)."""
+    escaped = ['held"out'] if repo.engine.dialect.name == "postgresql" else []
+    job = repo.create_job("train", {"model": "toy"})
+    repo.mark_running(job.id)
+    first = {"a_b%": 0.25, "xx": 1.0} | {name: 0.5 for name in escaped}
+    for version, extra in enumerate([first, {"x": 2.0}, {"ab%": 3.0}]):
+        parent = version - 1 if version else None
+        metrics = PolicyMetrics(extra=extra)
+        repo.record_policy_version(PolicyVersionRecord(job.id, version, parent, metrics=metrics))
+    read = repo.run_metrics([job.id], ["a_b%", "x", "xx", *escaped])
+    assert {name: read[name][job.id].values for name in read} == {
+        "a_b%": [0.25, None, None],
+        "x": [None, 2.0, None],
+        "xx": [1.0, None, None],
+    } | {name: [0.5, None, None] for name in escaped}
+    assert repo.final_values([job.id], "x") == {job.id: (1, 2.0)}
+
+
 def test_a_job_without_versions_has_no_curve_and_unknown_metrics_are_none(repo) -> None:
     a = _job(repo, [0.1], {})
     empty = repo.create_job("train", {"model": "toy"}).id

@@ -1,5 +1,6 @@
 """Train jobs of a small sweep for the Runs view's tests: a grid of learning rates, a few
-seeds each, versions with a reward curve and a held-out score every few versions."""
+seeds each (alone or as a study's jobs), versions with a reward curve and a held-out score every
+few versions."""
 
 import random
 from datetime import timedelta
@@ -7,8 +8,17 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from db import BatchRecord, JobInfo, PolicyMetrics, PolicyVersionRecord, Repository, SampleRecord
+from db import (
+    BatchRecord,
+    JobInfo,
+    PolicyMetrics,
+    PolicyVersionRecord,
+    Repository,
+    SampleRecord,
+    StudyInfo,
+)
 from db.models import PolicyVersion
+from db.repository.studies import StudyJobRecord
 
 HELDOUT_EVERY = 2
 
@@ -31,11 +41,22 @@ def _sample(version: int, index: int, length: int) -> SampleRecord:
 def seed_run(
     repo: Repository, model: Path, lr: float, seed: int, versions: int, rng: random.Random
 ) -> JobInfo:
-    """A finished train job of ``versions`` versions: reward_mean rising with noise, a
-    held-out score at every `HELDOUT_EVERY`-th version and the last, and one accepted batch
+    """A finished train job of ``versions`` versions (`finish_run`)."""
+    config = {**_config(model, versions, lr), "seed": seed}
+    job = repo.create_job("train", config, total_steps=versions - 1)
+    return finish_run(repo, job, lr, versions, rng)
+
+
+def _config(model: Path, versions: int, lr: float) -> dict:
+    return {"model": str(model), "task": "always7", "steps": versions - 1, "lr": lr}
+
+
+def finish_run(
+    repo: Repository, job: JobInfo, lr: float, versions: int, rng: random.Random
+) -> JobInfo:
+    """The queued ``job`` run to its end: ``versions`` versions, reward_mean rising with noise,
+    a held-out score at every `HELDOUT_EVERY`-th version and the last, and one accepted batch
     of two samples (random lengths) per version."""
-    config = {"model": str(model), "task": "always7", "steps": versions - 1, "lr": lr}
-    job = repo.create_job("train", {**config, "seed": seed}, total_steps=versions - 1)
     repo.mark_running(job.id)
     for version in range(versions):
         extra = {"generate_s": rng.uniform(0.1, 0.2)}
@@ -74,3 +95,25 @@ def seed_sweep(
     """One run per (learning rate, seed)."""
     rng = random.Random(1234)
     return [seed_run(repo, model, lr, seed, versions, rng) for lr in lrs for seed in range(seeds)]
+
+
+def seed_study(
+    repo: Repository, name: str, model: Path, lrs: tuple[float, ...], seeds: int, versions: int
+) -> tuple[StudyInfo, list[JobInfo]]:
+    """A grid study of learning rates x ``seeds`` seeds, all its jobs made at once and run
+    to their ends (`finish_run`); the study as it then is."""
+    base = _config(model, versions, lrs[0])
+    space = {"grid": {"lr": list(lrs)}, "seed": 0}
+    study = repo.create_study(
+        name, "grid", base, space, seeds=seeds, max_jobs=len(lrs) * seeds, concurrency=99
+    )
+    planned = [
+        StudyJobRecord({**base, "lr": lr, "seed": seed}, {"lr": lr}, versions - 1)
+        for lr in lrs
+        for seed in range(seeds)
+    ]
+    _, jobs = repo.schedule_study(study.id, lambda info, made, room: planned[made:])
+    rng = random.Random(4321)
+    finished = [finish_run(repo, job, job.config["lr"], versions, rng) for job in jobs]
+    repo.schedule_study(study.id, lambda info, made, room: [])  # every job ended: completed
+    return repo.get_study(study.id), finished

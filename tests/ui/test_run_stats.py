@@ -66,6 +66,21 @@ def test_the_band_is_each_columns_interval_with_whole_seeds_resampled():
         assert (low[column], high[column]) == pytest.approx(tuple(expected), abs=1e-12)
 
 
+@pytest.mark.filterwarnings("ignore:Mean of empty slice")  # a resample of missing seeds only
+@pytest.mark.parametrize("seeds", [2, 3, 7])
+def test_the_band_of_random_curves_is_numpys_percentiles_of_the_resampled_means(seeds):
+    curves = np.random.default_rng(seeds).normal(0.5, 0.2, size=(seeds, 40))
+    curves[0, ::5] = np.nan  # a seed missing at some versions
+    mean, low, high = bootstrap_band(curves, resamples=500, seed=2)
+    draws = np.random.default_rng(2).integers(0, seeds, size=(500, seeds))
+    resampled = np.array([np.nanmean(curves[row], axis=0) for row in draws])  # [500, x]
+    expected = np.nanpercentile(resampled, [2.5, 97.5], axis=0)
+    spread = (~np.isnan(curves)).sum(axis=0) >= 2
+    assert np.allclose(low[spread], expected[0][spread], rtol=0, atol=1e-12)
+    assert np.allclose(high[spread], expected[1][spread], rtol=0, atol=1e-12)
+    assert np.isnan(low[~spread]).all() and np.allclose(mean, np.nanmean(curves, axis=0))
+
+
 def _tensorboard_ema(values, weight):
     """TensorBoard's smoothing as its source writes it: last = last * w + (1 - w) * y from
     last = 0; smoothed = last / (1 - w ** n), n the finite points so far."""

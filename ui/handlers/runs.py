@@ -130,8 +130,9 @@ def build_view(
     smoothing: float | str | None,
 ) -> RunsView:
     """The curves of ``metric`` and the tables of the selected runs: one query across all
-    of them for the metric and the held-out score, one for their tokens (and one more for
-    each version's tokens when they are the x axis)."""
+    of them for the metric (every version), one for their final held-out scores (each run's
+    newest versions only), one for their tokens (and one more for each version's tokens when
+    they are the x axis)."""
     jobs = runs_for_selection(services, job_ids)
     if not metric:
         raise InvalidValue("choose a metric")
@@ -140,8 +141,8 @@ def build_view(
     weight = _smoothing(smoothing)
     ids = [job.id for job in jobs]
     repository = services.repository
-    read = repository.run_metrics(ids, [metric, HELDOUT_METRIC])
-    values, scores = read[metric], read[HELDOUT_METRIC]
+    values = repository.run_metrics(ids, [metric])[metric]
+    finals = repository.final_values(ids, HELDOUT_METRIC)
     tokens = repository.run_tokens(ids) if x_axis == "tokens" else {}
     split = split_configs(jobs)
     grouped = points(jobs, split)
@@ -150,7 +151,7 @@ def build_view(
         for point, members in grouped.items()
         if (curve := point_curve(point, members, values, tokens, x_axis, weight)) is not None
     ]
-    facts = run_facts(grouped, scores, repository.token_totals(ids), datetime.now(UTC))
+    facts = run_facts(grouped, finals, values, repository.token_totals(ids), datetime.now(UTC))
     return RunsView(
         curves,
         points_table(facts),

@@ -5,6 +5,7 @@ from functools import partial
 
 import gradio as gr
 import pandas as pd
+from pandas.io.formats.style import Styler
 
 from db import InvalidValue
 from ui.handlers.runs import (
@@ -39,6 +40,27 @@ def _metrics(services: Services, job_ids: list[int] | None, current: str | None)
     """The metrics the runs recorded, the current one kept when they have it."""
     names, first = metric_choices(services, job_ids)
     return gr.update(choices=names, value=current if current in names else first or None)
+
+
+# How the tables show their numbers (exports and the API keep them whole).
+SHOWN = {
+    "final held-out (mean)": "{:.4f}",
+    "95% CI low": "{:.4f}",
+    "95% CI high": "{:.4f}",
+    "final held-out": "{:.4f}",
+    "steps/min": "{:.1f}",
+    "device·s": "{:.1f}",
+}
+
+
+def _shown(table: pd.DataFrame) -> Styler:
+    return table.style.format({c: f for c, f in SHOWN.items() if c in table.columns}, na_rep="")
+
+
+def _draw(services: Services, *view: object) -> tuple:
+    """`runs_view`, its tables' numbers rounded for the page."""
+    plot, points, runs, configs, message = runs_view(services, *view)
+    return plot, _shown(points), _shown(runs), configs, message
 
 
 def _export(services: Services, *view: object) -> tuple[dict, str]:
@@ -103,7 +125,7 @@ def build(services: Services, tab: gr.Tab) -> None:
 
     view = [jobs, metric, x_axis, smoothing]
     outputs = [plot, points, runs, configs, message]
-    draw = partial(runs_view, services)
+    draw = partial(_draw, services)
     tab.select(partial(_jobs, services), None, [study, jobs], api_name="runs_jobs")
     study.input(partial(_study, services), study, [jobs, message], api_name="runs_study")
     jobs.change(partial(_metrics, services), [jobs, metric], metric, api_name="runs_metrics").then(
