@@ -329,10 +329,9 @@ def check_output_dir(
 ) -> None:
     """`SpecError` when the ``output_dir`` of job ``job_id`` (None: a job not yet created) is
     the data directory or holds it, lies in a folder the workbench writes itself
-    (`Settings.own_dirs`: the jobs' default folders, the embedded broker's, the uploads'), or
-    is inside an earlier job's output folder or holds one: a job starts by cleaning its folder
-    (`workers.training.reconcile`), which would delete another job's checkpoints. The folder
-    belongs to the first job that names it."""
+    (`Settings.own_dirs`), or is inside an earlier job's output folder or holds one: a job
+    starts by cleaning its folder (`workers.training.reconcile`), which would delete another
+    job's checkpoints. The folder belongs to the first job that names it."""
     output = config.get("output_dir")
     if not isinstance(output, str) or not output:
         return

@@ -21,6 +21,8 @@ INTERACTIVE_TASKS = ("workers.chat", "workers.audit", "workers.token_diff")
 TASK_FOR_KIND = {kind: f"workers.{kind}" for kind in ("train", "evaluate", "compare")}
 DAY_S = 24 * 3600
 UPLOADS_DIR = "datasets"  # the data directory's folder of uploaded prompt sets
+STUDIES_DIR = "studies"  # the trackers' folders of each study's runs (`workers.trackers`)
+TRACKIO_DIR = "trackio"  # Trackio's project folder (`workers.trackers`)
 
 
 def worker_device() -> str:
@@ -106,4 +108,6 @@ class Settings:
             self.jobs_dir: "the folders of the jobs that name no output_dir",
             self.broker_dir: "the embedded broker's messages",
             self.uploads_dir: "the uploaded prompt sets",
+            self.data_dir / STUDIES_DIR: "the trackers' folders of the studies",
+            self.data_dir / TRACKIO_DIR: "Trackio's runs",
         }

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from db import METRIC_TYPES, JobInfo, PolicyMetrics
+from workers.settings import STUDIES_DIR, TRACKIO_DIR
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +97,8 @@ def tracked_run(
     """Job ``job`` (files in ``job_dir``, its checkpoint directory; with ``study``, the name
     of its study, in the study's folder) as the trackers see it."""
     uid = f"rlwb-{job.id}-{job.created_at:%Y%m%d%H%M%S}"
-    directory = job_dir / "runs" if study is None else data_dir / "studies" / study
-    trackio = data_dir / "trackio"
+    directory = job_dir / "runs" if study is None else data_dir / STUDIES_DIR / study
+    trackio = data_dir / TRACKIO_DIR
     return TrackedRun(directory, f"job-{job.id}", uid, job.config, trackio, study)
 
 

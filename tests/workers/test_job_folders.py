@@ -36,6 +36,8 @@ def test_an_output_dir_over_the_data_dir_or_another_jobs_folder_is_refused(env, 
         ("broker/queue", "the embedded broker's messages"),
         ("datasets", "the uploaded prompt sets"),
         ("datasets/mine", "the uploaded prompt sets"),
+        ("studies/lr-sweep", "the trackers' folders of the studies"),
+        ("trackio", "Trackio's runs"),
     ],
 )
 def test_an_output_dir_in_the_workbenchs_own_folders_is_refused(
