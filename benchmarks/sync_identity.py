@@ -1,5 +1,6 @@
-"""Whether synchronous GRPO gives bit-identical results in two checkouts: the check a refactor
-of the RL core must pass ("`sync` results are bit-identical to today's").
+"""Whether GRPO gives bit-identical results in two checkouts, synchronous and `one_step`: the
+check a refactor of the RL core must pass ("`sync` and `one_step` results are bit-identical to
+today's", where the change does not change the rule).
 
 Each checkout (this one and `--before`, e.g. `git worktree add /tmp/before <commit>`) trains
 the same variants in a process of its own, from the same policy (this checkout's shipped demo
@@ -43,6 +44,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "reject_scope": "group",
         "drop_zero_variance_groups": False,
         "weight_decay": 0.01,
+    },
+    # pipelined one batch ahead: full weights in the rollout process, LoRA on a thread
+    "one_step": {"lr": 3e-4, "pipeline": "one_step", "max_policy_lag": 1},
+    "one_step lora": {
+        "lr": 3e-3,
+        "pipeline": "one_step",
+        "max_policy_lag": 1,
+        "lora": {"rank": 4, "alpha": 8.0},
     },
 }
 
@@ -159,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:<20} {steps:>2} steps  {verdict}")
         if one_sided:
             print(f"{'':<20} recorded by one checkout only: {', '.join(sorted(one_sided))}")
-    print("sync results bit-identical" if identical else "sync results differ")
+    print("results bit-identical" if identical else "results differ")
     sys.exit(0 if identical else 1)
 
 

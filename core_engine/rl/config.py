@@ -23,15 +23,12 @@ DEVICE_TYPES = ("cpu", "cuda")
 # batch generated under the version being trained (lag 1); or also across the weight update,
 # which lands between two decode steps of running sequences (per-token versions, lag <= 1).
 PIPELINE_MODES = ("sync", "one_step", "in_flight")
-# How a token's pi_prox / pi_behaviour weight meets its cap (`core_engine.rl.objective.loss`).
-IMPORTANCE_MODES = ("truncate", "mask")
-# How full weights lie over a job's ranks (`core_engine.rl.ranks.shard`).
-SHARDINGS = ("fsdp2", "replicate")
+IMPORTANCE_MODES = ("truncate", "mask")  # a pi_prox / pi_behaviour weight at its cap (`loss`)
+SHARDINGS = ("fsdp2", "replicate")  # how full weights lie over a job's ranks (`ranks.shard`)
 DEFAULT_LR = 3e-4
 DEFAULT_LORA_LR = 3e-3  # 10x DEFAULT_LR: LoRA's rate is ~10x full fine-tuning's (Schulman 2025)
-# ... for billion-scale models. Below SMALL_MODEL_PARAMETERS LoRA gets SMALL_MODEL_LORA_LR:
-# measured on the shipped 527k-parameter demo policy, 3e-3 collapses it (held-out 21.5% -> 4%,
-# stalled at v309 of 600) where 1e-3 learns (21.5% -> 45.5%).
+# ... for billion-scale models. Below SMALL_MODEL_PARAMETERS LoRA gets SMALL_MODEL_LORA_LR: on
+# the 527k-parameter demo policy 3e-3 collapses (held-out 21.5% -> 4%), 1e-3 learns (-> 45.5%).
 SMALL_MODEL_PARAMETERS = 100_000_000
 SMALL_MODEL_LORA_LR = 1e-3
 DEFAULT_KEEP_LAST = 3
@@ -148,12 +145,11 @@ class GRPOConfig:
     # state) or "replicate" (each rank all of them, gradients summed by one all-reduce: DDP's
     # layout, fewer collectives for a policy one device holds); LoRA always replicates
     sharding: str = "fsdp2"
-    # how long a rank waits in one collective before the job fails (None: the worker's
-    # ``RLWB_RANK_TIMEOUT``, default 600 s; `core_engine.rl.ranks.group`)
+    # how long the job waits before it fails (None: the worker's setting, default 600 s): a
+    # rank in one collective (``RLWB_RANK_TIMEOUT``, `core_engine.rl.ranks.group`); a
+    # pipelined rollout producer alive without a decode step or a turn
+    # (``RLWB_ROLLOUT_TIMEOUT``, `core_engine.rl.rollout.control`)
     collective_timeout_s: float | None = None
-    # how long a pipelined rollout producer, alive, may go without progress (no decode step,
-    # no turn) before the job fails (None: the worker's ``RLWB_ROLLOUT_TIMEOUT``, default
-    # 600 s; `core_engine.rl.rollout.control`)
     rollout_timeout_s: float | None = None
     engine_dtype: str = "auto"  # float32 | bfloat16 | float16 | auto (bf16 on CUDA, else fp32)
     # The importance correction (`core_engine.rl.objective.loss`): "truncate" (TIS, as TRL) or
