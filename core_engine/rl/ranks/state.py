@@ -33,7 +33,8 @@ from core_engine.model import CausalLM, ModelConfig
 from core_engine.rl.ranks.group import from_rank0
 from core_engine.rl.ranks.shard import shard_full_weights
 from core_engine.rl.trainer.checkpoint import SHARDED_OPTIMIZER, split_optimizer_state
-from core_engine.weights import WEIGHTS_FILE, canonical_weights
+from core_engine.user_files import WEIGHTS_FILE
+from core_engine.weights import canonical_weights
 
 # DCP's Hugging Face writer: the weight shards it consolidates, its single file and index
 CONSOLIDATED_FROM = "sharded"
