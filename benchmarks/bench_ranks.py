@@ -215,10 +215,26 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(peak_memory(args.policy, args.memory_of, args.steps)))
         return
     if args.memory:
+        run_record = BenchmarkRun("bench_ranks")
+        steps = min(args.steps, 3)
         with tempfile.TemporaryDirectory() as tmp:
-            results = memory_table(policy_of(args.size, Path(tmp)), min(args.steps, 3))
+            results = memory_table(policy_of(args.size, Path(tmp)), steps)
         if args.json:
-            args.json.write_text(json.dumps(results, indent=1))
+            rows = [
+                [
+                    str(devices),
+                    f"{row['rank0_peak_mib']:.0f}",
+                    f"{row['other_ranks_peak_mib']:.0f}" if devices > 1 else "-",
+                    f"{row['footprint_mib']:.0f}",
+                ]
+                for devices, row in results.items()
+            ]
+            title = (
+                f"Peak RSS per rank, MiB ({args.size} model, full weights, FSDP2, KL reference, "
+                f"a checkpoint per version, {steps} steps)"
+            )
+            columns = ["ranks", "rank 0 peak", "other ranks' peak", "footprint estimate"]
+            run_record.write(args.json, results, [Table(title, columns, rows)])
         return
     run_record = BenchmarkRun("bench_ranks")
     # LoRA replicates whatever `sharding` says: its replicated variants would repeat the others

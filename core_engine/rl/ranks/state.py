@@ -36,6 +36,7 @@ from torch.distributed.checkpoint._consolidate_hf_safetensors import (
 from transformers import AutoConfig
 
 from core_engine.model import CausalLM, ModelConfig
+from core_engine.rl.footprint.estimate import shard_numel
 from core_engine.rl.ranks.group import from_rank0
 from core_engine.rl.ranks.shard import shard_full_weights
 from core_engine.rl.trainer.checkpoint import SHARDED_OPTIMIZER, split_optimizer_state
@@ -90,10 +91,10 @@ def shard_writer(directory: Path, tensors: dict[str, torch.Tensor]) -> HuggingFa
 def file_indices(tensors: dict[str, torch.Tensor], ranks: int) -> dict[str, int]:
     """Name -> the file (numbered from 1) each rank writes its shard of the tensor into:
     consecutive tensors, at most `FILE_BYTES` of one rank's shards per file (a larger tensor
-    alone). From the whole tensors' sizes, so the same on every rank."""
+    alone). From the whole tensors' shapes (a DTensor's are), so the same on every rank."""
     files, file, size = {}, 1, 0
     for name, tensor in tensors.items():
-        share = tensor.numel() * tensor.element_size() // ranks  # a DTensor's numel: the whole
+        share = shard_numel(tensor, ranks) * tensor.element_size()
         if size and size + share > FILE_BYTES:
             file, size = file + 1, 0
         files[name] = file
