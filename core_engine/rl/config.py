@@ -151,6 +151,10 @@ class GRPOConfig:
     # how long a rank waits in one collective before the job fails (None: the worker's
     # ``RLWB_RANK_TIMEOUT``, default 600 s; `core_engine.rl.ranks.group`)
     collective_timeout_s: float | None = None
+    # how long a pipelined rollout producer, alive, may go without progress (no decode step,
+    # no turn) before the job fails (None: the worker's ``RLWB_ROLLOUT_TIMEOUT``, default
+    # 600 s; `core_engine.rl.rollout.control`)
+    rollout_timeout_s: float | None = None
     engine_dtype: str = "auto"  # float32 | bfloat16 | float16 | auto (bf16 on CUDA, else fp32)
     # The importance correction (`core_engine.rl.objective.loss`): "truncate" (TIS, as TRL) or
     # "mask" (AReaL's decoupled PPO) of pi_prox / pi_behaviour at `importance_cap`, on tokens

@@ -102,6 +102,7 @@ TRAINER_FIELDS: dict[str, Field] = {
     "engine_batch_size": whole(1, 2**16),
     "devices": whole(1, 64),
     "collective_timeout_s": real(0.0, 7 * 86_400.0, above_low=True, optional=True),
+    "rollout_timeout_s": real(0.0, 7 * 86_400.0, above_low=True, optional=True),
     "seed": whole(SEED_MIN, SEED_MAX),
     "resume": FLAG,
     "importance_cap": real(0, 1e6, above_low=True),

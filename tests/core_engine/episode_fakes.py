@@ -52,7 +52,7 @@ class ScriptedEngine:
         self.ids = TOKENIZER(text, add_special_tokens=False)["input_ids"]
         self.prompts: list[list[int]] = []
 
-    def run_batch(self, prompts, params):
+    def run_batch(self, prompts, params, cancelled=lambda: False):
         self.prompts += prompts
         return [self._result(prompt) for prompt in prompts]
 

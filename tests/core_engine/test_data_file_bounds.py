@@ -167,3 +167,14 @@ def test_a_jsonl_line_needing_more_memory_than_the_reader_has_is_refused_by_its_
         with pytest.raises(DataError) as refused:
             read(bomb)
         assert str(refused.value) == f"{bomb}:2: parsing it needed more than 256 MiB of memory"
+
+
+def test_a_reader_past_its_deadline_is_stopped_and_named(tmp_path, monkeypatch):
+    """A reader that never answers (a file whose parse would not end) is killed at the
+    deadline: the caller gets a `DataError` naming the file and the limit."""
+    path = tmp_path / "slow.jsonl"
+    path.write_text('{"question": "q", "answer": "7"}\n')
+    monkeypatch.setattr(files, "READ_DEADLINE_S", 1.0)
+    monkeypatch.setattr(files, "READER", [sys.executable, "-c", "import time; time.sleep(60)"])
+    with pytest.raises(DataError, match=r"slow.jsonl: its reader was stopped after 1 s"):
+        load_records(path)

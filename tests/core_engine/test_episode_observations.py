@@ -7,7 +7,7 @@ import pytest
 
 from core_engine.rl.episodes.runner import EpisodeGenerator, EpisodeLimits
 from core_engine.rl.rollout import RolloutRunner
-from core_engine.rl.rollout.sources import BatchCancelled
+from core_engine.rl.rollout.control import BatchCancelled
 from core_engine.task import SamplingParams
 
 from .episode_fakes import TOKENIZER, Environment, ScriptedEngine
@@ -42,11 +42,22 @@ class Closing(Environment):
 
 def test_a_cancel_ends_the_batch_between_two_turns():
     env, engine = Closing(), ScriptedEngine("42")
-    episodes = generator(env, engine, cancelled=lambda: len(engine.prompts) >= 1)
+    episodes = generator(env, engine, cancelled=lambda: env.turns >= 1)
     with pytest.raises(BatchCancelled, match="between two turns"):
         episodes.generate({"instruction": [""], "input": ["q"]}, seed=0)
     assert len(engine.prompts) == 1 and env.turns == 1  # one turn, then nothing more
     assert len(env.closed) == 1 and len(env.closed[0]) == 1  # its episode's dropped
+
+
+def test_a_cancel_during_a_turn_ends_the_batch_before_the_environment_steps():
+    """The engine ends a cancelled turn's requests at its next decode step; their truncated
+    answers never reach the environment."""
+    env, engine = Closing(), ScriptedEngine("42")
+    episodes = generator(env, engine, cancelled=lambda: len(engine.prompts) >= 1)
+    with pytest.raises(BatchCancelled, match="during a turn"):
+        episodes.generate({"instruction": [""], "input": ["q"]}, seed=0)
+    assert len(engine.prompts) == 1 and env.turns == 0
+    assert len(env.closed) == 1 and len(env.closed[0]) == 1
 
 
 def test_closing_the_runner_ends_the_environment_session():

@@ -9,6 +9,7 @@ import pytest
 
 from core_engine.rl.ranks.channel import RankChannel
 from core_engine.rl.ranks.rollouts import RankProducer, RankSource
+from core_engine.rl.rollout.control import Heartbeat
 from core_engine.rl.rollout.interfaces import RolloutProducer, RolloutSource
 from core_engine.rl.rollout.process import ProcessProducer
 from core_engine.rl.rollout.sources import PrefetchSource, SyncSource, ThreadProducer
@@ -113,7 +114,7 @@ def test_instances_satisfy_the_interfaces_and_a_job_has_one_channel(checkpoint, 
     sync = make_trainer(checkpoint, tmp_path / "sync")
     assert isinstance(sync.source, RolloutSource) and isinstance(sync.channel, WeightChannel)
     assert not hasattr(sync.source, "channel")
-    assert isinstance(ThreadProducer(sync.runner, 1), RolloutProducer)
+    assert isinstance(ThreadProducer(sync.runner, 1, Heartbeat(), 600.0), RolloutProducer)
     assert not isinstance(object(), RolloutProducer) and not isinstance(sync.runner, WeightChannel)
     lora = {"lora": {"rank": 4}}  # a thread producer (a full-weight CPU job spawns a child)
     piped = make_trainer(checkpoint, tmp_path / "piped", pipeline="one_step", **PIPELINED, **lora)

@@ -12,9 +12,11 @@ import pytest
 import torch
 
 from core_engine.rl.objective.logprobs import packed_response_logprobs
+from core_engine.rl.rollout.control import ProducerHungError
 from core_engine.rl.rollout.process import ProcessProducer, RolloutProcessError
 from core_engine.weight_sync import GateWaitCancelled, PeerDiedError, StepGate
 
+from .guards import outcome_within
 from .test_rl_pipeline import PIPELINED
 from .test_rl_trainer import make_trainer
 
@@ -60,7 +62,7 @@ def producer(checkpoint, tmp_path):
     trainer = make_trainer(checkpoint, tmp_path, steps=2, pipeline="one_step", **PIPELINED)
     channel = trainer.channel  # the job's one channel: the producer's child serves its gate
     made = ProcessProducer(
-        trainer.config, trainer.model, trainer.engine, channel, trainer.max_seq_len, 1
+        trainer.config, trainer.model, trainer.engine, channel, trainer.max_seq_len, 1, 600.0
     )
     assert made.channel is channel and channel.child_alive == made.alive
     yield trainer, made
@@ -121,11 +123,28 @@ def test_a_child_that_dies_holding_the_gate_fails_the_write(producer):
     trainer, child = producer
     _stop_while_holding_the_gate(trainer, child)
     os.kill(child._process.pid, signal.SIGKILL)
-    dead = pytest.raises(PeerDiedError, match="rollout process died while holding")
-    with dead, child.channel.writing(1):
-        pass
-    with pytest.raises(RolloutProcessError, match="died"):
-        child.take(NEVER)
+
+    def write():
+        with child.channel.writing(1):
+            pass
+
+    died = outcome_within(write)  # a write that waits for a dead child fails, never hangs
+    assert isinstance(died, PeerDiedError) and "rollout process died while holding" in str(died)
+    died = outcome_within(lambda: child.take(NEVER))
+    assert isinstance(died, RolloutProcessError) and "died" in str(died)
+
+
+def test_a_child_alive_without_progress_fails_the_wait(producer):
+    """A rollout process stopped (SIGSTOP) with a batch asked of it is alive but silent: the
+    wait fails after the producer's timeout, naming it, and closing kills the child."""
+    trainer, child = producer
+    child.timeout_s = 1.0
+    os.kill(child._process.pid, signal.SIGSTOP)
+    child.start(trainer.plan.at(0), 5)
+    hung = outcome_within(lambda: child.take(NEVER))
+    assert isinstance(hung, ProducerHungError), hung
+    assert "rollout process made no progress" in str(hung)
+    assert outcome_within(child.close) is None and not child.alive()
 
 
 def test_a_pipe_reset_by_a_killed_child_names_the_rollout_process(producer):

@@ -6,7 +6,7 @@ line decoding past the limit named by its number; the others by
 `core_engine.rl.data.tables` (the column names first, then only the columns used, values as
 written, rows and decoded bytes bounded). The child maps the rows and sends back the records,
 or only their count (`record_count`), so a hostile file can only end that child, and its
-failure is a `DataError`. A GSM8K answer (its last line ``#### N``) gives N, commas dropped, as the
+failure is a `DataError`; a child still reading after `READ_DEADLINE_S` is killed. A GSM8K answer (its last line ``#### N``) gives N, commas dropped, as the
 reference; any other answer is kept whole. Every path is checked first
 (`core_engine.user_files`: regular, bounded). A bad file, a missing column, an empty cell the
 job needs or an empty set is a `DataError` naming the file, the column and the row.
@@ -22,6 +22,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -49,6 +50,8 @@ MAX_SYSTEM_PROMPT = 32_768  # characters
 PARSE_MEMORY_BYTES = 2 * GIB  # the reading child's address space (Python and pyarrow: ~0.3 GiB)
 MAX_ERROR_CHARS = 300  # of a crashed child's last words
 MAX_PROBLEMS = 20  # malformed JSONL lines reported; reading stops at the last
+READ_DEADLINE_S = 600.0  # the reading child's wall-clock limit
+READER = [sys.executable, "-m", __name__]  # the reading child (`_serve`)
 _GSM8K_LAST_LINE = re.compile(r"####[ \t]*(-?\d[\d,]*(?:\.\d+)?)")
 
 
@@ -176,27 +179,35 @@ def _records(path: Path, columns: Columns, keep: bool) -> tuple[list[dict[str, s
 def _read_in_child(path: Path, columns: Columns, keep: bool) -> tuple[list[dict[str, str]], int]:
     """(the records if ``keep``, their count), read by ``python -m`` this module (`_serve`)."""
     request = json.dumps({"path": str(path), "columns": asdict(columns), "keep": keep})
-    command = [sys.executable, "-m", __name__, str(PARSE_MEMORY_BYTES)]
+    command = [*READER, str(PARSE_MEMORY_BYTES)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     records: list[dict[str, str]] = []
     result: dict[str, Any] | None = None
     with tempfile.TemporaryFile() as errors:
         pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
         with subprocess.Popen(command, stderr=errors, env=env, **pipes) as child:
+            expired = threading.Event()
+            deadline = threading.Timer(READ_DEADLINE_S, lambda: (expired.set(), child.kill()))
+            deadline.start()
             try:
                 child.stdin.write(request.encode())
                 child.stdin.close()
             except OSError:
                 pass  # it ended before reading: its status says why
-            for line in child.stdout:
-                answer = json.loads(line)
-                if isinstance(answer, list):
-                    records.append(dict(zip(RECORD_KEYS, answer, strict=True)))
-                else:
-                    result = answer
+            try:
+                for line in child.stdout:
+                    answer = json.loads(line)
+                    if isinstance(answer, list):
+                        records.append(dict(zip(RECORD_KEYS, answer, strict=True)))
+                    else:
+                        result = answer
+            finally:
+                deadline.cancel()
         errors.seek(0)
         last_words = errors.read().decode(errors="replace").strip().rpartition("\n")[2]
     limit = f"{PARSE_MEMORY_BYTES // MIB:,} MiB"
+    if result is None and expired.is_set():
+        raise DataError(f"{path}: its reader was stopped after {READ_DEADLINE_S:g} s")
     if result is None:
         status = child.returncode
         how = f"signal {-status}" if status < 0 else f"exit code {status}"

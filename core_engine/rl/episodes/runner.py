@@ -30,10 +30,10 @@ from core_engine.prompts import encode_prompt, render_prompt
 from core_engine.rl.data import batch_rows
 from core_engine.rl.episodes.observations import observation_ids
 from core_engine.rl.episodes.record import messages_problem, observation_problem, segment_problem
+from core_engine.rl.rollout.control import BatchCancelled, never
 from core_engine.rl.rollout.generator import MixedVersionsError
 from core_engine.rl.rollout.results import RawRollout
 from core_engine.rl.rollout.seeds import sample_seed
-from core_engine.rl.rollout.sources import BatchCancelled
 from core_engine.scheduler import InferenceScheduler
 from core_engine.task import (
     ErrorCode,
@@ -132,7 +132,8 @@ class EpisodeGenerator:
     episodes of each task of the batch against an environment session
     (`core_engine.rl.episodes.env_sandbox.EnvironmentSession`) and returns them as a
     `RawRollout` with their loss masks, segments, finishes and rewards. `cancelled` is asked
-    between two turns: a cancel ends the batch there (`BatchCancelled`)."""
+    between two turns and before every decode step: a cancel ends the batch there
+    (`BatchCancelled`)."""
 
     def __init__(
         self,
@@ -143,7 +144,7 @@ class EpisodeGenerator:
         session: Any,
         limits: EpisodeLimits,
         in_flight: bool = False,
-        cancelled: Callable[[], bool] = lambda: False,
+        cancelled: Callable[[], bool] = never,
     ) -> None:
         self.engine, self.params, self.group_size = engine, params, group_size
         self.tokenizer, self.session, self.limits = tokenizer, session, limits
@@ -220,7 +221,10 @@ class EpisodeGenerator:
             replace(self.params, max_tokens=room, seed=sample_seed(seed, e.index, e.turns))
             for e, room in ready
         ]
-        results = self.engine.run_batch([e.history for e, _ in ready], params)
+        histories = [e.history for e, _ in ready]
+        results = self.engine.run_batch(histories, params, cancelled=self.cancelled)
+        if self.cancelled():
+            raise BatchCancelled("cancelled during a turn of the batch's episodes")
         stepped, turns = [], []
         for (e, _), result in zip(ready, results, strict=True):
             text = self.tokenizer.decode(result.output_ids, skip_special_tokens=True)

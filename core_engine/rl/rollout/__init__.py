@@ -6,6 +6,7 @@ that sampled them.
 - `staleness`: the admission rule (how far a rollout may lag the trainer)
 - `runner`: `RolloutRunner` (a batch's scored rollout, `(result, is_fresh)`), `produce_rollout`
 - `sources`, `process`, `dynamic`, `seeds`: what feeds the trainer's loop
+- `control`: what a batch in production is asked (stop) and watched by (progress)
 """
 
 from core_engine.rl.rollout.generator import RolloutGenerator

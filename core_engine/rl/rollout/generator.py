@@ -3,12 +3,13 @@ G seeded samples per prompt, each token stamped with the version that sampled it
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from core_engine.prompts import encode_prompt, render_prompt
 from core_engine.rl.data import batch_rows, instruction_to_messages
+from core_engine.rl.rollout.control import BatchCancelled, never
 from core_engine.rl.rollout.results import RawRollout
 from core_engine.rl.rollout.seeds import sample_seed
 from core_engine.scheduler import InferenceScheduler
@@ -22,7 +23,8 @@ class MixedVersionsError(RuntimeError):
 class RolloutGenerator:
     """Renders prompts with the chat template and delegates all generation to `run_batch`.
     With `in_flight`, weight updates may land during a batch: its samples then span versions
-    (each token's is recorded); otherwise one batch is one version."""
+    (each token's is recorded); otherwise one batch is one version. `cancelled` is asked
+    before every decode step: a yes ends the batch there (`BatchCancelled`)."""
 
     def __init__(
         self,
@@ -31,8 +33,9 @@ class RolloutGenerator:
         group_size: int,
         tokenizer: Any = None,
         in_flight: bool = False,
+        cancelled: Callable[[], bool] = never,
     ) -> None:
-        self.engine = engine
+        self.engine, self.cancelled = engine, cancelled
         self.tokenizer = tokenizer or engine.tokenizer
         self.params = params
         self.group_size = group_size
@@ -60,7 +63,11 @@ class RolloutGenerator:
         prompt_ids = [encode_prompt(self.tokenizer, text) for _, text, _ in prepared]
         g = self.group_size
         params = [replace(self.params, seed=sample_seed(seed, i * g)) for i in range(len(prepared))]
-        results = self.engine.run_batch(prompt_ids, params, samples_per_prompt=g)
+        results = self.engine.run_batch(
+            prompt_ids, params, samples_per_prompt=g, cancelled=self.cancelled
+        )
+        if self.cancelled():
+            raise BatchCancelled("cancelled while a rollout batch was generated")
         runs = [r.token_versions or [[r.policy_version, 0]] for r in results]
         versions = {v for sample in runs for v, _ in sample if v >= 0}  # -1: never admitted
         if not self.in_flight and len(versions) > 1:

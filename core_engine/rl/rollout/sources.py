@@ -22,8 +22,9 @@ holds one, the complete next rollout (or the reward error that rejects it, with 
 kept only once its acknowledgements were verified, so an unverified batch is never
 checkpointed. A batch the trainer took but whose step a stop interrupted (a cancel while it
 waited for the next batch or for the gate; `consumed` never came) is the one kept: the resumed
-run trains it first, so a stop loses no batch. A half-generated in-flight batch is not kept: a
-resumed run generates it again (samples are recorded when trained).
+run trains it first, so a stop loses no batch. A half-generated batch is not kept: a stop ends
+it at its next decode step (`rollout.control`) and a resumed run generates it again (samples
+are recorded when trained).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import torch
 from core_engine.rl.config import GRPOConfig
 from core_engine.rl.data import collate
 from core_engine.rl.rewards import RewardError
+from core_engine.rl.rollout.control import BatchCancelled, Heartbeat
 from core_engine.rl.rollout.dynamic import draw_until_mixed
 from core_engine.rl.rollout.interfaces import RolloutProducer, RolloutSource
 from core_engine.rl.rollout.results import RawRollout, RolloutResult
@@ -88,18 +90,24 @@ class SyncSource(RolloutSource):
     def next(self, step_index: int, batch: Batch | None = None) -> Produced:
         """The rollout of the next update: a new batch of prompts (or `batch`), or the current
         one's again while it has updates left; with `dynamic_sampling`, the draws of new
-        batches that give it enough groups with mixed rewards (`rollout.dynamic`)."""
-        if batch is None and self.config.dynamic_sampling:
-            cfg = self.config
-            return draw_until_mixed(
-                self._draw, cfg.batch_size, cfg.max_sampling_draws, cfg.reject_scope
-            )
-        if batch is None:
-            if self.updates_done == 0:
-                self.batches_drawn += 1
-            batch = self.plan.at(self.batches_drawn - 1)
-            self.updates_done = (self.updates_done + 1) % self.config.updates_per_batch
-        return self.produce(batch, batch_seed(self.config.seed, step_index))
+        batches that give it enough groups with mixed rewards (`rollout.dynamic`). A batch a
+        cancel interrupted (`BatchCancelled`) is not drawn: a resumed run generates it."""
+        counters = self.batches_drawn, self.updates_done
+        try:
+            if batch is None and self.config.dynamic_sampling:
+                cfg = self.config
+                return draw_until_mixed(
+                    self._draw, cfg.batch_size, cfg.max_sampling_draws, cfg.reject_scope
+                )
+            if batch is None:
+                if self.updates_done == 0:
+                    self.batches_drawn += 1
+                batch = self.plan.at(self.batches_drawn - 1)
+                self.updates_done = (self.updates_done + 1) % self.config.updates_per_batch
+            return self.produce(batch, batch_seed(self.config.seed, step_index))
+        except BatchCancelled:
+            self.batches_drawn, self.updates_done = counters
+            raise
 
     def _draw(self) -> Produced:
         """The rollout of the next batch of the plan, sampled from that batch's seed."""
@@ -135,12 +143,18 @@ class SyncSource(RolloutSource):
 
 class ThreadProducer(RolloutProducer):
     """One batch's rollout at a time, on a thread with `threads` intra-op threads, on the
-    trainer's own engine (updated by the trainer's `LocalChannel`)."""
+    trainer's own engine (updated by the trainer's `LocalChannel`). `heartbeat` is the one
+    `runner` generates with: a batch without progress for `timeout_s` fails the wait
+    (`control.ProducerHungError`), and a thread so stuck is abandoned, not joined."""
 
-    def __init__(self, runner: RolloutRunner, threads: int) -> None:
+    def __init__(
+        self, runner: RolloutRunner, threads: int, heartbeat: Heartbeat, timeout_s: float
+    ) -> None:
         self.runner, self.threads = runner, threads
+        self.heartbeat, self.timeout_s = heartbeat, timeout_s
         self._thread: threading.Thread | None = None
         self._outcome: Produced | BaseException | None = None
+        self._hung = False
 
     @property
     def busy(self) -> bool:
@@ -150,6 +164,7 @@ class ThreadProducer(RolloutProducer):
         if self._thread is not None:
             raise RuntimeError("a rollout producer makes one batch at a time")
         self._outcome = None
+        self.heartbeat.beat()
         self._thread = threading.Thread(
             target=self._produce, args=(batch, seed), name="rollout-producer", daemon=True
         )
@@ -168,8 +183,11 @@ class ThreadProducer(RolloutProducer):
         assert self._thread is not None
         while self._thread.is_alive():
             self._thread.join(JOIN_POLL_S)
-            if cancelled():  # the batch is abandoned; its thread ends with it
+            if cancelled():  # the batch is abandoned; its thread ends at its next step
                 raise BatchCancelled("cancelled while a rollout batch was generated")
+            if (hung := self.heartbeat.hung(self.timeout_s, "rollout thread")) is not None:
+                self._hung = True
+                raise hung
         outcome, self._thread, self._outcome = self._outcome, None, None
         if isinstance(outcome, BaseException):
             raise outcome
@@ -177,13 +195,9 @@ class ThreadProducer(RolloutProducer):
         return outcome, []
 
     def close(self) -> None:
-        if self._thread is not None:
+        if self._thread is not None and not self._hung:
             self._thread.join()
-            self._thread = None
-
-
-class BatchCancelled(RuntimeError):
-    """A cancel arrived while the trainer waited for a batch."""
+        self._thread = None
 
 
 class PrefetchSource(RolloutSource):
@@ -256,9 +270,9 @@ class PrefetchSource(RolloutSource):
         self._wanted = None
         return True
 
-    def _take(self, cancellable: bool = True) -> Produced:
+    def _take(self) -> Produced:
         """The started batch's outcome, its acknowledgements verified."""
-        outcome, acks = self.producer.take(self.cancelled if cancellable else lambda: False)
+        outcome, acks = self.producer.take(self.cancelled)
         self.staleness.on_produced()
         self.channel.check_acks(acks)
         return outcome
@@ -269,10 +283,11 @@ class PrefetchSource(RolloutSource):
             self._ready = self._take()
 
     def settle(self) -> None:
-        """At the end of a run (also a stopped one): the batch in progress is completed and
-        verified, so the checkpoint keeps it."""
+        """At the end of a run: the batch in progress is completed and verified, so the
+        checkpoint keeps it; a stop ends it at its next decode step instead (`BatchCancelled`),
+        and a resumed run generates it again."""
         if self.producer.busy:
-            self._ready = self._take(cancellable=False)
+            self._ready = self._take()
 
     def state(self) -> dict[str, Any]:
         """The batches drawn and the one the next step takes: the batch whose step a stop

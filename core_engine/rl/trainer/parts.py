@@ -22,6 +22,7 @@ from core_engine.rl.objective.update import UpdateSettings
 from core_engine.rl.ranks import RankInfo
 from core_engine.rl.ranks.channel import RankChannel
 from core_engine.rl.ranks.rollouts import RankProducer, RankSource
+from core_engine.rl.rollout.control import Heartbeat, never, rollout_timeout
 from core_engine.rl.rollout.interfaces import RolloutProducer, RolloutSource
 from core_engine.rl.rollout.runner import RolloutRunner
 from core_engine.rl.rollout.sources import BatchPlan, PrefetchSource, SyncSource, ThreadProducer
@@ -63,7 +64,8 @@ def build_parts(
 ) -> TrainerParts:
     """The parts of a trainer of `config` over `records`; `version` reads the trainer's
     current version (what the staleness rule admits against), `cancelled` whether a stop was
-    asked (checked while the longest prompt is rendered and while a batch is awaited)."""
+    asked (checked while the longest prompt is rendered, while a batch is awaited and, on one
+    process, before each decode step: ranks stop together, between two steps)."""
     device = ranks.device if ranks else resolve_device(config.device)
     resume = latest_checkpoint(config.output_dir) if config.resume else None
     state = read_trainer_state(resume) if resume else {"version": 0, "step": 0}
@@ -77,7 +79,8 @@ def build_parts(
         config, trained.whole_model, tokenizer, max_seq_len, state["version"]
     )
     staleness = StalenessManager(config.max_policy_lag, config.batch_size, version)
-    runner = policy.rollout_runner(config, engine, tokenizer, staleness.fresh, cancelled)
+    heartbeat = Heartbeat(cancelled if ranks is None else never)
+    runner = policy.rollout_runner(config, engine, tokenizer, staleness.fresh, heartbeat)
     plan = BatchPlan(records, config.batch_size, config.seed)
     state["pending"] = read_pending_rollout(resume) if resume else None
     channel = weight_channel(config, engine, trained.model, device, ranks, cancelled)
@@ -93,6 +96,7 @@ def build_parts(
         state,
         cancelled,
         staleness,
+        heartbeat,
     )
     return TrainerParts(
         device=device,
@@ -143,6 +147,7 @@ def rollout_source(
     state: dict[str, Any],
     cancelled: Callable[[], bool],
     staleness: StalenessManager,
+    heartbeat: Heartbeat,
 ) -> RolloutSource:
     """Where batches come from (`rollout.sources`): on demand, or one ahead on a thread (the
     trainer's engine) or, for a full-weight CPU job on one device, a child process serving
@@ -157,8 +162,10 @@ def rollout_source(
         if isinstance(channel, ProcessChannel):
             from core_engine.rl.rollout.process import ProcessProducer
 
-            return ProcessProducer(config, model, engine, channel, max_seq_len, threads)
-        thread = ThreadProducer(runner, threads)
+            return ProcessProducer(
+                config, model, engine, channel, max_seq_len, threads, rollout_timeout(config)
+            )
+        thread = ThreadProducer(runner, threads, heartbeat, rollout_timeout(config))
         return thread if ranks is None else RankProducer(thread, ranks, config.group_size)
 
     return PrefetchSource(config, plan, make_producer, channel, state, cancelled, staleness)
