@@ -159,9 +159,9 @@ def memory_table(policy: Path, steps: int) -> dict[int, dict[str, float]]:
         results[devices] = json.loads(done.stdout.strip().splitlines()[-1])
     print(f"\n{'ranks':>5s} {'rank 0 peak':>12s} {'others peak':>12s} {'footprint':>10s} (MiB)")
     for devices, row in results.items():
+        others = f"{row['other_ranks_peak_mib']:.0f}" if devices > 1 else "-"
         print(
-            f"{devices:5d} {row['rank0_peak_mib']:12.0f} {row['other_ranks_peak_mib']:12.0f} "
-            f"{row['footprint_mib']:10.0f}"
+            f"{devices:5d} {row['rank0_peak_mib']:12.0f} {others:>12s} {row['footprint_mib']:10.0f}"
         )
     return results
 
