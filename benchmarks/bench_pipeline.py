@@ -199,10 +199,10 @@ def report(ours: list[Timed]) -> dict[str, Any]:
     return results
 
 
-def wide_policy(path: Path) -> Path:
+def wide_policy(path: Path, **shape: int) -> Path:
     """A random checkpoint with the demo's tokenizer, wide enough that matrix products, not
-    Python, take most of a step."""
-    shape = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=6)
+    Python, take most of a step; `shape` overrides the default (512 wide, 6 layers)."""
+    shape = {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 6, **shape}
     heads = dict(num_attention_heads=8, num_key_value_heads=4, initializer_range=0.02)
     return save_tiny_checkpoint(path, "llama", DEMO_ALPHABET, **shape, **heads)
 

@@ -19,7 +19,7 @@ times, so the machine's load is shared alike; the median round is reported.
                         gradients summed by one all-reduce, no FSDP2 gathers; sync and one_step
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_ranks.py --steps 40 --rounds 3
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_ranks.py --lora --wide
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_ranks.py --lora --size wide
 
 `--memory`: peak memory per rank instead, at 1, 2 and 4 ranks (full weights, FSDP2, with a KL
 reference and a checkpoint per version), beside the per-rank floor `training_footprint`
@@ -27,7 +27,11 @@ estimates. Each job runs in a fresh process (rank 0; the others its spawned chil
 peak RSS (`ru_maxrss`: the process's high-water mark, all it ever mapped, the interpreter and
 torch included) is that job's alone.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_ranks.py --memory --wide
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_ranks.py --memory --size 100m --steps 2
+
+`--size`: the shipped demo policy (`demo`, the default), or a random Llama with the demo's
+tokenizer: `wide` (512 wide, 6 layers: ~20M parameters) or `100m` (768 wide, 12 layers:
+~106M), where the weights, not the process, dominate a rank's memory.
 """
 
 from __future__ import annotations
@@ -79,9 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=40, help="optimizer steps per run")
     parser.add_argument("--rounds", type=int, default=3, help="turns of every variant")
     parser.add_argument("--lora", action="store_true", help="LoRA (rank 8) instead of full")
-    parser.add_argument(
-        "--wide", action="store_true", help="a random 512-wide 6-layer model (~20M parameters)"
-    )
+    parser.add_argument("--size", choices=SIZES, default="demo", help="the model (see above)")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--memory", action="store_true", help="peak memory per rank at 1, 2, 4")
     parser.add_argument("--memory-of", type=int, help=argparse.SUPPRESS)  # one job, this process
@@ -90,6 +92,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 MEMORY_DEVICES = (1, 2, 4)
+# a random Llama's shape beyond `bench_pipeline.wide_policy`'s defaults, by `--size`
+SIZES = {
+    "demo": None,
+    "wide": {},
+    "100m": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12),
+}
+
+
+def policy_of(size: str, directory: Path) -> Path:
+    """The checkpoint `--size` names (a random one is written under `directory`)."""
+    shape = SIZES[size]
+    return SHIPPED_POLICY if shape is None else wide_policy(directory, **shape)
 
 
 def memory_config(policy: Path, out: Path, devices: int, steps: int) -> GRPOConfig:
@@ -145,9 +159,9 @@ def memory_table(policy: Path, steps: int) -> dict[int, dict[str, float]]:
         results[devices] = json.loads(done.stdout.strip().splitlines()[-1])
     print(f"\n{'ranks':>5s} {'rank 0 peak':>12s} {'others peak':>12s} {'footprint':>10s} (MiB)")
     for devices, row in results.items():
+        others = f"{row['other_ranks_peak_mib']:.0f}" if devices > 1 else "-"
         print(
-            f"{devices:5d} {row['rank0_peak_mib']:12.0f} {row['other_ranks_peak_mib']:12.0f} "
-            f"{row['footprint_mib']:10.0f}"
+            f"{devices:5d} {row['rank0_peak_mib']:12.0f} {others:>12s} {row['footprint_mib']:10.0f}"
         )
     return results
 
@@ -201,19 +215,34 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(peak_memory(args.policy, args.memory_of, args.steps)))
         return
     if args.memory:
+        run_record = BenchmarkRun("bench_ranks")
+        steps = min(args.steps, 3)
         with tempfile.TemporaryDirectory() as tmp:
-            policy = wide_policy(Path(tmp)) if args.wide else SHIPPED_POLICY
-            results = memory_table(policy, min(args.steps, 3))
+            results = memory_table(policy_of(args.size, Path(tmp)), steps)
         if args.json:
-            args.json.write_text(json.dumps(results, indent=1))
+            rows = [
+                [
+                    str(devices),
+                    f"{row['rank0_peak_mib']:.0f}",
+                    f"{row['other_ranks_peak_mib']:.0f}" if devices > 1 else "-",
+                    f"{row['footprint_mib']:.0f}",
+                ]
+                for devices, row in results.items()
+            ]
+            title = (
+                f"Peak RSS per rank, MiB ({args.size} model, full weights, FSDP2, KL reference, "
+                f"a checkpoint per version, {steps} steps)"
+            )
+            columns = ["ranks", "rank 0 peak", "other ranks' peak", "footprint estimate"]
+            run_record.write(args.json, results, [Table(title, columns, rows)])
         return
     run_record = BenchmarkRun("bench_ranks")
     # LoRA replicates whatever `sharding` says: its replicated variants would repeat the others
     variants = [v for v in VARIANTS if not (args.lora and v[4] == "replicate")]
     rates: dict[str, list[float]] = {variant[0]: [] for variant in variants}
     with tempfile.TemporaryDirectory() as tmp:
-        policy = wide_policy(Path(tmp)) if args.wide else SHIPPED_POLICY
-        what = "a wide random model" if args.wide else "the demo policy"
+        policy = policy_of(args.size, Path(tmp))
+        what = f"a random {args.size} model" if SIZES[args.size] is not None else "the demo policy"
         print(f"{what}, {'LoRA' if args.lora else 'full weights'}, {args.steps} steps per run")
         for round_index in range(args.rounds):
             for index, variant in enumerate(variants):

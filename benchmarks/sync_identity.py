@@ -11,6 +11,9 @@ compared. Not a speed measurement: quiet or busy machine alike.
 
     git worktree add /tmp/before <commit>
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/sync_identity.py --before /tmp/before
+
+`--pipeline one_step`: the same variants trained by the `one_step` pipeline (lag 1, one update
+per batch, as the mode requires) in both checkouts.
 """
 
 from __future__ import annotations
@@ -45,14 +48,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "drop_zero_variance_groups": False,
         "weight_decay": 0.01,
     },
-    # pipelined one batch ahead: full weights in the rollout process, LoRA on a thread
-    "one_step": {"lr": 3e-4, "pipeline": "one_step", "max_policy_lag": 1},
-    "one_step lora": {
-        "lr": 3e-3,
-        "pipeline": "one_step",
-        "max_policy_lag": 1,
-        "lora": {"rank": 4, "alpha": 8.0},
-    },
 }
 
 
@@ -60,12 +55,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--before", type=Path, help="the other checkout's root")
     parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--pipeline", choices=("sync", "one_step"), default="sync")
     parser.add_argument("--run", type=Path, help=argparse.SUPPRESS)  # a child: this root
     parser.add_argument("--policy", type=Path, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
-def run_variants(root: Path, policy: Path, seed: int) -> dict[str, Any]:
+def pipelined(settings: dict[str, Any], pipeline: str) -> dict[str, Any]:
+    """A variant's settings under `pipeline`: `one_step` trains at lag 1, one update a batch."""
+    if pipeline == "sync":
+        return dict(settings)
+    lag = max(settings.get("max_policy_lag", 0), 1)
+    return {**settings, "pipeline": pipeline, "max_policy_lag": lag, "updates_per_batch": 1}
+
+
+def run_variants(root: Path, policy: Path, seed: int, pipeline: str) -> dict[str, Any]:
     """Train every variant with `root`'s code; per variant the weights' digest and the steps."""
     sys.path.insert(0, str(root))
     import torch
@@ -90,7 +94,7 @@ def run_variants(root: Path, policy: Path, seed: int) -> dict[str, Any]:
     records = addition_records(2000, seed=1)
     results = {}
     for name, settings in VARIANTS.items():
-        settings = dict(settings)
+        settings = pipelined(settings, pipeline)
         if "lora" in settings:
             settings["lora"] = LoraSettings(**settings["lora"])
         steps: list[dict[str, Any]] = []
@@ -138,9 +142,10 @@ def differences(before: dict[str, Any], after: dict[str, Any]) -> tuple[list[str
     return problems, one_sided
 
 
-def child_run(root: Path, policy: Path, seed: int) -> dict[str, Any]:
+def child_run(root: Path, policy: Path, seed: int, pipeline: str) -> dict[str, Any]:
     """`run_variants` of `root` in a process of its own (its code alone imported)."""
     command = [sys.executable, __file__, "--run", root, "--policy", policy, "--seed", str(seed)]
+    command += ["--pipeline", pipeline]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{root}: the run failed\n{done.stderr[-4000:]}")
@@ -150,15 +155,15 @@ def child_run(root: Path, policy: Path, seed: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.run is not None:
-        print(json.dumps(run_variants(args.run.resolve(), args.policy, args.seed)))
+        print(json.dumps(run_variants(args.run.resolve(), args.policy, args.seed, args.pipeline)))
         return
     if args.before is None:
         raise SystemExit("--before: the root of the checkout to compare with")
     sys.path.insert(0, str(HERE))
     from core_engine.assets import SHIPPED_POLICY
 
-    before = child_run(args.before.resolve(), SHIPPED_POLICY, args.seed)
-    after = child_run(HERE, SHIPPED_POLICY, args.seed)
+    before = child_run(args.before.resolve(), SHIPPED_POLICY, args.seed, args.pipeline)
+    after = child_run(HERE, SHIPPED_POLICY, args.seed, args.pipeline)
     identical = True
     for name in VARIANTS:
         problems, one_sided = differences(before[name], after[name])
@@ -168,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:<20} {steps:>2} steps  {verdict}")
         if one_sided:
             print(f"{'':<20} recorded by one checkout only: {', '.join(sorted(one_sided))}")
-    print("results bit-identical" if identical else "results differ")
+    print(f"{args.pipeline} results {'bit-identical' if identical else 'differ'}")
     sys.exit(0 if identical else 1)
 
 

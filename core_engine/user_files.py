@@ -19,6 +19,7 @@ MAX_TEXT_BYTES = 64 * MIB  # a file a loader parses whole: config.json, tokenize
 MAX_DATA_BYTES = 256 * MIB  # a prompt set: a data file or a saved dataset directory
 MAX_WEIGHT_FILE_BYTES = 64 * GIB  # any other file of a checkpoint (a 7B fp32 model in one: 28 GiB)
 MAX_CHECKPOINT_ENTRIES = 10_000  # files and folders directly in a checkpoint directory
+WEIGHTS_FILE = "model.safetensors"  # a full-weight checkpoint's weights (`core_engine.weights`)
 # The files of a checkpoint directory that `transformers` and the model loader parse whole.
 PARSED_FILES = frozenset(
     {

@@ -18,7 +18,8 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-WEIGHTS_FILE = "model.safetensors"
+from core_engine.user_files import WEIGHTS_FILE
+
 ADAPTER_KEY_PREFIX = "base_model.model."  # PEFT's saved keys: the PeftModel wrapper's path
 
 

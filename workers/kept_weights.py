@@ -5,13 +5,19 @@ size. Imports no torch."""
 from pathlib import Path
 
 from core_engine.lora_settings import ADAPTER_FILE
+from core_engine.user_files import WEIGHTS_FILE
 from db import PolicyVersionInfo
 
 
 def weights_kept(info: PolicyVersionInfo) -> bool:
-    """Whether the version's checkpoint directory is still on disk (retention deletes old
-    ones, `core_engine.rl.trainer.checkpoint.prune_checkpoints`)."""
-    return info.checkpoint_path is not None and Path(info.checkpoint_path).is_dir()
+    """Whether the version's checkpoint directory still holds its weights file (full weights or
+    a LoRA adapter): retention deletes old versions
+    (`core_engine.rl.trainer.checkpoint.prune_checkpoints`), and a directory may be left
+    without them."""
+    if info.checkpoint_path is None:
+        return False
+    directory = Path(info.checkpoint_path)
+    return any((directory / name).is_file() for name in (WEIGHTS_FILE, ADAPTER_FILE))
 
 
 def adapter_bytes(checkpoint: str | None) -> int | None:

@@ -417,3 +417,54 @@ def test_the_footprint_is_what_a_sharded_rank_holds(llama, tmp_path):
     held = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(WORLD)]
     assert held[0] == counted
     assert all(held[1][part] <= counted[part] for part in counted)
+
+
+STAGED_FILE_BYTES = 20_000  # the ranks' bound below: a tiny Llama's shards are 4-16 KiB
+
+
+def _save_on_rank(rank: int, checkpoint: str, out: str) -> None:
+    """Rank `rank` saves its shards of the policy and of its AdamW state under files of at most
+    `STAGED_FILE_BYTES`; it writes, for each file its writer built in memory, the number of
+    tensors and their bytes."""
+    import safetensors.torch
+
+    from core_engine.rl.ranks import state
+
+    staged = []
+    real_save = safetensors.torch.save
+
+    def counted(tensors, metadata=None):
+        staged.append([len(tensors), sum(t.nbytes for t in tensors.values())])
+        return real_save(tensors, metadata)
+
+    safetensors.torch.save = counted  # what DCP's writer calls on each file's tensors
+    state.FILE_BYTES = STAGED_FILE_BYTES
+    with rank_group("cpu", STEP_TIMEOUT):
+        model = state.load_sharded_model(checkpoint, torch.device("cpu"))
+        optimizer = build_optimizer(model.parameters(), LR, WEIGHT_DECAY, "float32")
+        state.initialise_state(optimizer)
+        state.save_sharded_state(model, optimizer, Path(out) if rank == 0 else None)
+    (Path(out) / f"{rank}.json").write_text(json.dumps(staged))
+
+
+def test_a_sharded_save_stages_at_most_one_bounded_file_at_a_time(llama, tmp_path):
+    """DCP's writer builds each file whole in memory: a rank's shards are written in files of at
+    most `FILE_BYTES` (a larger tensor alone), never all at once, and the weights' files still
+    consolidate into the model the ranks loaded."""
+    from safetensors.torch import load_file
+
+    assert _run_ranks(_save_on_rank, llama, str(tmp_path)) == [0, 0]
+    full = load_model(llama, torch.float32, "cpu")
+    weights = {n: p.detach() for n, p in full.named_parameters()}
+    for rank in range(WORLD):
+        staged = json.loads((tmp_path / f"{rank}.json").read_text())
+        assert all(count == 1 or size <= STAGED_FILE_BYTES for count, size in staged)
+        assert any(count > 1 for count, _ in staged)  # small tensors share a file
+        mine = sum(w.chunk(WORLD)[rank].numel() * 4 for w in weights.values())
+        # its rows of the weights and of both moments, and some of the AdamW steps (replicated
+        # 4-byte scalars: DCP has each written by one rank)
+        assert sum(size for _, size in staged) - 3 * mine in range(0, 4 * len(weights) + 1)
+    saved = load_file(tmp_path / "model.safetensors")
+    assert saved.keys() == weights.keys()
+    for name, weight in weights.items():
+        assert torch.equal(saved[name], weight), name

@@ -6,8 +6,9 @@ line decoding past the limit named by its number; the others by
 `core_engine.rl.data.tables` (the column names first, then only the columns used, values as
 written, rows and decoded bytes bounded). The child maps the rows and sends back the records,
 or only their count (`record_count`), so a hostile file can only end that child, and its
-failure is a `DataError`; a child still reading after `READ_DEADLINE_S` is killed. A GSM8K answer (its last line ``#### N``) gives N, commas dropped, as the
-reference; any other answer is kept whole. Every path is checked first
+failure is a `DataError`; a child still reading after `READ_DEADLINE_S` is killed. A GSM8K
+answer (its last line ``#### N``) gives N, commas dropped, as the reference; any other answer
+is kept whole. Every path is checked first
 (`core_engine.user_files`: regular, bounded). A bad file, a missing column, an empty cell the
 job needs or an empty set is a `DataError` naming the file, the column and the row.
 """

@@ -119,10 +119,17 @@ def count_parameters(hf_config: Any) -> int:
 
 
 def shard_parameters(model: nn.Module, devices: int) -> int:
-    """One device's share of `model`'s parameters under FSDP2, which splits every parameter on
-    its first dimension into `devices` shards of ceil(rows / devices) rows (short ones padded).
-    All of them at 1."""
-    return sum(-(-p.shape[0] // devices) * (p.numel() // p.shape[0]) for p in model.parameters())
+    """One device's share of `model`'s parameters under FSDP2 (`shard_numel`). All at 1."""
+    return sum(shard_numel(p, devices) for p in model.parameters())
+
+
+def shard_numel(tensor: torch.Tensor, devices: int) -> int:
+    """The elements of `tensor` the device with most of it holds under FSDP2, which splits a
+    tensor on its first dimension into `devices` shards of ceil(rows / devices) rows (short
+    ones padded); a scalar whole. A DTensor's shape is the whole tensor's."""
+    if tensor.dim() == 0:
+        return 1
+    return -(-tensor.shape[0] // devices) * (tensor.numel() // tensor.shape[0])
 
 
 def layer_parameters(model: CausalLM) -> int:

@@ -10,11 +10,14 @@ from the model directory at start or from a version's directory on resume.
 Saving (`save_sharded_state`, a collective): every rank writes its shard of the weights, and
 DCP's consolidation (on rank 0, one tensor at a time through the files, no gather) turns them
 into the version's ``model.safetensors``, which any number of ranks (or one process, or
-`transformers`) loads. The optimizer tensors stay sharded, one file per rank under
-``optimizer/`` (keyed as `trainer.checkpoint` keys them: parameter index, field); DCP reshards
-them on a resume on another number of ranks (`load_optimizer_shards`), also from a one-process
-checkpoint's single ``optimizer.safetensors``. Its scalars (the parameter groups) stay in
+`transformers`) loads. The optimizer tensors stay sharded, under ``optimizer/`` (keyed as
+`trainer.checkpoint` keys them: parameter index, field); DCP reshards them on a resume on
+another number of ranks (`load_optimizer_shards`), also from a one-process checkpoint's single
+``optimizer.safetensors``. Its scalars (the parameter groups) stay in
 ``trainer_state.json``. Several machines: the output directory must be shared by all ranks.
+DCP's safetensors writer builds each file whole in memory before writing it, so each rank
+writes its shards in files of at most `FILE_BYTES` (`file_indices`): one file per rank would
+stage a second copy of all its weights, or of all its optimizer state.
 """
 
 from __future__ import annotations
@@ -27,18 +30,24 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
+from torch.distributed.checkpoint._consolidate_hf_safetensors import (
+    consolidate_safetensors_files,  # what the writer's own consolidation runs (torch 2.13)
+)
 from transformers import AutoConfig
 
 from core_engine.model import CausalLM, ModelConfig
+from core_engine.rl.footprint.estimate import shard_numel
 from core_engine.rl.ranks.group import from_rank0
 from core_engine.rl.ranks.shard import shard_full_weights
 from core_engine.rl.trainer.checkpoint import SHARDED_OPTIMIZER, split_optimizer_state
-from core_engine.weights import WEIGHTS_FILE, canonical_weights
+from core_engine.user_files import WEIGHTS_FILE
+from core_engine.weights import canonical_weights
 
 # DCP's Hugging Face writer: the weight shards it consolidates, its single file and index
 CONSOLIDATED_FROM = "sharded"
 CONSOLIDATED_FILE = "model-00001-of-00001.safetensors"
 CONSOLIDATED_INDEX = "model.safetensors.index.json"
+FILE_BYTES = 32 * 2**20  # a rank's shards per file it writes at most (a larger tensor alone)
 
 
 def load_sharded_model(directory: str | Path, device: torch.device) -> CausalLM:
@@ -61,17 +70,36 @@ def save_sharded_state(
     `optimizer`'s tensors (`trainer.checkpoint`'s keys) under ``optimizer/``, in rank 0's
     `staging` directory (None on the other ranks). A collective."""
     directory = from_rank0(staging)
-    writer = HuggingFaceStorageWriter(
-        str(directory), save_distributed=True, enable_consolidation=True
-    )
-    dcp.save(canonical_weights(model), storage_writer=writer)  # returns once consolidated
+    weights = canonical_weights(model)
+    sharded = directory / CONSOLIDATED_FROM
+    dcp.save(weights, storage_writer=shard_writer(sharded, weights))
     if dist.get_rank() == 0:  # one file, named as `save_weights` names it
-        shutil.rmtree(directory / CONSOLIDATED_FROM)
+        consolidate_safetensors_files(str(sharded), str(directory), dict.fromkeys(weights, 1))
+        shutil.rmtree(sharded)
         (directory / CONSOLIDATED_INDEX).unlink()
         (directory / CONSOLIDATED_FILE).rename(directory / WEIGHTS_FILE)
     tensors, _ = split_optimizer_state(optimizer.state_dict())
-    writer = HuggingFaceStorageWriter(str(directory / SHARDED_OPTIMIZER), save_distributed=True)
-    dcp.save(tensors, storage_writer=writer)
+    dcp.save(tensors, storage_writer=shard_writer(directory / SHARDED_OPTIMIZER, tensors))
+
+
+def shard_writer(directory: Path, tensors: dict[str, torch.Tensor]) -> HuggingFaceStorageWriter:
+    """DCP's writer of every rank's shards of `tensors` into `directory`, in `file_indices`."""
+    files = file_indices(tensors, dist.get_world_size())
+    return HuggingFaceStorageWriter(str(directory), files, save_distributed=True)
+
+
+def file_indices(tensors: dict[str, torch.Tensor], ranks: int) -> dict[str, int]:
+    """Name -> the file (numbered from 1) each rank writes its shard of the tensor into:
+    consecutive tensors, at most `FILE_BYTES` of one rank's shards per file (a larger tensor
+    alone). From the whole tensors' shapes (a DTensor's are), so the same on every rank."""
+    files, file, size = {}, 1, 0
+    for name, tensor in tensors.items():
+        share = shard_numel(tensor, ranks) * tensor.element_size()
+        if size and size + share > FILE_BYTES:
+            file, size = file + 1, 0
+        files[name] = file
+        size += share
+    return files
 
 
 def load_optimizer_shards(

@@ -5,8 +5,8 @@
 (adapter_config.json naming the base + adapter_model.safetensors, `core_engine.adapters`;
 config.json is the base's). Then `trainer_state.json` (version, step, optimizer scalars, a LoRA
 run's base checksum), `optimizer.safetensors` (optimizer tensors; a sharded run's are in
-`optimizer/`, one file per rank: `core_engine.rl.ranks.state`) and, when the version was saved
-between two updates of one rollout batch, `pending_rollout.json` (the rollout the next update
+`optimizer/`, each rank its own files: `core_engine.rl.ranks.state`) and, when the version was
+saved between two updates of one rollout batch, `pending_rollout.json` (the rollout the next update
 reuses). Never pickle.
 
 Retention (`prune_checkpoints`): the newest version keeps everything; older ones keep their
@@ -42,7 +42,7 @@ COPIED_FILES = (
 
 
 OPTIMIZER_FILE = "optimizer.safetensors"
-SHARDED_OPTIMIZER = "optimizer"  # a sharded run's: one file per rank (`ranks.state`)
+SHARDED_OPTIMIZER = "optimizer"  # a sharded run's: each rank its files (`ranks.state`)
 PENDING_ROLLOUT = "pending_rollout.json"
 TRAINING_STATE = ("trainer_state.json", OPTIMIZER_FILE, SHARDED_OPTIMIZER, PENDING_ROLLOUT)
 
