@@ -6,6 +6,7 @@ from typing import Any
 import pytest
 from markdown_it import MarkdownIt
 
+from core_engine.user_files import WEIGHTS_FILE
 from db import BatchRecord, PolicyVersionRecord, SampleFilter
 from tests.ui.helpers import GROUP, PROMPTS, TRICKY, _sample
 from ui.handlers import samples as samples_module
@@ -79,6 +80,7 @@ def test_samples_say_whether_their_versions_weights_are_kept(services, world, tm
     repo.mark_running(job.id)
     kept, pruned = tmp_path / "version-00001", tmp_path / "version-00000"
     kept.mkdir()  # version 0's folder was never made (pruned); version 2 saved nothing
+    (kept / WEIGHTS_FILE).write_bytes(b"")  # a kept version's folder holds its weights file
     for version, folder in enumerate((pruned, kept, None)):
         path = None if folder is None else str(folder)
         repo.record_policy_version(PolicyVersionRecord(job.id, version, None, path))
