@@ -21,11 +21,9 @@ core_engine.policies.calculator` (`make calculator-policy`) rebuilds it, and
 from __future__ import annotations
 
 import json
-import random
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from itertools import groupby
 from pathlib import Path
 from typing import Any
@@ -45,9 +43,16 @@ from core_engine.policies.warmup import (
     supervised_batch,
     supervised_step,
 )
+from core_engine.policies.word_chat import (
+    VOCAB_SIZE,
+    WarmupSettings,
+    chat_config,
+    chat_tokenizer,
+    heldout_records,
+    problem_stream,
+)
 from core_engine.prompts import encode_prompt, render_prompt
 from core_engine.rl.data.tasks import HELDOUT_SEED
-from core_engine.rl.data.word_problems import word_problem, word_problem_records
 from core_engine.rl.episodes.env_sandbox import EnvironmentSession
 from core_engine.rl.episodes.environments import Calculator
 from core_engine.rl.episodes.observations import observation_ids
@@ -57,12 +62,9 @@ from core_engine.rl.trainer.evaluate import EvalResult, evaluate
 from core_engine.scheduler import InferenceScheduler
 from core_engine.task import SamplingParams
 from core_engine.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
-from core_engine.toy import byte_bpe_tokenizer, tiny_config
 from core_engine.weights import canonical_weights
 
 ENVIRONMENT = "calculator"
-PAD, TURN_START, TURN_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
-VOCAB_SIZE = 512
 # Qwen/Hermes-style: `<|im_start|>role\ncontent<|im_end|>\n`; with `tools=` a line naming
 # them ends the system message; an assistant message's OpenAI `tool_calls` are written as
 # `<tool_call>{"name": ..., "arguments": ...}</tool_call>` after its content.
@@ -97,18 +99,6 @@ TURN_TOKENS = 48
 CONTEXT = 384  # max_position_embeddings, and the episodes' max_episode_tokens
 EPISODE_LIMITS = EpisodeLimits(MAX_TURNS, CONTEXT)
 _ANNOTATION = re.compile(r"<<([^=<>]+)=([^<>]+)>>")
-_NUMBER = re.compile(r"[0-9]+")
-
-
-@dataclass(frozen=True)
-class WarmupSettings:
-    """The supervised warm-up's optimiser, batch and held-out evaluation."""
-
-    lr: float = 3e-3
-    beta2: float = 0.98
-    batch_size: int = 16
-    eval_every: int = 20
-    eval_count: int = 200
 
 
 def tool_expressions(answer: str) -> list[str]:
@@ -152,61 +142,18 @@ def conversation(row: dict[str, str]) -> list[dict[str, str]]:
     return [*messages, {"role": "assistant", "content": final}]
 
 
-def problem_stream(seed: int, exclude: set[str]) -> Iterator[dict[str, str]]:
-    """Endless seeded word problems (question, worked answer), never a held-out question."""
-    rng = random.Random(seed)
-    while True:
-        row = word_problem(rng)
-        if row["question"] not in exclude:
-            yield row
-
-
-def heldout_records(count: int = 200) -> list[dict[str, str]]:
-    """The held-out problems (seed `HELDOUT_SEED`, the one the worker draws a built-in task's
-    held-out prompts from) that the warm-up stops on and docs/benchmarks.md scores."""
-    return word_problem_records(count, HELDOUT_SEED)
-
-
 def calculator_tokenizer(
     rows: Sequence[dict[str, str]], vocab_size: int = VOCAB_SIZE
 ) -> transformers.PreTrainedTokenizerFast:
-    """Byte-level BPE trained on the conversations of `rows` (each message with its role), the
-    chat roles and end of turn special, the tool-call tags single added tokens. The numbers
-    are cut out of the training text (it is trained on the pieces between them), so no merge
-    holds a digit: every digit is a token of its own (as Qwen's tokenizers split numbers),
-    written the same in a question, a call and a result, which the policy copies between."""
+    """The chat tokenizer (`word_chat.chat_tokenizer`) trained on the conversations of `rows`
+    (each message with its role), the tool-call tags single added tokens: every digit a token
+    of its own, written the same in a question, a call and a result, which the policy copies
+    between."""
     tools = "\nTools: " + Calculator().tools[0]["function"]["name"]  # the template's line
     texts = [
         "".join(f"{m['role']}\n{m['content']}\n" for m in conversation(row)) + tools for row in rows
     ]
-    corpus = [piece for text in texts for piece in _NUMBER.split(text)]
-    tokenizer = byte_bpe_tokenizer(
-        corpus, (PAD, TURN_START, TURN_END), vocab_size, pad_token=PAD, eos_token=TURN_END
-    )
-    tokenizer.add_special_tokens({"additional_special_tokens": [TURN_START]})
-    tokenizer.add_tokens([TOOL_CALL_OPEN, TOOL_CALL_CLOSE])
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
-
-
-def calculator_config(tokenizer: Any) -> transformers.LlamaConfig:
-    """Llama-style hidden 96, 4 layers, 4 heads (no GQA), MLP 256, tied embeddings, a
-    `CONTEXT`-token context."""
-    return tiny_config(
-        "llama",
-        vocab_size=len(tokenizer),
-        hidden_size=96,
-        intermediate_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=CONTEXT,
-        initializer_range=0.02,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-    )
+    return chat_tokenizer(texts, [TOOL_CALL_OPEN, TOOL_CALL_CLOSE], CHAT_TEMPLATE, vocab_size)
 
 
 def training_example(
@@ -300,7 +247,7 @@ def build_calculator_policy(
     heldout = {r["input"] for r in heldout_records(settings.eval_count)}
     stream = problem_stream(seed, heldout)
     tokenizer = calculator_tokenizer([next(stream) for _ in range(tokenizer_rows)])
-    config = calculator_config(tokenizer)
+    config = chat_config(tokenizer, CONTEXT)
     model = initial_model(config, seed)
     result = warm_up(model, tokenizer, seed, target_accuracy, max_steps, settings, log)
     builder = "core_engine.policies.calculator.build_calculator_policy"

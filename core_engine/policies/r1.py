@@ -19,11 +19,9 @@ and what it scores.
 
 from __future__ import annotations
 
-import random
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,19 +40,23 @@ from core_engine.policies.warmup import (
     supervised_batch,
     supervised_step,
 )
+from core_engine.policies.word_chat import (
+    VOCAB_SIZE,
+    WarmupSettings,
+    chat_config,
+    chat_tokenizer,
+    heldout_records,
+    problem_stream,
+)
 from core_engine.prompts import encode_prompt, render_prompt
 from core_engine.rl.data.tasks import HELDOUT_SEED
-from core_engine.rl.data.word_problems import word_problem, word_problem_records
 from core_engine.rl.rewards import DEFAULT_TAGS, format_pattern, regex_reward
 from core_engine.rl.trainer.evaluate import EvalResult, evaluate
 from core_engine.scheduler import InferenceScheduler
 from core_engine.task import SamplingParams
-from core_engine.toy import byte_bpe_tokenizer, tiny_config
 from core_engine.weights import canonical_weights
 
-PAD, TURN_START, TURN_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 TAGS = [f"<{t}>" for t in DEFAULT_TAGS] + [f"</{t}>" for t in DEFAULT_TAGS]
-VOCAB_SIZE = 512
 CHAT_TEMPLATE = (
     "{%- for m in messages %}"
     "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
@@ -65,22 +67,11 @@ INFO_FILE = "r1_policy.json"
 TRAIN_SEED = 0  # the warm-up's problems and initial weights; never HELDOUT_SEED
 TARGET_FORMAT = 0.3
 MAX_WARMUP_STEPS = 2000
+R1_SETTINGS = WarmupSettings(eval_every=10, eval_count=64)
 MAX_TOKENS = 160  # a reply of 4 worked lines is ~110 tokens
 CONTEXT = 320  # the longest prompt is ~90 tokens
 SAMPLE_SEED = 0  # the held-out samples' seed: the stop is measured on the same draws each time
 _ANNOTATION = re.compile(r"<<[^<>]*>>")
-_NUMBER = re.compile(r"[0-9]+")
-
-
-@dataclass(frozen=True)
-class WarmupSettings:
-    """The supervised warm-up's optimiser, batch and held-out evaluation."""
-
-    lr: float = 3e-3
-    beta2: float = 0.98
-    batch_size: int = 16
-    eval_every: int = 10
-    eval_count: int = 64
 
 
 def reasoning(row: dict[str, str]) -> str:
@@ -93,55 +84,13 @@ def reasoning(row: dict[str, str]) -> str:
     return f"<{think_tag}>{think}</{think_tag}><{answer_tag}>{answer}</{answer_tag}>"
 
 
-def problem_stream(seed: int, exclude: set[str]) -> Iterator[dict[str, str]]:
-    """Endless seeded word problems (question, worked answer), never a held-out question."""
-    rng = random.Random(seed)
-    while True:
-        row = word_problem(rng)
-        if row["question"] not in exclude:
-            yield row
-
-
-def heldout_records(count: int = 64) -> list[dict[str, str]]:
-    """The held-out problems (seed `HELDOUT_SEED`) the warm-up stops on."""
-    return word_problem_records(count, HELDOUT_SEED)
-
-
 def r1_tokenizer(
     rows: Sequence[dict[str, str]], vocab_size: int = VOCAB_SIZE
 ) -> transformers.PreTrainedTokenizerFast:
-    """Byte-level BPE trained on the questions and replies of `rows` with the numbers cut out
-    (every digit a token of its own), the chat roles and end of turn special, the tags single
-    added tokens."""
+    """The chat tokenizer (`word_chat.chat_tokenizer`) trained on the questions and replies of
+    `rows`, the R1 tags single added tokens."""
     texts = [f"user\n{row['question']}\nassistant\n{reasoning(row)}\n" for row in rows]
-    corpus = [piece for text in texts for piece in _NUMBER.split(text)]
-    tokenizer = byte_bpe_tokenizer(
-        corpus, (PAD, TURN_START, TURN_END), vocab_size, pad_token=PAD, eos_token=TURN_END
-    )
-    tokenizer.add_special_tokens({"additional_special_tokens": [TURN_START]})
-    tokenizer.add_tokens(TAGS)
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
-
-
-def r1_config(tokenizer: Any) -> transformers.LlamaConfig:
-    """Llama-style hidden 96, 4 layers, 4 heads (no GQA), MLP 256, tied embeddings, a
-    `CONTEXT`-token context."""
-    return tiny_config(
-        "llama",
-        vocab_size=len(tokenizer),
-        hidden_size=96,
-        intermediate_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=CONTEXT,
-        initializer_range=0.02,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-    )
+    return chat_tokenizer(texts, TAGS, CHAT_TEMPLATE, vocab_size)
 
 
 def training_example(tokenizer: Any, row: dict[str, str]) -> tuple[list[int], list[int]]:
@@ -223,11 +172,11 @@ def build_r1_policy(
     path = Path(path)
     if (path / "config.json").is_file():
         return path
-    settings = settings or WarmupSettings()
+    settings = settings or R1_SETTINGS
     heldout = {r["input"] for r in heldout_records(settings.eval_count)}
     stream = problem_stream(seed, heldout)
     tokenizer = r1_tokenizer([next(stream) for _ in range(tokenizer_rows)])
-    config = r1_config(tokenizer)
+    config = chat_config(tokenizer, CONTEXT)
     model = initial_model(config, seed)
     result, right = warm_up(model, tokenizer, seed, target_format, max_steps, settings, log)
     info = build_record(

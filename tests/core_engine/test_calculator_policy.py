@@ -13,7 +13,6 @@ from core_engine.engine import end_of_sequence_ids, load_engine
 from core_engine.model import load_model
 from core_engine.policies.calculator import (
     INFO_FILE,
-    TURN_END,
     WarmupSettings,
     build_calculator_policy,
     conversation,
@@ -23,6 +22,7 @@ from core_engine.policies.calculator import (
     tool_expressions,
     training_example,
 )
+from core_engine.policies.word_chat import TURN_END
 from core_engine.rl.data.tasks import HELDOUT_SEED
 from core_engine.rl.data.word_problems import gsm8k_records
 from core_engine.rl.episodes.env_sandbox import EnvironmentSession
