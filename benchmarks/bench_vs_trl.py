@@ -17,8 +17,14 @@ engine for it), outside the clock, as is a pipeline's rollout process start. The
 the time each side needs to first reach `--target` points over the start (the same start for
 all: the shipped policy's score), at its best variant; steps per minute beside it.
 
-    OMP_NUM_THREADS=1 /work/venv-speed/bin/python benchmarks/bench_vs_trl.py --json out.json
-    OMP_NUM_THREADS=1 /work/venv-speed/bin/python benchmarks/bench_vs_trl.py --quick
+TRL runs in a virtual environment with the `bench` extra (`python -m venv .venv-bench &&
+.venv-bench/bin/pip install -e '.[bench]'`):
+
+    OMP_NUM_THREADS=1 .venv-bench/bin/python benchmarks/bench_vs_trl.py --json out.json
+    OMP_NUM_THREADS=1 .venv-bench/bin/python benchmarks/bench_vs_trl.py --quick
+
+`--real-shape` measures the protocol's other part instead (`benchmarks/vs_trl_shape.py`): a few
+steps at the Qwen2.5-0.5B shape, LoRA and full, steps per minute and peak memory per side.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from benchmarks import vs_trl_shape
 from benchmarks.bench_pipeline import VARIANTS, Timed, _timed_start
 from benchmarks.results import BenchmarkRun, Table
 from benchmarks.trl_grpo import (
@@ -65,6 +72,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, default=3, help="runs: --seed, --seed + 1, ...")
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few minutes")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument(
+        "--real-shape",
+        action="store_true",
+        help="instead: the Qwen2.5-0.5B shape, LoRA and full, steps/min and peak memory "
+        "(benchmarks/vs_trl_shape.py)",
+    )
+    parser.add_argument("--steps", type=int, default=3, help="--real-shape: steps of a run")
+    parser.add_argument("--rounds", type=int, default=1, help="--real-shape: runs of a variant")
     args = parser.parse_args(argv)
     if args.quick:
         args.minutes, args.slice, args.eval_every, args.seeds = 0.25, 5.0, 3, 1
@@ -260,11 +275,25 @@ def table(summary: dict[str, Any], args: argparse.Namespace, seeds: int) -> Tabl
     return Table(title, columns, rows)
 
 
+def real_shape(args: argparse.Namespace) -> int:
+    """Part 4 of the protocol: ours and TRL at the Qwen2.5-0.5B shape (`vs_trl_shape`)."""
+    run = BenchmarkRun("bench_vs_trl_shape")
+    with tempfile.TemporaryDirectory() as tmp:
+        results = vs_trl_shape.measure(Path(tmp), args.steps, args.rounds)
+    shown = vs_trl_shape.table(results)
+    print(shown.markdown())
+    if args.json:
+        run.write(args.json, {"runs": results, "args": {"steps": args.steps}}, [shown])
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if (reason := trl_missing()) is not None:
         print(reason)
         return 1
+    if args.real_shape:
+        return real_shape(args)
     run = BenchmarkRun("bench_vs_trl")
     sources.PrefetchSource.open = _timed_start(sources.PrefetchSource.open)
     print(
