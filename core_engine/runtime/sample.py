@@ -52,11 +52,12 @@ def sample(
     rows are unaffected. `uniforms[i]` is row i's random stream (None or unused when greedy)."""
     device, vocab = logits.device, logits.shape[-1]
     drawn = [i for i, p in enumerate(params) if not p.greedy]
-    scaled = logits  # all greedy: T = 1, no division, the very same values
-    if drawn:
-        temps = [1.0 if p.greedy else p.temperature for p in params]
+    temps = [1.0 if p.greedy else p.temperature for p in params]
+    scaled = logits  # T = 1 on every row (greedy counts as 1): no division, the very same values
+    finite = finite_rows(logits)
+    if any(t != 1.0 for t in temps):
         scaled = logits / torch.tensor(temps, device=device, dtype=logits.dtype)[:, None]
-    finite = finite_rows(logits) & finite_rows(scaled)
+        finite &= finite_rows(scaled)
     if not bool(finite.all()):
         logits = torch.where(finite[:, None], logits, torch.zeros_like(logits))
         scaled = torch.where(finite[:, None], scaled, torch.zeros_like(scaled))
