@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from core_engine.outcomes import admission_error
+from core_engine.runtime.uniforms import Uniforms
 from core_engine.task import SEED_MAX, ErrorCode, SamplingParams, Task, TaskError, as_int
 
 SEED_SPAN = 2**64
@@ -106,8 +107,7 @@ class TaskIntake:
                 )
             if task.error is None:
                 seed = (params.seed if params.seed is not None else random_base) + k
-                task.generator = torch.Generator(device=self.device)
-                task.generator.manual_seed(seed - SEED_SPAN if seed > SEED_MAX else seed)
+                task.uniforms = Uniforms(seed - SEED_SPAN if seed > SEED_MAX else seed, self.device)
         except Exception as exc:  # whatever goes wrong here is this request's problem alone
             task.error = TaskError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
         return task

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from core_engine.detokenize import StopScan
 
 if TYPE_CHECKING:
-    import torch
+    from core_engine.runtime.uniforms import Uniforms
 
 # The KV pool's layouts (`core_engine.cache.pool`), named here so that torch-free callers (job
 # validation, the UI's form) offer and check the same ones.
@@ -187,7 +187,7 @@ class Task:
     resumed_at: list[int] = field(default_factory=list)
     policy_version: int | None = None  # the version of its first token (set at admission)
     kv_version: int | None = None  # oldest version whose K/V it holds (None: holds none)
-    generator: torch.Generator | None = None
+    uniforms: Uniforms | None = None  # its random stream (set when admitted)
     return_logprobs: bool = True
     text: str | None = None
     stop_scan: StopScan | None = None  # the stop-string search so far (`outcomes.stop_reason`)

@@ -115,7 +115,7 @@ class Executor:
         self, tasks: Sequence[Task], logits: torch.Tensor, return_logprobs: bool
     ) -> SampleOutput:
         return sample(
-            logits, [t.params for t in tasks], [t.generator for t in tasks], return_logprobs
+            logits, [t.params for t in tasks], [t.uniforms for t in tasks], return_logprobs
         )
 
     def _with_cache(self, prepared):

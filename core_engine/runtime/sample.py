@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from core_engine.runtime.uniforms import Uniforms, take_each
 from core_engine.task import SamplingParams
 
 
@@ -41,21 +42,22 @@ def truncation_mask(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tens
 def sample(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
-    generators: Sequence[torch.Generator | None],
+    uniforms: Sequence[Uniforms | None],
     return_logprobs: bool = True,
 ) -> SampleOutput:
     """Sample one token per row of fp32 `logits` [B, vocab] under each row's parameters.
 
     A row that would poison the step (NaN/inf logits, tempered logits that overflow, a token
     outside the vocabulary) is computed on neutral values and flagged in `finite`; the other
-    rows are unaffected."""
+    rows are unaffected. `uniforms[i]` is row i's random stream (None or unused when greedy)."""
     device, vocab = logits.device, logits.shape[-1]
     drawn = [i for i, p in enumerate(params) if not p.greedy]
-    scaled = logits  # all greedy: T = 1, no division, the very same values
-    if drawn:
-        temps = [1.0 if p.greedy else p.temperature for p in params]
+    temps = [1.0 if p.greedy else p.temperature for p in params]
+    scaled = logits  # T = 1 on every row (greedy counts as 1): no division, the very same values
+    finite = finite_rows(logits)
+    if any(t != 1.0 for t in temps):
         scaled = logits / torch.tensor(temps, device=device, dtype=logits.dtype)[:, None]
-    finite = finite_rows(logits) & finite_rows(scaled)
+        finite &= finite_rows(scaled)
     if not bool(finite.all()):
         logits = torch.where(finite[:, None], logits, torch.zeros_like(logits))
         scaled = torch.where(finite[:, None], scaled, torch.zeros_like(scaled))
@@ -75,7 +77,7 @@ def sample(
     if drawn:
         rows = torch.tensor(drawn, device=device)
         rows_logp = processed_logp if len(drawn) == len(params) else processed_logp[rows]
-        tokens[rows] = draw(rows_logp, [generators[i] for i in drawn])
+        tokens[rows] = draw(rows_logp, [uniforms[i] for i in drawn])
     in_vocab = (tokens >= 0) & (tokens < vocab)
     if not bool(in_vocab.all()):
         finite &= in_vocab
@@ -96,14 +98,12 @@ def finite_rows(logits: torch.Tensor) -> torch.Tensor:
     return logits.amax(dim=-1).isfinite() & logits.amin(dim=-1).isfinite()
 
 
-def draw(logp: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+def draw(logp: torch.Tensor, uniforms: Sequence[Uniforms]) -> torch.Tensor:
     """One token per row of normalised log-probs: the row's CDF (accumulated in fp64) inverted
-    at one uniform number from the row's own generator. `torch.multinomial` spends a random
+    at the next number of the row's own uniform stream. `torch.multinomial` spends a random
     number per vocabulary entry instead. Tokens of zero probability are never drawn."""
     cdf = logp.exp().cumsum(dim=-1, dtype=torch.float64)
     total = cdf[:, -1]
-    u = torch.stack(
-        [torch.rand((), dtype=torch.float64, device=logp.device, generator=g) for g in generators]
-    )
+    u = take_each(uniforms, logp.device)
     below_total = torch.minimum(u * total, total.nextafter(torch.zeros_like(total)))
     return torch.searchsorted(cdf, below_total[:, None], right=True).squeeze(1)

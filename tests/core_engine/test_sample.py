@@ -6,11 +6,12 @@ import pytest
 import torch
 
 from core_engine.runtime.sample import sample
+from core_engine.runtime.uniforms import Uniforms
 from core_engine.task import SamplingParams
 
 
 def gen(seed):
-    return torch.Generator().manual_seed(seed)
+    return Uniforms(seed)
 
 
 LOGITS = torch.tensor([[2.0, 1.0, 0.5, -1.0, -3.0]])
