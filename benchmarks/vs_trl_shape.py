@@ -11,6 +11,8 @@ full work of a step with advantages 0 (neither skips it). Each variant runs in a
 own, in turns (ours LoRA, TRL LoRA, ours full, TRL full), `--rounds` times; its first step is
 left out of the rate (loading, first-call costs); peak memory is the process's peak RSS. Ours
 keeps what a job keeps (the newest version's weights written each step); TRL saves nothing.
+Each step's generation is timed apart (ours: the trainer's `generate_s`; TRL: its `_generate`,
+the completions without their scoring), so the table says which half of a step differs.
 """
 
 from __future__ import annotations
@@ -43,9 +45,11 @@ def records(count: int) -> list[dict[str, str]]:
     return addition_records(count, seed=1)
 
 
-def ours(model: Path, run_dir: Path, lora: bool, steps: int) -> tuple[list[float], float]:
-    """Our synchronous trainer's seconds per step (rollout, update, the version's write) and
-    its mean completion length."""
+def ours(
+    model: Path, run_dir: Path, lora: bool, steps: int
+) -> tuple[list[float], list[float], float]:
+    """Our synchronous trainer's seconds per step (rollout, update, the version's write), the
+    generation's share of each, and its mean completion length."""
     from core_engine.rl.config import GRPOConfig
     from core_engine.rl.trainer.grpo import GRPOTrainer
     from core_engine.rl.trainer.records import TrainerHooks
@@ -73,22 +77,26 @@ def ours(model: Path, run_dir: Path, lora: bool, steps: int) -> tuple[list[float
         )
     )
     marks: list[float] = []
+    generate_s: list[float] = []
     lengths: list[int] = []
 
     def on_step(record: Any) -> None:
         marks.append(time.perf_counter())
+        generate_s.append(record.metrics["generate_s"])
         lengths.extend(len(ids) for ids in record.rollout.response_ids)
 
     trainer = GRPOTrainer(config, records(PROMPTS * steps), TrainerHooks(on_step=on_step))
     start = time.perf_counter()
     trainer.train()
     step_s = [b - a for a, b in zip([start, *marks], marks, strict=False)]
-    return step_s, sum(lengths) / len(lengths)
+    return step_s, generate_s, sum(lengths) / len(lengths)
 
 
-def trl(model: Path, run_dir: Path, lora: bool, steps: int) -> tuple[list[float], float]:
-    """TRL's GRPOTrainer's seconds per step (generation, reward, update) and its mean
-    completion length."""
+def trl(
+    model: Path, run_dir: Path, lora: bool, steps: int
+) -> tuple[list[float], list[float], float]:
+    """TRL's GRPOTrainer's seconds per step (generation, reward, update), the generation's
+    share of each, and its mean completion length."""
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -138,19 +146,30 @@ def trl(model: Path, run_dir: Path, lora: bool, steps: int) -> tuple[list[float]
         peft_config=peft_config,
         callbacks=[clock],
     )
+    generate_s: list[float] = []
+    generate = trainer._generate
+
+    def timed_generate(prompts: list) -> Any:
+        start = time.perf_counter()
+        out = generate(prompts)
+        generate_s.append(time.perf_counter() - start)
+        return out
+
+    trainer._generate = timed_generate
     summary = trainer.train().metrics
-    return clock.step_s, float(summary["completions/mean_length"])
+    return clock.step_s, generate_s, float(summary["completions/mean_length"])
 
 
 def run_variant(name: str, model: Path, run_dir: Path, steps: int) -> dict[str, Any]:
     """`name` in this process: its seconds per step and the process's peak RSS."""
     side, kind = name.split()
     train = ours if side == "ours" else trl
-    step_s, completion_tokens = train(model, run_dir, kind == "LoRA", steps)
+    step_s, generate_s, completion_tokens = train(model, run_dir, kind == "LoRA", steps)
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {
         "variant": name,
         "step_s": step_s,
+        "generate_s": generate_s,
         "completion_tokens": completion_tokens,
         "peak_rss_bytes": peak_kib * 1024,
     }
@@ -182,11 +201,23 @@ def table(results: list[dict[str, Any]]) -> Table:
     for name in VARIANTS:
         runs = [r for r in results if r["variant"] == name]
         timed = [s for r in runs for s in r["step_s"][1:]]
+        generation = [s for r in runs for s in r["generate_s"][1:]]
         rates[name] = 60 * len(timed) / sum(timed)
         peak = max(r["peak_rss_bytes"] for r in runs) / 2**30
         tokens = sum(r["completion_tokens"] for r in runs) / len(runs)
         seconds = sum(timed) / len(timed)
-        rows.append([name, f"{rates[name]:.2f}", f"{seconds:.1f}", f"{tokens:.1f}", f"{peak:.2f}"])
+        generate = sum(generation) / len(generation)
+        rows.append(
+            [
+                name,
+                f"{rates[name]:.2f}",
+                f"{seconds:.1f}",
+                f"{generate:.1f}",
+                f"{seconds - generate:.1f}",
+                f"{tokens:.1f}",
+                f"{peak:.2f}",
+            ]
+        )
     for row in rows:
         side, kind = row[0].split()
         if side == "ours":
@@ -195,7 +226,16 @@ def table(results: list[dict[str, Any]]) -> Table:
             row.append("")
     return Table(
         f"Qwen2.5-0.5B shape, {PROMPTS} prompts x G={GROUP} x {MAX_TOKENS} tokens, one thread",
-        ["variant", "steps/min", "s/step", "tokens/sample", "peak RSS GiB", "ours / TRL"],
+        [
+            "variant",
+            "steps/min",
+            "s/step",
+            "generation s",
+            "the rest s",
+            "tokens/sample",
+            "peak RSS GiB",
+            "ours / TRL",
+        ],
         rows,
     )
 
