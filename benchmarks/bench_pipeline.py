@@ -110,14 +110,18 @@ class Timed:
             drop_zero_variance_groups=drop_zero_variance_groups and not args.wide,
         )
         self.eval_every = 10**9 if args.wide else args.eval_every
-        self.trainer = GRPOTrainer(config, records, TrainerHooks(should_stop=self._between))
         self.seconds = 0.0  # training time
         self.points: list[dict[str, float]] = []  # version, minutes, accuracy
         self._deadline = 0.0
         self._excluded = 0.0
+        self._in_slice = False
+        self.trainer = GRPOTrainer(config, records, TrainerHooks(should_stop=self._between))
 
     def _between(self) -> bool:
-        """Between two steps: evaluate when due (not timed); stop at the slice's end."""
+        """Between two steps: evaluate when due (not timed); stop at the slice's end. Outside a
+        slice (the trainer's set-up asks too, e.g. while it renders prompts) nothing stops."""
+        if not self._in_slice:
+            return False
         version = self.trainer.version
         if version % self.eval_every == 0 and (
             not self.points or self.points[-1]["version"] != version
@@ -140,7 +144,11 @@ class Timed:
         started = len(STARTUP_S)
         self._slice_start = time.perf_counter()
         self._deadline = self._slice_start + seconds
-        self.trainer.train()
+        self._in_slice = True
+        try:
+            self.trainer.train()
+        finally:
+            self._in_slice = False
         self._excluded += sum(STARTUP_S[started:])  # paid once per job: not steady state
         self.seconds += time.perf_counter() - self._slice_start - self._excluded
 
