@@ -84,6 +84,7 @@ class BenchmarkRun:
 
     def __init__(self, benchmark: str) -> None:
         self.benchmark = benchmark
+        self.script = Path(sys.argv[0]).name  # the file run: one may write several benchmarks
         self.argv = sys.argv[1:]
         self.started = datetime.now(UTC)
         self.loads = [os.getloadavg()[0]]
@@ -100,7 +101,7 @@ class BenchmarkRun:
         loads = [*self.loads, os.getloadavg()[0]]
         return {
             "benchmark": self.benchmark,
-            "command": " ".join(["benchmarks/" + self.benchmark + ".py", *self.argv]),
+            "command": " ".join(["benchmarks/" + self.script, *self.argv]),
             "commit": commit(),
             "started": self.started.isoformat(timespec="seconds"),
             "finished": datetime.now(UTC).isoformat(timespec="seconds"),

@@ -40,4 +40,7 @@ def test_the_committed_result_files_render():
     assert files, "no committed result file"
     text = render_all(directory)
     for path in files:
-        assert json.loads(path.read_text())["commit"] in text
+        record = json.loads(path.read_text())
+        assert record["commit"] in text
+        script = record["command"].split()[0]
+        assert (ROOT / script).is_file(), f"{path.name}: its command runs no file: {script}"
