@@ -6,7 +6,8 @@ never imports them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import torch
@@ -66,49 +67,98 @@ class PrefillGroup:
 
 
 @dataclass(frozen=True)
-class PackedLayout:
-    """Sequences packed back to back, grouped by length: `order` lists the tokens group by
-    group (each group's sequences one after another), `groups` gives (sequences, length) per
-    group, and `inverse` restores packed order. A GRPO step has few distinct lengths (a group
-    shares its prompt), so attention runs as a few batched calls instead of one per sequence."""
+class PackedGroup:
+    """Segments of one query length and one key length. `mask` is the causal mask aligned at
+    the end ([queries, keys] bool: query i sees keys up to keys - queries + i); None where the
+    lengths are equal (plain causal)."""
 
-    order: torch.Tensor
+    count: int
+    query_len: int
+    key_len: int
+    mask: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Token trees packed back to back: each tree is a prefix followed by its branches, every
+    branch continuing the prefix (a GRPO group: one prompt, G responses), so the prefix is
+    computed once for all of them. A branch's tokens attend causally over its prefix and
+    itself, never across trees or branches; a tree of one branch is one causal sequence.
+
+    `positions`: each token's position in its own sequence. Attention runs as one batched call
+    per group of segments of equal (query length, key length): `query_order` lists the groups'
+    query tokens and `key_order` their key tokens (a prefix's keys repeated for each branch),
+    group after group; `inverse` restores packed order."""
+
+    positions: torch.Tensor
+    groups: list[PackedGroup]
+    query_order: torch.Tensor
+    key_order: torch.Tensor
     inverse: torch.Tensor
-    groups: list[tuple[int, int]]
 
     @classmethod
-    def from_lengths(cls, seq_lens: list[int], device: torch.device) -> PackedLayout:
-        starts: dict[int, list[int]] = {}
+    def from_trees(
+        cls, trees: Sequence[tuple[int, Sequence[int]]], device: torch.device
+    ) -> PackedLayout:
+        """`trees`: (prefix length, branch lengths) each, in packed order: a tree's prefix
+        tokens, then its branches' one after another."""
+        segments: dict[tuple[int, int], list[tuple[int, int]]] = {}  # -> (query, key) starts
+        positions: list[int] = []
         offset = 0
-        for length in seq_lens:
-            starts.setdefault(length, []).append(offset)
-            offset += length
-        order = torch.cat(
-            [
-                (torch.tensor(s)[:, None] + torch.arange(length)).reshape(-1)
-                for length, s in starts.items()
-            ]
-        ).to(device)
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(len(order), device=device)
-        return cls(order, inverse, [(len(s), length) for length, s in starts.items()])
+        for prefix, branches in trees:
+            if len(branches) == 1:
+                prefix, branches = prefix + branches[0], []
+            segments.setdefault((prefix, prefix), []).append((offset, offset))
+            positions.extend(range(prefix))
+            start = offset + prefix
+            for length in branches:
+                segments.setdefault((length, prefix + length), []).append((start, offset))
+                positions.extend(range(prefix, prefix + length))
+                start += length
+            offset = start
+        groups, queries, keys = [], [], []
+        for (query_len, key_len), starts in segments.items():
+            if not query_len:
+                continue
+            query_starts = torch.tensor([q for q, _ in starts])
+            own = query_starts[:, None] + torch.arange(query_len)
+            prefix = key_len - query_len  # a branch's keys: its prefix, then its own tokens
+            shared = torch.tensor([k for _, k in starts])[:, None] + torch.arange(prefix)
+            queries.append(own.reshape(-1))
+            keys.append(torch.cat([shared, own], 1).reshape(-1))
+            mask = torch.ones(query_len, key_len, dtype=torch.bool).tril(prefix) if prefix else None
+            groups.append(PackedGroup(len(starts), query_len, key_len, mask))
+        query_order = torch.cat(queries) if queries else torch.zeros(0, dtype=torch.long)
+        inverse = torch.empty_like(query_order)
+        inverse[query_order] = torch.arange(len(query_order))
+        return cls(
+            torch.tensor(positions, device=device),
+            [replace(g, mask=None if g.mask is None else g.mask.to(device)) for g in groups],
+            query_order.to(device),
+            (torch.cat(keys) if keys else query_order).to(device),
+            inverse.to(device),
+        )
 
 
 def packed_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: PackedLayout, scale: float
 ) -> torch.Tensor:
-    """Causal attention within each packed sequence, none across: q [T, H, D], k and v
-    [T, KVH, D] -> [T, H, D]. One fused (flash) call per length group, so no [T, T] scores;
-    gathers, splits and concatenations have single-node backwards (no per-sequence slices)."""
-    sizes = [n * length for n, length in layout.groups]
-    parts = [t.index_select(0, layout.order).split(sizes) for t in (q, k, v)]
+    """Attention over packed token trees (`PackedLayout`): q [T, H, D], k and v [T, KVH, D] ->
+    [T, H, D]. One fused call per group, so no [T, T] scores; gathers, splits and
+    concatenations have single-node backwards (a shared prefix's gradients are summed by its
+    gather's)."""
+    query_sizes = [g.count * g.query_len for g in layout.groups]
+    key_sizes = [g.count * g.key_len for g in layout.groups]
+    queries = q.index_select(0, layout.query_order).split(query_sizes)
+    keys, values = (t.index_select(0, layout.key_order).split(key_sizes) for t in (k, v))
     outputs = []
-    for (n, length), qi, ki, vi in zip(layout.groups, *parts, strict=True):
-        qi, ki, vi = (t.view(n, length, *t.shape[1:]).transpose(1, 2) for t in (qi, ki, vi))
+    for g, qi, ki, vi in zip(layout.groups, queries, keys, values, strict=True):
+        qi = qi.view(g.count, g.query_len, *qi.shape[1:]).transpose(1, 2)
+        ki, vi = (t.view(g.count, g.key_len, *t.shape[1:]).transpose(1, 2) for t in (ki, vi))
         out = F.scaled_dot_product_attention(
-            qi, ki, vi, is_causal=True, scale=scale, enable_gqa=True
+            qi, ki, vi, attn_mask=g.mask, is_causal=g.mask is None, scale=scale, enable_gqa=True
         )
-        outputs.append(out.transpose(1, 2).reshape(n * length, *q.shape[1:]))
+        outputs.append(out.transpose(1, 2).reshape(g.count * g.query_len, *q.shape[1:]))
     return torch.cat(outputs).index_select(0, layout.inverse)
 
 

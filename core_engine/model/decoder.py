@@ -82,8 +82,8 @@ class Attention(nn.Module):
     def forward_packed(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: PackedLayout
     ) -> torch.Tensor:
-        """Causal attention within each of the sequences packed back to back in x: [T, hidden]
-        (no padding; no token attends across a sequence boundary)."""
+        """Attention over the token trees packed back to back in x: [T, hidden] (no padding;
+        no token attends across a sequence or a branch)."""
         q, k, v = self._qkv(x, cos, sin)
         return self.o_proj(packed_attention(q, k, v, layout, self.scale).flatten(-2))
 
@@ -188,20 +188,19 @@ class CausalLM(nn.Module):
         return self.lm_head(self.model.norm(x)).float()
 
     def hidden_states_packed(
-        self, input_ids: torch.Tensor, seq_lens: list[int], checkpointing: bool = False
+        self, input_ids: torch.Tensor, layout: PackedLayout, checkpointing: bool = False
     ) -> torch.Tensor:
-        """Final (normed) hidden states of sequences packed back to back: input_ids [T] ->
-        [T, hidden]. Each sequence starts at position 0; the LM head is left to the caller, so
-        logits are only ever computed where they are needed. `checkpointing` recomputes each
-        layer in the backward instead of keeping its activations."""
+        """Final (normed) hidden states of token trees packed back to back (`PackedLayout`:
+        sequences, or prompts each followed by their responses): input_ids [T] -> [T, hidden].
+        The LM head is left to the caller, so logits are only ever computed where they are
+        needed. `checkpointing` recomputes each layer in the backward instead of keeping its
+        activations."""
         embed = self.model.embed_tokens
         # Tied: the lookup's gradient comes back sparse and is added in place into the LM
         # head's dense one, so the backward never holds a second [vocab, hidden] tensor.
         sparse = self.config.tie_word_embeddings and torch.is_grad_enabled()
         x = F.embedding(input_ids, embed.weight, embed.padding_idx, sparse=sparse)
-        positions = torch.cat([torch.arange(n, device=input_ids.device) for n in seq_lens])
-        cos, sin = self._rope(positions, x.dtype)
-        layout = PackedLayout.from_lengths(seq_lens, input_ids.device)
+        cos, sin = self._rope(layout.positions, x.dtype)
         for layer in self.model.layers:
             if checkpointing and torch.is_grad_enabled():
                 x = checkpoint(layer, x, cos, sin, None, None, layout, use_reentrant=False)

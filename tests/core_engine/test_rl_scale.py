@@ -299,3 +299,42 @@ def test_packed_gradients_equal_hugging_face_per_sequence_sums():
     hf_params = dict(hf.named_parameters())
     for name, param in ours.named_parameters():
         assert torch.allclose(param.grad, hf_params[name].grad, atol=1e-5), name
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_shared_prompt_enters_the_forward_once_and_scores_as_hugging_face(checkpointing):
+    """GRPO groups: several responses to one prompt, interleaved with other groups and a
+    prompt of its own. The prompt enters the forward once (every response reads its keys);
+    response lengths 0 and 1 have no tokens of their own. Log-probs and gradients equal HF's
+    per-sequence forwards (GQA: 4 query heads over 2 key heads)."""
+    ours, hf = make_pair("qwen2", seed=9, vocab_size=VOCAB)
+    ours.train()
+    gen = torch.Generator().manual_seed(9)
+    a, b, c = (torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (5, 3, 4))
+    shapes = [(a, 4), (b, 3), (a, 1), (a, 6), (c, 2), (b, 3), (a, 4), (a, 0)]
+    prompts = [p for p, _ in shapes]
+    responses = [torch.randint(0, VOCAB, (r,), generator=gen).tolist() for _, r in shapes]
+    fed = []
+    forward = ours.hidden_states_packed
+
+    def spy(ids, *args):
+        fed.append(ids.numel())
+        return forward(ids, *args)
+
+    ours.hidden_states_packed = spy
+    rows = packed_response_logprobs(ours, prompts, responses, 0.9, 3, checkpointing)
+    assert fed == [len(a) + len(b) + len(c) + sum(max(r - 1, 0) for _, r in shapes)]
+    weights = torch.randn(sum(r for _, r in shapes), generator=gen)
+    (torch.cat(rows) * weights).sum().backward()
+    expected = []
+    for prompt, response in zip(prompts, responses, strict=True):
+        logits = hf(torch.tensor([prompt + response])).logits[0].float() / 0.9
+        logp = logits.log_softmax(-1)[len(prompt) - 1 : -1]
+        expected.append(logp.gather(-1, torch.tensor(response, dtype=torch.long)[:, None])[:, 0])
+    expected = torch.cat(expected)
+    (expected * weights).sum().backward()
+    assert [len(row) for row in rows] == [r for _, r in shapes]
+    assert torch.allclose(torch.cat(rows), expected.detach(), atol=1e-5)
+    hf_params = dict(hf.named_parameters())
+    for name, param in ours.named_parameters():
+        assert torch.allclose(param.grad, hf_params[name].grad, atol=1e-5), name

@@ -1,6 +1,6 @@
-"""Token log-probs for training: packed sequences, the LM head only where a response token is
-predicted, and a log-softmax that never holds more than `chunk_rows` x vocabulary at once, in
-the forward and in the backward."""
+"""Token log-probs for training: samples packed as token trees (a prompt computed once for all
+its responses), the LM head only where a response token is predicted, and a log-softmax that
+never holds more than `chunk_rows` x vocabulary at once, in the forward and in the backward."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from core_engine.model import CausalLM
+from core_engine.model.attention import PackedLayout
 
 
 class _SelectiveLogSoftmax(torch.autograd.Function):
@@ -116,17 +117,42 @@ def packed_response_scores(
     if not all(prompt_ids):
         raise ValueError("every sample needs a non-empty prompt to be scored")
     device = model.lm_head.weight.device
-    sequences = [[*p, *r] for p, r in zip(prompt_ids, response_ids, strict=True)]
-    ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long, device=device)
-    rows, offset = [], 0
-    for prompt, response in zip(prompt_ids, response_ids, strict=True):
-        start = offset + len(prompt) - 1  # the position that predicts the first response token
-        rows.append(torch.arange(start, start + len(response)))
-        offset += len(prompt) + len(response)
-    index = torch.cat(rows).to(device)
-    hidden = model.hidden_states_packed(ids, [len(s) for s in sequences], checkpointing)
+    ids, layout, index, targets = _pack_trees(prompt_ids, response_ids, device)
+    hidden = model.hidden_states_packed(ids, layout, checkpointing)
     logp, entropy = selective_logprobs(
-        hidden[index], model.lm_head.weight, ids[index + 1], temperature, chunk_rows
+        hidden[index], model.lm_head.weight, targets, temperature, chunk_rows
     )
     lengths = [len(r) for r in response_ids]
     return list(logp.split(lengths)), list(entropy.split(lengths))
+
+
+def _pack_trees(
+    prompt_ids: Sequence[Sequence[int]],
+    response_ids: Sequence[Sequence[int]],
+    device: torch.device,
+) -> tuple[torch.Tensor, PackedLayout, torch.Tensor, torch.Tensor]:
+    """The samples packed as token trees: each distinct prompt once, followed by the inputs
+    of every response to it (a response's last token is a target only, never an input).
+    Returns the packed ids, their layout, the packed row that predicts each response token
+    (sample after sample; a prompt's last row predicts every first response token) and the
+    response tokens themselves."""
+    trees: dict[tuple[int, ...], list[int]] = {}
+    for i, prompt in enumerate(prompt_ids):
+        trees.setdefault(tuple(prompt), []).append(i)
+    tokens: list[int] = []
+    rows: list[list[int]] = [[] for _ in response_ids]
+    shapes = []
+    for prompt, members in trees.items():
+        tokens.extend(prompt)
+        last_prompt_row = len(tokens) - 1
+        for i in members:
+            inputs = list(response_ids[i][:-1])
+            predictors = [last_prompt_row, *range(len(tokens), len(tokens) + len(inputs))]
+            rows[i] = predictors[: len(response_ids[i])]
+            tokens.extend(inputs)
+        shapes.append((len(prompt), [max(len(response_ids[i]) - 1, 0) for i in members]))
+    ids = torch.tensor(tokens, dtype=torch.long, device=device)
+    index = torch.tensor([r for sample in rows for r in sample], dtype=torch.long, device=device)
+    targets = [t for response in response_ids for t in response]
+    targets = torch.tensor(targets, dtype=torch.long, device=device)
+    return ids, PackedLayout.from_trees(shapes, device), index, targets
