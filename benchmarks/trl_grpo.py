@@ -89,6 +89,9 @@ def trl_trainer(policy: Path, records: list[dict], run_dir: Path, seed: int, max
         save_strategy="no",
         use_cpu=True,
         bf16=False,
+        # TRL's default is True (memory for large models); ours keeps activations at this size,
+        # so TRL does too: a recompute would be work ours does not do
+        gradient_checkpointing=False,
         seed=seed,
         disable_tqdm=True,
         dataloader_num_workers=0,
