@@ -7,7 +7,7 @@ never imports them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 
 import torch
@@ -126,14 +126,14 @@ class PackedLayout:
             shared = torch.tensor([k for _, k in starts])[:, None] + torch.arange(prefix)
             queries.append(own.reshape(-1))
             keys.append(torch.cat([shared, own], 1).reshape(-1))
-            mask = torch.ones(query_len, key_len, dtype=torch.bool).tril(prefix) if prefix else None
-            groups.append(PackedGroup(len(starts), query_len, key_len, mask))
+            mask = torch.ones(query_len, key_len, dtype=torch.bool, device=device).tril(prefix)
+            groups.append(PackedGroup(len(starts), query_len, key_len, mask if prefix else None))
         query_order = torch.cat(queries) if queries else torch.zeros(0, dtype=torch.long)
         inverse = torch.empty_like(query_order)
         inverse[query_order] = torch.arange(len(query_order))
         return cls(
             torch.tensor(positions, device=device),
-            [replace(g, mask=None if g.mask is None else g.mask.to(device)) for g in groups],
+            groups,
             query_order.to(device),
             (torch.cat(keys) if keys else query_order).to(device),
             inverse.to(device),

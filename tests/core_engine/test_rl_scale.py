@@ -287,12 +287,18 @@ def test_packed_gradients_equal_hugging_face_per_sequence_sums():
     responses = [torch.randint(1, VOCAB, (r,), generator=gen).tolist() for _, r in shapes]
     weights = torch.randn(sum(r for _, r in shapes), generator=gen)
     rows = packed_response_logprobs(ours, prompts, responses, 0.9, chunk_rows=3)
+    assert_equal_to_hf_per_sequence(ours, hf, prompts, responses, rows, weights, 0.9)
+
+
+def assert_equal_to_hf_per_sequence(ours, hf, prompts, responses, rows, weights, temperature):
+    """`rows` (our packed log-probs) and the gradients of their `weights`-weighted sum equal
+    HF's, one plain forward per sequence."""
     (torch.cat(rows) * weights).sum().backward()
     expected = []
     for prompt, response in zip(prompts, responses, strict=True):
-        logits = hf(torch.tensor([prompt + response])).logits[0].float() / 0.9
+        logits = hf(torch.tensor([prompt + response])).logits[0].float() / temperature
         logp = logits.log_softmax(-1)[len(prompt) - 1 : -1]
-        expected.append(logp.gather(-1, torch.tensor(response)[:, None])[:, 0])
+        expected.append(logp.gather(-1, torch.tensor(response, dtype=torch.long)[:, None])[:, 0])
     expected = torch.cat(expected)
     (expected * weights).sum().backward()
     assert torch.allclose(torch.cat(rows), expected.detach(), atol=1e-5)
@@ -324,17 +330,6 @@ def test_a_shared_prompt_enters_the_forward_once_and_scores_as_hugging_face(chec
     ours.hidden_states_packed = spy
     rows = packed_response_logprobs(ours, prompts, responses, 0.9, 3, checkpointing)
     assert fed == [len(a) + len(b) + len(c) + sum(max(r - 1, 0) for _, r in shapes)]
-    weights = torch.randn(sum(r for _, r in shapes), generator=gen)
-    (torch.cat(rows) * weights).sum().backward()
-    expected = []
-    for prompt, response in zip(prompts, responses, strict=True):
-        logits = hf(torch.tensor([prompt + response])).logits[0].float() / 0.9
-        logp = logits.log_softmax(-1)[len(prompt) - 1 : -1]
-        expected.append(logp.gather(-1, torch.tensor(response, dtype=torch.long)[:, None])[:, 0])
-    expected = torch.cat(expected)
-    (expected * weights).sum().backward()
     assert [len(row) for row in rows] == [r for _, r in shapes]
-    assert torch.allclose(torch.cat(rows), expected.detach(), atol=1e-5)
-    hf_params = dict(hf.named_parameters())
-    for name, param in ours.named_parameters():
-        assert torch.allclose(param.grad, hf_params[name].grad, atol=1e-5), name
+    weights = torch.randn(sum(r for _, r in shapes), generator=gen)
+    assert_equal_to_hf_per_sequence(ours, hf, prompts, responses, rows, weights, 0.9)

@@ -141,16 +141,17 @@ def _pack_trees(
         trees.setdefault(tuple(prompt), []).append(i)
     tokens: list[int] = []
     rows: list[list[int]] = [[] for _ in response_ids]
-    shapes = []
+    shapes: list[tuple[int, list[int]]] = []  # (prompt length, its responses' input lengths)
     for prompt, members in trees.items():
         tokens.extend(prompt)
         last_prompt_row = len(tokens) - 1
+        shapes.append((len(prompt), []))
         for i in members:
             inputs = list(response_ids[i][:-1])
             predictors = [last_prompt_row, *range(len(tokens), len(tokens) + len(inputs))]
             rows[i] = predictors[: len(response_ids[i])]
             tokens.extend(inputs)
-        shapes.append((len(prompt), [max(len(response_ids[i]) - 1, 0) for i in members]))
+            shapes[-1][1].append(len(inputs))
     ids = torch.tensor(tokens, dtype=torch.long, device=device)
     index = torch.tensor([r for sample in rows for r in sample], dtype=torch.long, device=device)
     targets = [t for response in response_ids for t in response]
