@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from core_engine.cache import TaskCacheManager
@@ -24,7 +25,7 @@ from core_engine.task import Task, TaskStatus
 @dataclass
 class PrefillBatch:
     tasks: list[Task] = field(default_factory=list)  # their uncomputed tokens are prefilled
-    forks: list[tuple[Task, Task]] = field(default_factory=list)  # (child, leader)
+    forks: list[tuple[Task, list[Task]]] = field(default_factory=list)  # (leader, siblings)
     computed_tokens: int = 0  # prompt tokens the forward computes (hits and forks excluded)
 
 
@@ -87,21 +88,25 @@ class BatchingPolicy:
                 task.num_cached_prompt_tokens = cached
             self._admit(task, version)
             batch.tasks.append(task)
+            siblings = []
             while admit_fresh and self.waiting and free_slots > 0:
                 if not _is_fresh_sibling(self.waiting[0], task):
                     break
-                batch.forks.append((self.waiting.popleft(), task))
+                siblings.append(self.waiting.popleft())
                 free_slots -= 1
+            if siblings:
+                batch.forks.append((task, siblings))
         return batch
 
-    def fork(self, child: Task, leader: Task, version: int) -> bool:
-        """Share the leader's prompt KV with a group sibling; requeue it when out of room."""
-        if not self.cache.fork(leader.task_id, child.task_id, leader.num_tokens):
-            self.waiting.appendleft(child)
-            return False
-        child.num_computed_tokens = child.num_cached_prompt_tokens = leader.num_tokens
-        self._admit(child, version)
-        return True
+    def fork(self, leader: Task, siblings: Sequence[Task], version: int) -> list[Task]:
+        """Share the leader's prompt KV with its group siblings; returns those forked. The
+        ones the pool has no room for go back to the front of the queue, in order."""
+        count = self.cache.fork(leader.task_id, [t.task_id for t in siblings], leader.num_tokens)
+        self.waiting.extendleft(reversed(siblings[count:]))
+        for child in siblings[:count]:
+            child.num_computed_tokens = child.num_cached_prompt_tokens = leader.num_tokens
+            self._admit(child, version)
+        return list(siblings[:count])
 
     def schedule_decode(self, version: int) -> DecodeBatch:
         """Every running task gets a slot for its next token; when the pool is full, the

@@ -178,17 +178,19 @@ class InferenceScheduler:
         batching, version = self.batching, self.version
         prefill = batching.schedule_prefill(version, admit_fresh)
         if prefill.tasks:
-            in_step += prefill.tasks + [child for child, _ in prefill.forks]
+            in_step += prefill.tasks + [
+                child for _, siblings in prefill.forks for child in siblings
+            ]
             self.metrics.on_prefill(prefill.computed_tokens)
             logits = self.executor.forward_prefill(prefill.tasks)
             for task in prefill.tasks:
                 task.num_computed_tokens = task.num_tokens
             rows = list(range(len(prefill.tasks)))
             tasks = list(prefill.tasks)
-            for child, leader in prefill.forks:
-                if batching.fork(child, leader, version):
-                    tasks.append(child)
-                    rows.append(prefill.tasks.index(leader))
+            for leader, siblings in prefill.forks:
+                forked = batching.fork(leader, siblings, version)
+                tasks += forked
+                rows += [prefill.tasks.index(leader)] * len(forked)
             out = self.executor.sample(tasks, logits[rows], _wants_logprobs(tasks))
             self._postprocess(tasks, out)
         elif batching.running:

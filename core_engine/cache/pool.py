@@ -98,18 +98,25 @@ class TaskCacheManager:
         self.states[task_id] = state
         return cached
 
-    def fork(self, parent_id: int, child_id: int, num_tokens: int) -> bool:
-        """Share the parent's first `num_tokens` of context with a new child task."""
-        state = self._new_state()
-        if state is None:
-            return False
-        copy = self.pool.strategy.fork(self.states[parent_id], state, num_tokens)
-        if copy is None:
-            self.pool.req_pool.free(state.req_slot)
-            return False
-        self.pool.buffer.copy_slots(copy.src, copy.dst)
-        self.states[child_id] = state
-        return True
+    def fork(self, parent_id: int, child_ids: Sequence[int], num_tokens: int) -> int:
+        """Share the parent's first `num_tokens` of context with new child tasks, in order,
+        until the pool has no room; returns how many were forked (the rest hold nothing).
+        Their private slots (a partially filled page) are copied in one pass over the layers."""
+        copies = []
+        for child_id in child_ids:
+            state = self._new_state()
+            if state is None:
+                break
+            copy = self.pool.strategy.fork(self.states[parent_id], state, num_tokens)
+            if copy is None:
+                self.pool.req_pool.free(state.req_slot)
+                break
+            copies.append(copy)
+            self.states[child_id] = state
+        if copies:
+            src = torch.cat([copy.src for copy in copies])
+            self.pool.buffer.copy_slots(src, torch.cat([copy.dst for copy in copies]))
+        return len(copies)
 
     def extend(self, task_id: int, num_tokens: int) -> bool:
         return self.pool.strategy.extend(self.states[task_id], num_tokens)

@@ -220,7 +220,8 @@ class PagedStrategy(AllocationStrategy):
         child.num_slots = num_tokens
         table = self.req_pool.table
         shared = full * self.page_size
-        table[child.req_slot, :shared] = table[parent.req_slot, :shared]
+        if shared:
+            table[child.req_slot, :shared] = table[parent.req_slot, :shared]
         if partial:
             self._append_pages(child, 1)
         return SlotCopy(

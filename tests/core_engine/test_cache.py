@@ -150,7 +150,7 @@ def test_fork_shares_full_pages_and_copies_the_partial_one(strategy):
     kv = m.pool.buffer
     parent_slots = m.pool.req_pool.table[m.req_slot(1), :10]
     kv.k[:, parent_slots] = torch.randn(2, 10, 2, 4)
-    assert m.fork(1, 2, 10)
+    assert m.fork(1, [2], 10) == 1
     child_slots = m.pool.req_pool.table[m.req_slot(2), :10]
     assert torch.equal(kv.k[:, child_slots], kv.k[:, parent_slots])
     if strategy == "paged":
@@ -166,8 +166,31 @@ def test_fork_shares_full_pages_and_copies_the_partial_one(strategy):
 def test_fork_without_room_changes_nothing():
     m = make_manager(num_pages=3)
     m.allocate(1, list(range(10)), 0)
-    assert not m.fork(1, 2, 10)
+    assert m.fork(1, [2], 10) == 0
     assert not m.holds(2)
+    m.check_integrity()
+
+
+@pytest.mark.parametrize("strategy", ["paged", "contiguous"])
+def test_a_group_fork_gives_each_child_the_parents_kv_until_the_pool_is_full(strategy):
+    """Siblings fork together (their private slots copied in one pass); the first the pool
+    has no room for, and every one after it, holds nothing."""
+    m = make_manager(strategy=strategy, num_pages=5, max_requests=4)
+    m.allocate(1, list(range(10)), 0)  # paged: two full pages + one partial
+    kv = m.pool.buffer
+    parent_slots = m.pool.req_pool.table[m.req_slot(1), :10]
+    kv.k[:, parent_slots] = torch.randn(2, 10, 2, 4)
+    kv.v[:, parent_slots] = torch.randn(2, 10, 2, 4)
+    expected = 2 if strategy == "paged" else 3  # paged: two free pages; contiguous: 3 slots
+    assert m.fork(1, [2, 3, 4, 5], 10) == expected
+    for child in [2, 3, 4][:expected]:
+        child_slots = m.pool.req_pool.table[m.req_slot(child), :10]
+        assert torch.equal(kv.k[:, child_slots], kv.k[:, parent_slots])
+        assert torch.equal(kv.v[:, child_slots], kv.v[:, parent_slots])
+    assert not any(m.holds(child) for child in [2, 3, 4, 5][expected:])
+    if strategy == "paged":
+        partial = {m.states[t].pages[2] for t in (1, 2, 3)}
+        assert len(partial) == 3  # every child writes its own partial page
     m.check_integrity()
 
 
@@ -197,7 +220,7 @@ def test_random_operations_keep_integrity():
                 live[task] = grown
         elif op < 0.8 and live and len(live) < 6:
             parent = rng.choice(list(live))
-            if m.fork(parent, step, len(live[parent])):
+            if m.fork(parent, [step], len(live[parent])):
                 live[step] = list(live[parent])
         elif live:
             task = rng.choice(list(live))

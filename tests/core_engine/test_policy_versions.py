@@ -243,6 +243,32 @@ def test_group_results_equal_unshared_results_with_the_same_seeds():
     assert [r.num_cached_prompt_tokens > 0 for r in shared[:4]] == [False, True, True, True]
 
 
+def test_siblings_the_pool_cannot_hold_yet_wait_and_sample_as_if_unshared():
+    """Five pages: the leader's three and one private partial page for each of two siblings.
+    The third sibling waits for room, then runs; every sample equals its unshared run."""
+    model, _ = make_pair("qwen2")
+    prompt = list(range(20, 30))  # two full pages + a partial one
+    params = SamplingParams(temperature=1.0, max_tokens=2, seed=11, ignore_eos=True)
+    engine = make_engine(model, page_size=4, num_pages=5, max_batch_size=4, max_seq_len=12)
+    tasks = engine.make_tasks([prompt], params, samples_per_prompt=4)
+    engine.enqueue(tasks)
+    engine.step()
+    assert [len(t.output_ids) for t in tasks] == [1, 1, 1, 0]
+    for _ in range(10):  # the three, then the fourth: a handful of steps
+        engine.step()
+    assert all(t.finished for t in tasks)
+    unshared = make_engine(model, page_size=4).run_batch(
+        [prompt] * 4,
+        [
+            SamplingParams(temperature=1.0, max_tokens=2, seed=11 + k, ignore_eos=True)
+            for k in range(4)
+        ],
+    )
+    for task, alone in zip(tasks, unshared, strict=True):
+        assert task.output_ids == alone.output_ids
+    engine.check_integrity()
+
+
 def test_groups_take_one_sampling_setting_per_sample():
     """Per-request output lengths inside a shared group (the RL-like workload)."""
     model, _ = make_pair("qwen2")
