@@ -24,6 +24,7 @@ from core_engine.weights import canonical_weights
 from workers.replay import replay_logprobs, segments
 
 from .episode_fakes import Reply
+from .reference import assert_gradients_equal
 from .test_policy_versions import perturbed
 
 TOLERANCE = 1e-4
@@ -190,9 +191,7 @@ def test_observation_tokens_get_no_gradient(policy):
     keep = torch.tensor(mask, dtype=torch.bool)
     ratio = torch.exp(logp - torch.tensor(behaviour))
     (-(1.5 * ratio)[keep].sum() / keep.sum()).backward()
-    theirs = dict(hf.named_parameters())
-    for name, grad in ours.items():
-        assert torch.allclose(grad, theirs[name].grad, atol=1e-5), name
+    assert_gradients_equal(ours, hf)
 
 
 def test_a_share_of_the_batch_draws_the_whole_batchs_episodes(policy):

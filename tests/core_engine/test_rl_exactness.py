@@ -12,7 +12,7 @@ from core_engine.rl.trainer.grpo import TrainingError
 from core_engine.rl.trainer.records import StopReason, TrainerHooks
 from core_engine.weights import canonical_weights, weights_checksum
 
-from .reference import make_pair
+from .reference import assert_gradients_equal, make_pair
 from .test_rl_trainer import make_trainer
 
 
@@ -134,9 +134,7 @@ def test_gradients_equal_hugging_face_with_pad_inside_the_response(arch, tied):
     logits = hf(torch.tensor([prompt + response])).logits[0].float()
     logp = logits.log_softmax(-1)[len(prompt) - 1 : -1]
     logp.gather(-1, torch.tensor(response)[:, None]).sum().backward()
-    hf_params = dict(hf.named_parameters())
-    for name, param in ours.named_parameters():
-        assert torch.allclose(param.grad, hf_params[name].grad, atol=1e-5), name
+    assert_gradients_equal({n: p.grad for n, p in ours.named_parameters()}, hf)
     if not tied:  # the padding row is never trained through the embedding
         assert ours.model.embed_tokens.weight.grad[0].abs().max() == 0
     assert hf.model.embed_tokens.padding_idx == ours.model.embed_tokens.padding_idx == 0

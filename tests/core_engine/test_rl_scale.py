@@ -21,7 +21,7 @@ from core_engine.rl.trainer.checkpoint import OPTIMIZER_FILE
 from core_engine.task import SamplingParams
 from core_engine.toy import save_tiny_checkpoint
 
-from .reference import hf_logprobs, make_pair
+from .reference import assert_gradients_equal, hf_logprobs, make_pair
 from .test_rl_trainer import make_trainer
 
 VOCAB = 4096
@@ -302,9 +302,7 @@ def assert_equal_to_hf_per_sequence(ours, hf, prompts, responses, rows, weights,
     expected = torch.cat(expected)
     (expected * weights).sum().backward()
     assert torch.allclose(torch.cat(rows), expected.detach(), atol=1e-5)
-    hf_params = dict(hf.named_parameters())
-    for name, param in ours.named_parameters():
-        assert torch.allclose(param.grad, hf_params[name].grad, atol=1e-5), name
+    assert_gradients_equal({n: p.grad for n, p in ours.named_parameters()}, hf)
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
