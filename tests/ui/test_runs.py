@@ -4,10 +4,13 @@ against computations written here, its grouping, refusals and exports."""
 
 import csv
 import math
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from gradio_client import Client
 
 from db import InvalidValue, SampleFilter
 from db.repository.studies import StudyJobRecord
@@ -15,6 +18,7 @@ from tests.ui.conftest import new_repository
 from tests.ui.helpers import FakeQueue
 from tests.ui.runs_data import seed_run, seed_sweep
 from tests.ui.test_run_stats import _reference_ci, _tensorboard_ema
+from ui import app as ui_app
 from ui.handlers.runs import (
     export_runs,
     metric_choices,
@@ -24,6 +28,7 @@ from ui.handlers.runs import (
     study_runs,
 )
 from ui.run_stats import SCORE_RESAMPLES
+from ui.tabs import runs as runs_tab
 
 LRS = (0.001, 0.01)
 SEEDS = 3
@@ -240,3 +245,46 @@ def test_a_study_picks_its_jobs(tmp_path):
             study_runs(services, study.id + 1)
     finally:
         repo.close()
+
+
+def test_draws_of_the_view_run_one_at_a_time_in_the_order_asked(sweep, monkeypatch):
+    """Picking a job draws the view and so does the metric the pick sets, each from an event of
+    its own. The app (queued as `ui.app.launch` queues it, four events at a time) runs them one
+    at a time in the order asked, so the newest selection is the last drawn: the first draw is
+    held until a second draw either starts beside it (the failure) or waits behind it."""
+    demo = ui_app.build_app(sweep["services"])
+    demo.queue(default_concurrency_limit=4).launch(prevent_thread_lock=True, quiet=True)
+    lock, started, finished, running, most = threading.Lock(), [], [], [0], [0]
+
+    def second_draw_seen() -> bool:
+        waiting = demo._queue.event_queue_per_concurrency_id.values()
+        return most[0] > 1 or any(queue.queue for queue in waiting)
+
+    def held_draw(services, job_ids, *rest):
+        with lock:
+            started.append(job_ids)
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        give_up = time.monotonic() + 300  # only a guard against hanging the suite
+        while len(started) == 1 and not second_draw_seen() and time.monotonic() < give_up:
+            time.sleep(0.01)
+        try:
+            return runs_view(services, job_ids, *rest)
+        finally:
+            with lock:
+                running[0] -= 1
+                finished.append(job_ids)
+
+    monkeypatch.setattr(runs_tab, "runs_view", held_draw)
+    older, newer = sweep["ids"][:3], sweep["ids"]
+    try:
+        client = Client(demo.local_url, verbose=False)
+        first = client.submit(older, "reward_mean", "version", 0, api_name="/runs_metric")
+        while not started:
+            time.sleep(0.01)
+        second = client.submit(newer, "reward_mean", "version", 0, api_name="/runs_picked")
+        first.result(), second.result()
+    finally:
+        demo.close()
+    assert most[0] == 1
+    assert finished == [older, newer]

@@ -68,6 +68,12 @@ def _export(services: Services, *view: object) -> tuple[dict, str]:
     return gr.update(value=files, visible=files is not None), message
 
 
+# The events that change the selection or draw the view run one at a time, in the order they
+# were asked: picking a job sets the metric, which draws again, beside the pick's own draw; run
+# side by side, an older draw could finish last and leave the page showing an older selection.
+IN_ORDER = {"concurrency_id": "runs-view", "concurrency_limit": 1}
+
+
 def build(services: Services, tab: gr.Tab) -> None:
     """The Runs tab's components and events (inside ``tab``)."""
     with gr.Row(equal_height=True):
@@ -126,13 +132,16 @@ def build(services: Services, tab: gr.Tab) -> None:
     view = [jobs, metric, x_axis, smoothing]
     outputs = [plot, points, runs, configs, message]
     draw = partial(_draw, services)
+    quiet = {"show_progress": "hidden", **IN_ORDER}
     tab.select(partial(_jobs, services), None, [study, jobs], api_name="runs_jobs")
-    study.input(partial(_study, services), study, [jobs, message], api_name="runs_study")
-    jobs.change(partial(_metrics, services), [jobs, metric], metric, api_name="runs_metrics").then(
-        draw, view, outputs, api_name="runs_picked", show_progress="hidden"
+    study.input(
+        partial(_study, services), study, [jobs, message], api_name="runs_study", **IN_ORDER
     )
-    show.click(draw, view, outputs, api_name="runs")
-    metric.change(draw, view, outputs, api_name="runs_metric", show_progress="hidden")
-    x_axis.change(draw, view, outputs, api_name="runs_x_axis", show_progress="hidden")
-    smoothing.release(draw, view, outputs, api_name="runs_smoothing", show_progress="hidden")
+    jobs.change(
+        partial(_metrics, services), [jobs, metric], metric, api_name="runs_metrics", **IN_ORDER
+    ).then(draw, view, outputs, api_name="runs_picked", **quiet)
+    show.click(draw, view, outputs, api_name="runs", **IN_ORDER)
+    metric.change(draw, view, outputs, api_name="runs_metric", **quiet)
+    x_axis.change(draw, view, outputs, api_name="runs_x_axis", **quiet)
+    smoothing.release(draw, view, outputs, api_name="runs_smoothing", **quiet)
     export.click(partial(_export, services), view, [files, message], api_name="runs_export")
