@@ -280,7 +280,7 @@ def test_draws_of_the_view_run_one_at_a_time_in_the_order_asked(sweep, monkeypat
     try:
         client = Client(demo.local_url, verbose=False)
         first = client.submit(older, "reward_mean", "version", 0, api_name="/runs_metric")
-        while not started:
+        while not started and not first.done():  # a failed call raises at its result
             time.sleep(0.01)
         second = client.submit(newer, "reward_mean", "version", 0, api_name="/runs_picked")
         first.result(), second.result()
