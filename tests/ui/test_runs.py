@@ -4,7 +4,6 @@ against computations written here, its grouping, refusals and exports."""
 
 import csv
 import math
-import threading
 import time
 from pathlib import Path
 
@@ -254,37 +253,31 @@ def test_draws_of_the_view_run_one_at_a_time_in_the_order_asked(sweep, monkeypat
     held until a second draw either starts beside it (the failure) or waits behind it."""
     demo = ui_app.build_app(sweep["services"])
     demo.queue(default_concurrency_limit=4).launch(prevent_thread_lock=True, quiet=True)
-    lock, started, finished, running, most = threading.Lock(), [], [], [0], [0]
+    log = []  # ("start" | "end", job ids) of every draw, as they happen
 
     def second_draw_seen() -> bool:
         waiting = demo._queue.event_queue_per_concurrency_id.values()
-        return most[0] > 1 or any(queue.queue for queue in waiting)
+        return len(log) > 1 or any(queue.queue for queue in waiting)
 
     def held_draw(services, job_ids, *rest):
-        with lock:
-            started.append(job_ids)
-            running[0] += 1
-            most[0] = max(most[0], running[0])
+        log.append(("start", job_ids))
         give_up = time.monotonic() + 300  # only a guard against hanging the suite
-        while len(started) == 1 and not second_draw_seen() and time.monotonic() < give_up:
+        while not second_draw_seen() and time.monotonic() < give_up:
             time.sleep(0.01)
         try:
             return runs_view(services, job_ids, *rest)
         finally:
-            with lock:
-                running[0] -= 1
-                finished.append(job_ids)
+            log.append(("end", job_ids))
 
     monkeypatch.setattr(runs_tab, "runs_view", held_draw)
     older, newer = sweep["ids"][:3], sweep["ids"]
     try:
         client = Client(demo.local_url, verbose=False)
         first = client.submit(older, "reward_mean", "version", 0, api_name="/runs_metric")
-        while not started and not first.done():  # a failed call raises at its result
+        while not log and not first.done():  # a failed call raises at its result
             time.sleep(0.01)
         second = client.submit(newer, "reward_mean", "version", 0, api_name="/runs_picked")
         first.result(), second.result()
     finally:
         demo.close()
-    assert most[0] == 1
-    assert finished == [older, newer]
+    assert log == [("start", older), ("end", older), ("start", newer), ("end", newer)]
